@@ -1,0 +1,13 @@
+# CKPT_SANITIZE=address|undefined|thread (or "address,undefined"): applied to every target.
+if(CKPT_SANITIZE)
+  string(REPLACE "," ";" _ckpt_sanitizers "${CKPT_SANITIZE}")
+  foreach(_s IN LISTS _ckpt_sanitizers)
+    if(NOT _s MATCHES "^(address|undefined|thread)$")
+      message(FATAL_ERROR "CKPT_SANITIZE: unknown sanitizer '${_s}'")
+    endif()
+  endforeach()
+  string(REPLACE ";" "," _ckpt_flag "${_ckpt_sanitizers}")
+  add_compile_options(-fsanitize=${_ckpt_flag} -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=${_ckpt_flag})
+  message(STATUS "ckptd: sanitizers ${_ckpt_flag}")
+endif()

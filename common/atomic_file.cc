@@ -1,0 +1,1 @@
+// Implemented with its header; see atomic_file.h.

@@ -1,0 +1,78 @@
+// Reading a checkpoint: any requested shard of any tensor, from whatever stored shards cover
+// it, reading only the bytes needed and verifying every checksum piece it touches.
+//
+// A read is planned in three steps. (1) For each request, PlanCopies intersects the requested
+// geometry with the stored shards of the tensor. (2) Each copy touches some checksum pieces of
+// stored shards; the pieces needed by all requests together are collected once, so pieces
+// wanted by several requests (replicas loaded by several ranks) are read once. (3) Pieces are
+// grouped per file in offset order and coalesced into aligned reads of up to max_read_bytes,
+// issued by io_threads threads (O_DIRECT where possible). Each piece is verified before any of
+// its bytes are copied out; a mismatch fails the whole read naming file, tensor and piece.
+//
+// Thread safety: Read and Verify may run concurrently; the reader owns no mutable state but
+// its counters (atomic).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckptd/v1/manifest.pb.h"
+#include "common/file_system.h"
+#include "common/geometry.h"
+
+namespace ckpt {
+
+class CheckpointReader {
+ public:
+  struct Options {
+    uint64_t max_read_bytes = 16ull << 20;
+    int io_threads = 4;
+    bool try_direct = true;
+  };
+
+  // Reads and validates <step_dir>/MANIFEST.
+  static Result<std::unique_ptr<CheckpointReader>> Open(FileSystem* fs, std::string step_dir,
+                                                        Options options);
+  static Result<std::unique_ptr<CheckpointReader>> Open(FileSystem* fs, std::string step_dir) {
+    return Open(fs, std::move(step_dir), Options());
+  }
+  // For a manifest already in hand (the daemon has it in memory).
+  CheckpointReader(FileSystem* fs, std::string step_dir, ckptd::v1::Manifest manifest,
+                   Options options);
+
+  const ckptd::v1::Manifest& manifest() const { return manifest_; }
+  const std::string& step_dir() const { return step_dir_; }
+  // nullptr when the step has no tensor of that name.
+  const ckptd::v1::TensorEntry* FindTensor(std::string_view name) const;
+
+  struct Request {
+    std::string tensor;
+    ShardGeometry geometry;      // requested shard; its global shape must match the stored one
+    std::string dtype;           // must match the stored dtype
+    std::span<std::byte> dest;   // numel(geometry) * element size bytes
+  };
+  // Fills every request's dest. Errors: unknown tensor (kNotFound), dtype/shape mismatch
+  // (kInvalidArgument naming both), incomplete coverage, I/O errors, checksum mismatch
+  // (kDataLoss). On error the dest contents are unspecified.
+  Status Read(std::span<const Request> requests);
+
+  // Reads every stored byte of every shard and checks each checksum and that each data file is
+  // long enough. Returns one line per problem found (empty when the step is intact).
+  Result<std::vector<std::string>> Verify();
+
+  uint64_t bytes_read() const { return bytes_read_.load(std::memory_order_relaxed); }
+
+ private:
+  FileSystem* fs_;
+  std::string step_dir_;
+  ckptd::v1::Manifest manifest_;
+  Options options_;
+  std::atomic<uint64_t> bytes_read_{0};
+};
+
+}  // namespace ckpt

@@ -1,0 +1,65 @@
+// Writing data files: large, 4 KiB-aligned pwrites, O_DIRECT where the filesystem takes it
+// (buffered otherwise, e.g. tmpfs), fdatasync at the end.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/data_layout.h"
+#include "common/file_system.h"
+
+namespace ckpt {
+
+// One data file being written. Thread safe: WriteAt may be called from many threads at once
+// (distinct ranges); Finish once, after every WriteAt returned.
+class DataFileWriter {
+ public:
+  // Creates (or truncates) `path`, asking for O_DIRECT.
+  static Result<std::unique_ptr<DataFileWriter>> Create(FileSystem* fs, const std::string& path);
+
+  // Writes `size` bytes at `offset`. offset and size are multiples of kIoAlignment and `data`
+  // is kIoAlignment-aligned. Errors name the path and offset.
+  Status WriteAt(uint64_t offset, const std::byte* data, size_t size);
+
+  // fdatasync + close. Afterwards the bytes are durable; the directory entry is made durable by
+  // the commit that syncs the step directory.
+  Status Finish();
+
+  bool direct() const { return file_->direct(); }
+  const std::string& path() const { return file_->path(); }
+  uint64_t bytes_written() const { return bytes_written_.load(std::memory_order_relaxed); }
+
+ private:
+  explicit DataFileWriter(std::unique_ptr<File> file) : file_(std::move(file)) {}
+  std::unique_ptr<File> file_;
+  std::atomic<uint64_t> bytes_written_{0};
+};
+
+// In-memory bytes of one shard.
+struct ShardSource {
+  const std::byte* data = nullptr;
+  uint64_t size = 0;
+};
+
+// Where a shard landed and its checksums: the fields of a StoredShard.
+struct WrittenShard {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  uint64_t chunk_size = 0;
+  std::vector<uint64_t> chunk_xxh3;
+};
+
+// Writes shards held in memory into a new data file laid out by PlanDataFile, slot by slot,
+// with `io_threads` writers, checksumming as bytes pass, then Finish. The synchronous path for
+// tools, tests and benchmarks; the daemon pipelines the same layout through its host pool.
+Result<std::vector<WrittenShard>> WriteShardsToFile(FileSystem* fs, const std::string& path,
+                                                    std::span<const ShardSource> shards,
+                                                    const LayoutOptions& layout,
+                                                    int io_threads = 4);
+
+}  // namespace ckpt

@@ -1,0 +1,133 @@
+#include "daemon/capture_engine.h"
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "common/checksum.h"
+#include "common/logging.h"
+
+namespace ckpt {
+
+CaptureEngine::CaptureEngine(const Config& config, HostPool* pool, FlushEngine* flush)
+    : config_(config), pool_(pool), flush_(flush) {}
+
+CaptureEngine::~CaptureEngine() { Stop(); }
+
+void CaptureEngine::Start() {
+  for (int i = 0; i < std::max(1, config_.threads); ++i) threads_.emplace_back([this] { Run(); });
+}
+
+void CaptureEngine::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : threads_) t.join();
+  threads_.clear();
+}
+
+void CaptureEngine::Submit(std::shared_ptr<CaptureJob> job) {
+  {
+    std::lock_guard lock(mu_);
+    queue_.push_back(std::move(job));
+  }
+  cv_.notify_one();
+}
+
+void CaptureEngine::Run() {
+  while (true) {
+    std::shared_ptr<CaptureJob> job;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    Capture(job);
+  }
+}
+
+Status CaptureEngine::CaptureSlot(CaptureJob& job, const Slot& slot, std::byte* dst) {
+  uint64_t cursor = 0;
+  for (const SlotPiece& piece : slot.pieces) {
+    if (piece.slot_offset > cursor) std::memset(dst + cursor, 0, piece.slot_offset - cursor);
+    const RegisteredTensor& tensor = job.plan->tensors[piece.shard];
+    std::byte* out = dst + piece.slot_offset;
+    Status s = tensor.memory->CopyOut(piece.shard_offset, out, piece.length);
+    if (!s.ok()) return s.WithContext("tensor '" + tensor.name + "'");
+    job.checksums[piece.shard][piece.chunk_index] = Xxh3(out, piece.length);
+    cursor = piece.slot_offset + piece.length;
+  }
+  if (slot.length > cursor) std::memset(dst + cursor, 0, slot.length - cursor);
+  return Status::Ok();
+}
+
+void CaptureEngine::Capture(const std::shared_ptr<CaptureJob>& job) {
+  const auto& layout = job->plan->layout;
+  Status status;
+  size_t reserved_used = 0;
+  const auto start = std::chrono::steady_clock::now();
+
+  if (!job->cancelled.load()) {
+    job->checksums.resize(job->plan->tensors.size());
+    for (size_t i = 0; i < job->plan->tensors.size(); ++i) {
+      job->checksums[i].assign(layout.chunk_counts[i], 0);
+    }
+    status = job->fs->CreateDirs(job->step_dir);
+    if (status.ok()) {
+      auto writer = DataFileWriter::Create(job->fs, job->data_path);
+      if (writer.ok()) job->writer = std::move(writer).value();
+      else status = writer.status();
+    }
+  }
+
+  for (uint32_t i = 0; status.ok() && i < layout.slots.size(); ++i) {
+    if (job->cancelled.load()) break;
+    std::optional<HostPool::SlotId> slot;
+    if (reserved_used < job->reserved_slots.size()) {
+      slot = job->reserved_slots[reserved_used++];
+    } else {
+      slot = pool_->Acquire(&job->cancelled);
+      if (!slot) break;  // cancelled while waiting for space
+    }
+    const Slot& s = layout.slots[i];
+    status = CaptureSlot(*job, s, pool_->slot_data(*slot));
+    if (!status.ok()) {
+      pool_->Release(*slot);
+      break;
+    }
+    job->bytes_captured.fetch_add(s.length, std::memory_order_relaxed);
+    job->pending.fetch_add(1);
+    flush_->Submit(FlushEngine::Item{job, i, *slot});
+
+    if (job->throttle_bytes_per_second > 0) {
+      // Keep the average copy rate at or below the throttle (so checkpoint traffic cannot
+      // starve training of memory bandwidth): sleep until the bytes so far are due.
+      const double due_s = static_cast<double>(job->bytes_captured.load()) /
+                           static_cast<double>(job->throttle_bytes_per_second);
+      const auto due = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                   std::chrono::duration<double>(due_s));
+      while (!job->cancelled.load() && std::chrono::steady_clock::now() < due) {
+        std::this_thread::sleep_for(
+            std::min<std::chrono::steady_clock::duration>(due - std::chrono::steady_clock::now(),
+                                                          std::chrono::milliseconds(10)));
+      }
+    }
+  }
+  // Unused reserved slots go back.
+  for (; reserved_used < job->reserved_slots.size(); ++reserved_used) {
+    pool_->Release(job->reserved_slots[reserved_used]);
+  }
+  if (!status.ok()) job->Fail(status);
+  if (status.ok() && job->cancelled.load()) {
+    Status e = job->first_error();
+    status = e.ok() ? Aborted("capture was cancelled") : e;
+  }
+  job->on_captured(status);
+  FlushEngine::ReleaseToken(job);
+}
+
+}  // namespace ckpt

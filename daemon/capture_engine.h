@@ -1,0 +1,55 @@
+// CaptureEngine: threads that copy registered trainer memory into the host pool while the
+// trainer goes on with forward/backward (the lazy snapshot of DESIGN.md §2.3).
+//
+// A job is captured slot by slot in file order by one thread (a single-thread memcpy already
+// outruns storage ~10×, and several ranks are captured in parallel by the pool of threads).
+// Each slot is checksummed in the same pass and handed to the FlushEngine at once, so capture
+// and write overlap; a shard larger than the pool simply streams through it. When the pool is
+// full the thread waits in HostPool::Acquire — that wait is the backpressure that reaches
+// wait_snapshot — unless the job is cancelled (trainer died, step aborted).
+//
+// Thread safety: Submit from any thread.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "daemon/capture_job.h"
+#include "daemon/flush_engine.h"
+#include "daemon/host_pool.h"
+
+namespace ckpt {
+
+class CaptureEngine {
+ public:
+  struct Config {
+    int threads = 2;
+  };
+  CaptureEngine(const Config& config, HostPool* pool, FlushEngine* flush);
+  ~CaptureEngine();
+
+  void Start();
+  // Cancels nothing: lets queued jobs run (callers cancel jobs first if they want), then joins.
+  void Stop();
+  void Submit(std::shared_ptr<CaptureJob> job);
+
+ private:
+  void Run();
+  void Capture(const std::shared_ptr<CaptureJob>& job);
+  Status CaptureSlot(CaptureJob& job, const Slot& slot, std::byte* dst);
+
+  Config config_;
+  HostPool* pool_;
+  FlushEngine* flush_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<CaptureJob>> queue_;  // guarded by mu_
+  bool stopping_ = false;                          // guarded by mu_
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace ckpt

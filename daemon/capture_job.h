@@ -1,0 +1,69 @@
+// CaptureJob: one rank's save of one step as it moves through the pipeline.
+//
+//   capture thread:  for each slot of the plan's layout: take a pool slot (waiting for space
+//                    — the backpressure), copy the slot's pieces out of trainer memory,
+//                    checksum them, hand the slot to the flush engine.
+//   flush threads:   write the slot with one aligned pwrite, give the pool slot back.
+//   whoever finishes last: fdatasync the data file and report the rank persisted.
+//
+// Completion is counted, not polled: `pending_` holds one token for the capture pass and one per
+// slot in flight to the flush engine; the thread that drops it to zero finalizes. The job's
+// callbacks run on engine threads; the node state posts them onto its own loop.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/data_writer.h"
+#include "daemon/capture_plan.h"
+#include "daemon/host_pool.h"
+
+namespace ckpt {
+
+struct CaptureJob {
+  // ---- set before submission, then read-only ----
+  std::string job;
+  uint64_t step = 0;
+  uint32_t rank = 0;
+  std::shared_ptr<const CapturePlan> plan;
+  std::string step_dir;
+  std::string data_path;
+  FileSystem* fs = nullptr;
+  uint64_t throttle_bytes_per_second = 0;  // 0 = unthrottled
+  // Slots taken up front (on_full = skip); empty for the wait policy.
+  std::vector<HostPool::SlotId> reserved_slots;
+  // Called once each, from engine threads.
+  std::function<void(Status)> on_captured;
+  std::function<void(Status)> on_persisted;
+
+  // ---- shared progress ----
+  std::atomic<bool> cancelled{false};
+  std::atomic<uint64_t> bytes_captured{0};
+  std::atomic<uint64_t> bytes_written{0};
+  std::atomic<int64_t> pending{1};  // the capture pass's token
+  std::unique_ptr<DataFileWriter> writer;  // created by the capture thread before any slot
+  // checksums[shard][piece]; each element written by exactly one capture of one slot, read after
+  // the job finished.
+  std::vector<std::vector<uint64_t>> checksums;
+
+  // First error wins; it also cancels the job.
+  void Fail(Status s) {
+    std::lock_guard lock(error_mu);
+    if (error.ok()) error = std::move(s);
+    cancelled.store(true);
+  }
+  Status first_error() const {
+    std::lock_guard lock(error_mu);
+    return error;
+  }
+
+  mutable std::mutex error_mu;
+  Status error;  // guarded by error_mu
+};
+
+}  // namespace ckpt

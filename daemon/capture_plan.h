@@ -1,0 +1,53 @@
+// CapturePlan: what one rank registered, validated, mapped and laid out — everything a save
+// needs, computed once at registration and reused by every later save while the registration
+// is unchanged (DESIGN.md §2.1: "re-registration of an unchanged set is free").
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ckptd/v1/local.pb.h"
+#include "common/data_layout.h"
+#include "common/dtype.h"
+#include "common/frame_io.h"
+#include "common/geometry.h"
+#include "daemon/host_memory.h"
+#include "daemon/shard_memory.h"
+
+namespace ckpt {
+
+struct RegisteredTensor {
+  std::string name;
+  DTypeInfo dtype;
+  ShardGeometry geometry;
+  std::shared_ptr<ShardMemory> memory;
+  uint64_t bytes() const { return memory->size(); }
+};
+
+struct CapturePlan {
+  std::vector<RegisteredTensor> tensors;
+  DataFileLayout layout;   // of the rank's data file; shard i is tensors[i]
+  uint64_t total_bytes = 0;
+  std::string fingerprint; // equal fingerprints ⇔ same registration
+};
+
+// Limits on one registration.
+inline constexpr size_t kMaxTensorsPerRegistration = 1'000'000;
+inline constexpr size_t kMaxFdsPerRegistration = 65'536;
+
+// Validates every spec (name, dtype, geometry inside the global shape, length = numel × element
+// size, the byte range inside its descriptor, duplicate names) and maps the descriptors through
+// `cache`. Errors name the tensor. `fds` are the descriptors received with the registration,
+// indexed by HostMemory.fd_index.
+Result<std::shared_ptr<const CapturePlan>> BuildCapturePlan(
+    std::span<const ckptd::v1::TensorSpec> specs, std::span<const UniqueFd> fds,
+    MappingCache& cache, const LayoutOptions& layout);
+
+// The fingerprint BuildCapturePlan would compute, without mapping anything (cheap check for an
+// unchanged re-registration).
+Result<std::string> RegistrationFingerprint(std::span<const ckptd::v1::TensorSpec> specs,
+                                            std::span<const UniqueFd> fds);
+
+}  // namespace ckpt

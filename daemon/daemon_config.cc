@@ -1,0 +1,233 @@
+#include "daemon/daemon_config.h"
+
+#include <unistd.h>
+#include <yaml-cpp/yaml.h>
+
+#include <CLI/CLI.hpp>
+#include <charconv>
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include "common/names.h"
+#include "common/units.h"
+
+namespace ckpt {
+namespace {
+
+// One user-facing key: its flag (--key), help, and how to apply a string value.
+struct Option {
+  std::string key;
+  std::string help;
+  std::function<Status(DaemonConfig&, const std::string&)> apply;
+};
+
+Result<uint64_t> ParseUint(const std::string& key, const std::string& v) {
+  uint64_t out = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  if (ec != std::errc() || p != v.data() + v.size()) {
+    return InvalidArgument(key + ": '" + v + "' is not a non-negative integer");
+  }
+  return out;
+}
+
+std::vector<Option> Options() {
+  auto str = [](std::string DaemonConfig::*field) {
+    return [field](DaemonConfig& c, const std::string& v) {
+      c.*field = v;
+      return Status::Ok();
+    };
+  };
+  auto bytes = [](const char* key, uint64_t DaemonConfig::*field) {
+    return [key, field](DaemonConfig& c, const std::string& v) -> Status {
+      ASSIGN_OR_RETURN(c.*field, ParseByteSize(v), key);
+      return Status::Ok();
+    };
+  };
+  auto duration = [](const char* key, std::chrono::milliseconds DaemonConfig::*field) {
+    return [key, field](DaemonConfig& c, const std::string& v) -> Status {
+      ASSIGN_OR_RETURN(c.*field, ParseDuration(v), key);
+      return Status::Ok();
+    };
+  };
+  auto integer = [](const char* key, auto DaemonConfig::*field) {
+    return [key, field](DaemonConfig& c, const std::string& v) -> Status {
+      ASSIGN_OR_RETURN(uint64_t n, ParseUint(key, v));
+      if (n > 1'000'000) return InvalidArgument(std::string(key) + ": " + v + " is too large");
+      c.*field = static_cast<std::remove_reference_t<decltype(c.*field)>>(n);
+      return Status::Ok();
+    };
+  };
+  return {
+      {"socket", "Unix socket for trainers", str(&DaemonConfig::socket)},
+      {"socket-mode", "octal file mode of the socket", str(&DaemonConfig::socket_mode)},
+      {"admin", "gRPC admin address (host:port or unix:PATH)", str(&DaemonConfig::admin)},
+      {"storage-root", "directory checkpoints are written under (the PFS mount)",
+       str(&DaemonConfig::storage_root)},
+      {"host-pool", "size of the pinned host staging pool, e.g. 8GiB",
+       bytes("host-pool", &DaemonConfig::host_pool)},
+      {"node-id", "name of this node (default: hostname)", str(&DaemonConfig::node_id)},
+      {"coordinator", "address of ckpt-coordinator (absent: embedded coordinator)",
+       str(&DaemonConfig::coordinator)},
+      {"keep", "committed checkpoints kept per job (0 = all)", integer("keep", &DaemonConfig::keep)},
+      {"slot-size", "pool slot / write size, e.g. 16MiB",
+       bytes("slot-size", &DaemonConfig::slot_size)},
+      {"checksum-chunk", "bytes covered by one checksum, e.g. 1MiB",
+       bytes("checksum-chunk", &DaemonConfig::checksum_chunk)},
+      {"capture-threads", "threads copying trainer memory into the pool",
+       integer("capture-threads", &DaemonConfig::capture_threads)},
+      {"flush-threads", "threads writing the pool to storage (queue depth)",
+       integer("flush-threads", &DaemonConfig::flush_threads)},
+      {"step-timeout", "abort a step some rank has not saved within this, e.g. 10m",
+       duration("step-timeout", &DaemonConfig::step_timeout)},
+      {"shutdown-timeout", "on SIGTERM, wait this long for in-flight steps",
+       duration("shutdown-timeout", &DaemonConfig::shutdown_timeout)},
+      {"capture-throttle", "cap on capture copy rate in bytes/s, e.g. 2GiB (0 = none)",
+       bytes("capture-throttle", &DaemonConfig::capture_throttle)},
+      {"allowed-uids", "comma-separated uids allowed to connect (empty = any)",
+       [](DaemonConfig& c, const std::string& v) -> Status {
+         c.allowed_uids.clear();
+         std::stringstream ss(v);
+         std::string item;
+         while (std::getline(ss, item, ',')) {
+           if (item.empty()) continue;
+           ASSIGN_OR_RETURN(uint64_t uid, ParseUint("allowed-uids", item));
+           c.allowed_uids.push_back(static_cast<uint32_t>(uid));
+         }
+         return Status::Ok();
+       }},
+      {"log-level", "trace, debug, info, warn or error", str(&DaemonConfig::log_level)},
+  };
+}
+
+std::string EnvName(const std::string& key) {
+  std::string out = "CKPTD_";
+  for (char c : key) out += c == '-' ? '_' : static_cast<char>(std::toupper(c));
+  return out;
+}
+
+Status Validate(DaemonConfig& c) {
+  if (c.node_id.empty()) {
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    c.node_id = host;
+    // Hostnames may contain characters node ids may not; keep the safe part.
+    for (char& ch : c.node_id) {
+      if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' && ch != '.') ch = '_';
+    }
+    if (c.node_id.empty()) c.node_id = "node";
+  }
+  RETURN_IF_ERROR(ValidateNodeId(c.node_id), "node-id");
+  if (c.storage_root.empty()) return InvalidArgument("storage-root is empty");
+  if (c.checksum_chunk == 0 || c.checksum_chunk % 4096 != 0) {
+    return InvalidArgument("checksum-chunk must be a positive multiple of 4096");
+  }
+  if (c.slot_size == 0 || c.slot_size % c.checksum_chunk != 0) {
+    return InvalidArgument("slot-size must be a positive multiple of checksum-chunk");
+  }
+  if (c.host_pool < 2 * c.slot_size) {
+    return InvalidArgument("host-pool (" + FormatBytes(c.host_pool) +
+                           ") must hold at least two slots of " + FormatBytes(c.slot_size));
+  }
+  if (c.capture_threads < 1 || c.flush_threads < 1) {
+    return InvalidArgument("capture-threads and flush-threads must be at least 1");
+  }
+  unsigned mode = 0;
+  auto [p, ec] = std::from_chars(c.socket_mode.data(), c.socket_mode.data() + c.socket_mode.size(),
+                                 mode, 8);
+  if (ec != std::errc() || p != c.socket_mode.data() + c.socket_mode.size() || mode > 0777) {
+    return InvalidArgument("socket-mode '" + c.socket_mode + "' is not an octal file mode");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string DaemonConfig::ToYaml() const {
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  out << YAML::Key << "socket" << YAML::Value << socket;
+  out << YAML::Key << "socket-mode" << YAML::Value << socket_mode;
+  out << YAML::Key << "admin" << YAML::Value << admin;
+  out << YAML::Key << "storage-root" << YAML::Value << storage_root;
+  out << YAML::Key << "host-pool" << YAML::Value << FormatBytes(host_pool);
+  out << YAML::Key << "node-id" << YAML::Value << node_id;
+  out << YAML::Key << "coordinator" << YAML::Value << coordinator;
+  out << YAML::Key << "keep" << YAML::Value << keep;
+  out << YAML::Key << "slot-size" << YAML::Value << FormatBytes(slot_size);
+  out << YAML::Key << "checksum-chunk" << YAML::Value << FormatBytes(checksum_chunk);
+  out << YAML::Key << "capture-threads" << YAML::Value << capture_threads;
+  out << YAML::Key << "flush-threads" << YAML::Value << flush_threads;
+  out << YAML::Key << "step-timeout" << YAML::Value << std::to_string(step_timeout.count()) + "ms";
+  out << YAML::Key << "shutdown-timeout" << YAML::Value
+      << std::to_string(shutdown_timeout.count()) + "ms";
+  out << YAML::Key << "capture-throttle" << YAML::Value << capture_throttle;
+  std::string uids;
+  for (uint32_t u : allowed_uids) uids += (uids.empty() ? "" : ",") + std::to_string(u);
+  out << YAML::Key << "allowed-uids" << YAML::Value << uids;
+  out << YAML::Key << "log-level" << YAML::Value << log_level;
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+Result<std::optional<DaemonConfig>> LoadDaemonConfig(int argc, char** argv) {
+  const auto options = Options();
+  CLI::App app{"ckptd: node checkpoint daemon (trainers hand it tensor handles; it captures, "
+               "persists and commits checkpoints in the background)"};
+  std::map<std::string, std::string> from_flags;
+  for (const auto& o : options) {
+    app.add_option_function<std::string>(
+        "--" + o.key, [&from_flags, key = o.key](const std::string& v) { from_flags[key] = v; },
+        o.help + " [env " + EnvName(o.key) + "]");
+  }
+  std::string config_file;
+  bool print_config = false;
+  app.add_option("--config", config_file, "YAML file with any of the keys above");
+  app.add_flag("--print-config", print_config, "print the effective configuration and exit");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    return std::optional<DaemonConfig>();
+  } catch (const CLI::ParseError& e) {
+    return InvalidArgument(e.what());
+  }
+
+  std::map<std::string, std::string> values;
+  if (!config_file.empty()) {
+    try {
+      YAML::Node root = YAML::LoadFile(config_file);
+      if (!root.IsMap() && !root.IsNull()) {
+        return InvalidArgument("config file '" + config_file + "' is not a YAML mapping");
+      }
+      for (const auto& kv : root) {
+        const std::string key = kv.first.as<std::string>();
+        bool known = false;
+        for (const auto& o : options) known |= o.key == key;
+        if (!known) {
+          return InvalidArgument("config file '" + config_file + "': unknown key '" + key + "'");
+        }
+        values[key] = kv.second.IsNull() ? "" : kv.second.as<std::string>();
+      }
+    } catch (const YAML::Exception& e) {
+      return InvalidArgument("config file '" + config_file + "': " + e.what());
+    }
+  }
+  for (const auto& o : options) {
+    if (const char* env = std::getenv(EnvName(o.key).c_str())) values[o.key] = env;
+  }
+  for (auto& [k, v] : from_flags) values[k] = v;
+
+  DaemonConfig config;
+  for (const auto& o : options) {
+    auto it = values.find(o.key);
+    if (it != values.end()) RETURN_IF_ERROR(o.apply(config, it->second));
+  }
+  config.print_config = print_config;
+  RETURN_IF_ERROR(Validate(config));
+  return std::optional<DaemonConfig>(std::move(config));
+}
+
+}  // namespace ckpt

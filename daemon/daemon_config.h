@@ -1,0 +1,45 @@
+// The daemon's configuration, assembled in one place: flags > environment (CKPTD_<KEY>, e.g.
+// CKPTD_HOST_POOL) > YAML file (--config; keys are the flag names without dashes, e.g.
+// `host-pool: 8GiB`) > defaults in code. Each component keeps its own small Config; this file
+// maps the user-facing keys onto them and validates everything before anything starts.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace ckpt {
+
+struct DaemonConfig {
+  std::string socket = "/run/ckptd/ckptd.sock";
+  std::string socket_mode = "0660";
+  std::string admin = "127.0.0.1:7460";
+  std::string storage_root = "/var/lib/ckptd";
+  uint64_t host_pool = 1ull << 30;
+  std::string node_id;  // default: hostname
+  std::string coordinator;  // empty: embedded
+  uint32_t keep = 0;
+  uint64_t slot_size = 16ull << 20;
+  uint64_t checksum_chunk = 1ull << 20;
+  int capture_threads = 2;
+  int flush_threads = 4;
+  std::chrono::milliseconds step_timeout{std::chrono::minutes(10)};
+  std::chrono::milliseconds shutdown_timeout{std::chrono::minutes(5)};
+  uint64_t capture_throttle = 0;  // bytes/s, 0 = unthrottled
+  std::vector<uint32_t> allowed_uids;
+  std::string log_level = "info";
+  bool print_config = false;
+
+  // YAML of the effective configuration (what --print-config prints).
+  std::string ToYaml() const;
+};
+
+// Parses argv (and the environment and --config file). On --help, prints usage and returns
+// nullopt; errors name the offending key and value.
+Result<std::optional<DaemonConfig>> LoadDaemonConfig(int argc, char** argv);
+
+}  // namespace ckpt

@@ -1,0 +1,76 @@
+#include "daemon/flush_engine.h"
+
+#include "common/logging.h"
+
+namespace ckpt {
+
+FlushEngine::FlushEngine(const Config& config, HostPool* pool) : config_(config), pool_(pool) {}
+
+FlushEngine::~FlushEngine() { Stop(); }
+
+void FlushEngine::Start() {
+  for (int i = 0; i < std::max(1, config_.threads); ++i) threads_.emplace_back([this] { Run(); });
+}
+
+void FlushEngine::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : threads_) t.join();
+  threads_.clear();
+}
+
+void FlushEngine::Submit(Item item) {
+  {
+    std::lock_guard lock(mu_);
+    queue_.push_back(std::move(item));
+  }
+  cv_.notify_one();
+}
+
+void FlushEngine::ReleaseToken(const std::shared_ptr<CaptureJob>& job) {
+  if (job->pending.fetch_sub(1) != 1) return;
+  // Last one out: every slot was written (or the job failed). Finish the data file.
+  Status status = job->first_error();
+  if (job->writer != nullptr) {
+    if (status.ok()) {
+      status = job->writer->Finish();
+    } else {
+      job->writer->Finish().IgnoreError();  // closes the file; the step is removed anyway
+    }
+  }
+  if (status.ok() && job->cancelled.load()) status = Aborted("capture was cancelled");
+  job->on_persisted(std::move(status));
+}
+
+void FlushEngine::Run() {
+  while (true) {
+    Item item;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping and drained
+      item = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    CaptureJob& job = *item.job;
+    if (!job.cancelled.load()) {
+      const Slot& slot = job.plan->layout.slots[item.slot_index];
+      Status s = job.writer->WriteAt(slot.file_offset, pool_->slot_data(item.pool_slot),
+                                     slot.length);
+      if (s.ok()) {
+        job.bytes_written.fetch_add(slot.length, std::memory_order_relaxed);
+      } else {
+        spdlog::warn("job {} step {} rank {}: {}", job.job, job.step, job.rank, s.ToString());
+        job.Fail(std::move(s));
+        pool_->WakeAll();  // the capture pass may be waiting for space it no longer needs
+      }
+    }
+    pool_->Release(item.pool_slot);
+    ReleaseToken(item.job);
+  }
+}
+
+}  // namespace ckpt

@@ -1,0 +1,91 @@
+#include "daemon/host_pool.h"
+
+#include <sys/mman.h>
+
+#include <cstring>
+
+#include "common/file_system.h"
+#include "common/logging.h"
+#include "common/units.h"
+
+namespace ckpt {
+
+Result<std::unique_ptr<HostPool>> HostPool::Create(const Config& config) {
+  if (config.slot_size == 0 || config.slot_size % kIoAlignment != 0) {
+    return InvalidArgument("host pool slot size " + std::to_string(config.slot_size) +
+                           " is not a positive multiple of 4096");
+  }
+  const uint64_t count = config.size / config.slot_size;
+  if (count == 0) {
+    return InvalidArgument("host pool of " + FormatBytes(config.size) +
+                           " is smaller than one slot (" + FormatBytes(config.slot_size) + ")");
+  }
+  if (count > UINT32_MAX) return InvalidArgument("host pool has too many slots");
+  const uint64_t bytes = count * config.slot_size;
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    return ErrnoStatus(errno, "mapping the host pool of " + FormatBytes(bytes));
+  }
+  bool locked = false;
+  if (config.lock_memory) {
+    if (::mlock(p, bytes) == 0) {
+      locked = true;
+    } else {
+      spdlog::warn("host pool: mlock of {} refused ({}); the pool stays unpinned (raise "
+                   "LimitMEMLOCK / RLIMIT_MEMLOCK)",
+                   FormatBytes(bytes), std::strerror(errno));
+    }
+  }
+  return std::unique_ptr<HostPool>(new HostPool(static_cast<std::byte*>(p), config.slot_size,
+                                                static_cast<uint32_t>(count), locked));
+}
+
+HostPool::HostPool(std::byte* base, uint64_t slot_size, uint32_t slot_count, bool locked)
+    : base_(base), slot_size_(slot_size), slot_count_(slot_count), locked_(locked) {
+  free_.reserve(slot_count);
+  // Highest first so that pop_back hands out low slots first (nicer to read in debug logs).
+  for (uint32_t i = slot_count; i-- > 0;) free_.push_back(i);
+}
+
+HostPool::~HostPool() { ::munmap(base_, size_bytes()); }
+
+std::optional<HostPool::SlotId> HostPool::Acquire(const std::atomic<bool>* cancelled) {
+  std::unique_lock lock(mu_);
+  freed_.wait(lock, [&] {
+    return !free_.empty() || (cancelled != nullptr && cancelled->load());
+  });
+  if (free_.empty()) return std::nullopt;
+  if (cancelled != nullptr && cancelled->load()) return std::nullopt;
+  SlotId s = free_.back();
+  free_.pop_back();
+  return s;
+}
+
+std::optional<std::vector<HostPool::SlotId>> HostPool::TryAcquireMany(uint32_t count) {
+  std::lock_guard lock(mu_);
+  if (free_.size() < count) return std::nullopt;
+  std::vector<SlotId> out(free_.end() - count, free_.end());
+  free_.resize(free_.size() - count);
+  return out;
+}
+
+void HostPool::Release(SlotId slot) {
+  {
+    std::lock_guard lock(mu_);
+    free_.push_back(slot);
+  }
+  freed_.notify_all();
+}
+
+void HostPool::WakeAll() {
+  { std::lock_guard lock(mu_); }
+  freed_.notify_all();
+}
+
+uint32_t HostPool::free_slots() const {
+  std::lock_guard lock(mu_);
+  return static_cast<uint32_t>(free_.size());
+}
+
+}  // namespace ckpt

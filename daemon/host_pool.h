@@ -1,0 +1,72 @@
+// HostPool: the daemon's bounded staging memory.
+//
+// One region of `size` bytes is mapped and populated once at start (and pinned: mlock where
+// RLIMIT_MEMLOCK allows; the CUDA backend registers it with cudaHostRegister), then cut into
+// equal slots of `slot_size` bytes — the unit of capture and of one aligned write. Slots are
+// handed out and returned in any order, so a slow write of one step never blocks the freeing of
+// another's. The pool never grows: when every slot is taken, Acquire waits (backpressure on
+// capture, and through it on wait_snapshot), unless the caller gave up (its cancel flag).
+//
+// Thread safety: all methods are safe from any thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "common/status.h"
+
+namespace ckpt {
+
+class HostPool {
+ public:
+  struct Config {
+    uint64_t size = 1ull << 30;       // bytes, rounded down to whole slots
+    uint64_t slot_size = 16ull << 20; // multiple of 4096
+    bool lock_memory = true;          // mlock, best effort (logged when refused)
+  };
+
+  // Maps and populates the region. kResourceExhausted when the memory is not available.
+  static Result<std::unique_ptr<HostPool>> Create(const Config& config);
+  ~HostPool();
+  HostPool(const HostPool&) = delete;
+  HostPool& operator=(const HostPool&) = delete;
+
+  // A slot index; the slot's memory is slot_data(index).
+  using SlotId = uint32_t;
+
+  // Waits for a free slot. Returns nullopt when `cancelled` became true while waiting (checked
+  // whenever the pool changes and after WakeAll). `cancelled` may be null.
+  std::optional<SlotId> Acquire(const std::atomic<bool>* cancelled);
+  // Takes `count` slots only if that many are free now (the on_full=skip policy).
+  std::optional<std::vector<SlotId>> TryAcquireMany(uint32_t count);
+  void Release(SlotId slot);
+  // Wakes every waiter so that it re-checks its cancel flag.
+  void WakeAll();
+
+  std::byte* slot_data(SlotId slot) const { return base_ + uint64_t{slot} * slot_size_; }
+  uint64_t slot_size() const { return slot_size_; }
+  uint32_t slot_count() const { return slot_count_; }
+  uint32_t free_slots() const;
+  uint64_t size_bytes() const { return uint64_t{slot_count_} * slot_size_; }
+  bool locked() const { return locked_; }
+  std::byte* base() const { return base_; }
+
+ private:
+  HostPool(std::byte* base, uint64_t slot_size, uint32_t slot_count, bool locked);
+
+  std::byte* const base_;
+  const uint64_t slot_size_;
+  const uint32_t slot_count_;
+  const bool locked_;
+  mutable std::mutex mu_;
+  std::condition_variable freed_;
+  std::vector<SlotId> free_;  // guarded by mu_
+};
+
+}  // namespace ckpt

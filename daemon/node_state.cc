@@ -1,0 +1,500 @@
+#include "daemon/node_state.h"
+
+#include <boost/asio/post.hpp>
+
+#include "common/atomic_file.h"
+#include "common/logging.h"
+#include "common/manifest_io.h"
+#include "common/step_layout.h"
+
+namespace ckpt {
+
+using ckptd::v1::StepState;
+
+std::string_view StepStateName(StepState s) {
+  switch (s) {
+    case ckptd::v1::STEP_STATE_PENDING: return "pending";
+    case ckptd::v1::STEP_STATE_CAPTURING: return "capturing";
+    case ckptd::v1::STEP_STATE_CAPTURED: return "captured";
+    case ckptd::v1::STEP_STATE_PERSISTING: return "persisting";
+    case ckptd::v1::STEP_STATE_PERSISTED: return "persisted";
+    case ckptd::v1::STEP_STATE_COMMITTED: return "committed";
+    case ckptd::v1::STEP_STATE_ABORTED: return "aborted";
+    case ckptd::v1::STEP_STATE_FAILED: return "failed";
+    default: return "unknown";
+  }
+}
+
+NodeState::NodeState(boost::asio::io_context& io, Config config, FileSystem* fs, HostPool* pool,
+                     CaptureEngine* capture, CommitEngine* commit, SerialExecutor* storage)
+    : io_(io), config_(std::move(config)), fs_(fs), pool_(pool), capture_(capture),
+      commit_(commit), storage_(storage) {}
+
+NodeState::~NodeState() { *alive_ = false; }
+
+bool NodeState::Terminal(StepState s) {
+  return s == ckptd::v1::STEP_STATE_COMMITTED || s == ckptd::v1::STEP_STATE_ABORTED ||
+         s == ckptd::v1::STEP_STATE_FAILED;
+}
+
+NodeState::Step* NodeState::FindStep(const std::string& job, uint64_t step) {
+  auto j = jobs_.find(job);
+  if (j == jobs_.end()) return nullptr;
+  auto s = j->second.steps.find(step);
+  return s == j->second.steps.end() ? nullptr : &s->second;
+}
+
+size_t NodeState::steps_in_flight() const {
+  size_t n = 0;
+  for (const auto& [name, job] : jobs_) {
+    for (const auto& [step, s] : job.steps) {
+      // A failed step is still "in flight" until its files are cleaned up.
+      if (!Terminal(s.state) || (s.state != ckptd::v1::STEP_STATE_COMMITTED && !s.cleanup_posted)) ++n;
+    }
+  }
+  return n;
+}
+
+Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
+  const std::string ctx = "job '" + req.job + "' step " + std::to_string(req.step) + " rank " +
+                          std::to_string(req.rank);
+  if (draining_) return Unavailable(ctx + ": the daemon is shutting down");
+  if (req.plan == nullptr) {
+    return FailedPrecondition(ctx + ": save before any tensors were registered");
+  }
+  Job& job = jobs_[req.job];
+  auto it = job.steps.find(req.step);
+  if (it == job.steps.end()) {
+    size_t in_flight = 0;
+    uint64_t newest = 0;
+    for (const auto& [n, s] : job.steps) {
+      if (!Terminal(s.state)) ++in_flight;
+      if (s.state == ckptd::v1::STEP_STATE_COMMITTED) newest = std::max(newest, n);
+    }
+    if (in_flight >= config_.max_steps_in_flight) {
+      return ResourceExhausted(ctx + ": " + std::to_string(in_flight) +
+                               " steps of this job are already in flight (limit " +
+                               std::to_string(config_.max_steps_in_flight) +
+                               "); call wait_snapshot before saving again");
+    }
+    if (newest != 0 && req.step <= newest) {
+      return FailedPrecondition(ctx + ": step is not newer than committed step " +
+                                std::to_string(newest));
+    }
+    Step fresh;
+    fresh.job = req.job;
+    fresh.step = req.step;
+    fresh.world_size = req.world_size;
+    it = job.steps.emplace(req.step, std::move(fresh)).first;
+    Step& s = it->second;
+    s.timeout = std::make_unique<boost::asio::steady_timer>(io_, config_.step_timeout);
+    s.timeout->async_wait([this, alive = alive_, j = req.job, n = req.step](
+                              const boost::system::error_code& ec) {
+      if (!ec && *alive) OnTimeout(j, n);
+    });
+  }
+  Step& s = it->second;
+  if (Terminal(s.state)) {
+    return FailedPrecondition(ctx + ": the step already ended (" +
+                              std::string(StepStateName(s.state)) +
+                              (s.reason.empty() ? "" : ": " + s.reason) + ")");
+  }
+  if (s.world_size != req.world_size) {
+    return InvalidArgument(ctx + ": world size " + std::to_string(req.world_size) +
+                           " differs from the step's " + std::to_string(s.world_size));
+  }
+  if (s.ranks.count(req.rank) != 0) return FailedPrecondition(ctx + ": this rank already saved it");
+
+  auto capture = std::make_shared<CaptureJob>();
+  capture->job = req.job;
+  capture->step = req.step;
+  capture->rank = req.rank;
+  capture->plan = req.plan;
+  capture->fs = fs_;
+  capture->step_dir = StepDir(config_.storage_root, req.job, req.step);
+  capture->data_path = JoinPath(capture->step_dir, DataFileName(req.rank));
+  capture->throttle_bytes_per_second = config_.capture_throttle_bytes_per_second;
+
+  if (req.on_full == ckptd::v1::FULL_POLICY_SKIP) {
+    const auto needed = static_cast<uint32_t>(req.plan->layout.slots.size());
+    auto slots = pool_->TryAcquireMany(needed);
+    if (!slots) {
+      SaveOutcome out{true, "skipped: the host pool is full (this rank needs " +
+                                std::to_string(needed) + " slots, " +
+                                std::to_string(pool_->free_slots()) + " are free)"};
+      spdlog::warn("{}: {}", ctx, out.reason);
+      s.ranks[req.rank] = RankSave{req.session_id, req.pid, nullptr, {}, false, false, true};
+      FailStep(s, ckptd::v1::STEP_STATE_FAILED, "rank " + std::to_string(req.rank) + " " + out.reason);
+      return out;
+    }
+    capture->reserved_slots = std::move(*slots);
+  }
+
+  auto post = [this, alive = alive_](std::function<void()> f) {
+    boost::asio::post(io_, [alive, f = std::move(f)] {
+      if (*alive) f();
+    });
+  };
+  capture->on_captured = [this, post, j = req.job, n = req.step, r = req.rank](Status st) {
+    post([this, j, n, r, st] { OnRankCaptured(j, n, r, st); });
+  };
+  capture->on_persisted = [this, post, j = req.job, n = req.step, r = req.rank](Status st) {
+    post([this, j, n, r, st] { OnRankPersisted(j, n, r, st); });
+  };
+  s.ranks[req.rank] = RankSave{req.session_id, req.pid, capture, std::move(req.extra)};
+  if (s.state == ckptd::v1::STEP_STATE_PENDING) SetState(s, ckptd::v1::STEP_STATE_CAPTURING);
+  capture_->Submit(std::move(capture));
+  return SaveOutcome{};
+}
+
+void NodeState::OnRankCaptured(const std::string& job, uint64_t step, uint32_t rank, Status st) {
+  Step* s = FindStep(job, step);
+  if (s == nullptr) return;
+  if (!st.ok()) {
+    if (!Terminal(s->state)) {
+      FailStep(*s, ckptd::v1::STEP_STATE_FAILED,
+               "rank " + std::to_string(rank) + " capture failed: " + st.message());
+    }
+    return;
+  }
+  s->ranks[rank].captured = true;
+  size_t captured = 0;
+  for (const auto& [r, rs] : s->ranks) captured += rs.captured ? 1 : 0;
+  if (!Terminal(s->state) && captured == s->world_size) {
+    SetState(*s, ckptd::v1::STEP_STATE_CAPTURED);
+    SetState(*s, ckptd::v1::STEP_STATE_PERSISTING);
+  }
+  ResolveWaiters(*s);
+}
+
+void NodeState::OnRankPersisted(const std::string& job, uint64_t step, uint32_t rank, Status st) {
+  Step* s = FindStep(job, step);
+  if (s == nullptr) return;
+  RankSave& rs = s->ranks[rank];
+  rs.finished = true;
+  if (!st.ok()) {
+    if (!Terminal(s->state)) {
+      FailStep(*s, ckptd::v1::STEP_STATE_FAILED,
+               "rank " + std::to_string(rank) + " write failed: " + st.message());
+    }
+    MaybeCleanup(*s);
+    CheckDrained();
+    return;
+  }
+  rs.persisted = true;
+  if (Terminal(s->state)) {
+    MaybeCleanup(*s);
+    CheckDrained();
+    return;
+  }
+  size_t persisted = 0;
+  for (const auto& [r, x] : s->ranks) persisted += x.persisted ? 1 : 0;
+  if (persisted == s->world_size) {
+    SetState(*s, ckptd::v1::STEP_STATE_PERSISTED);
+    TryCommit(job);
+  }
+}
+
+void NodeState::OnTimeout(const std::string& job, uint64_t step) {
+  Step* s = FindStep(job, step);
+  if (s == nullptr || Terminal(s->state) || s->ranks.size() == s->world_size) return;
+  std::string missing;
+  for (uint32_t r = 0; r < s->world_size; ++r) {
+    if (s->ranks.count(r) == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+  }
+  FailStep(*s, ckptd::v1::STEP_STATE_ABORTED,
+           "ranks [" + missing + "] did not save step " + std::to_string(step) + " within " +
+               std::to_string(config_.step_timeout.count()) + " ms");
+}
+
+void NodeState::SetState(Step& s, StepState state) {
+  s.state = state;
+  spdlog::info("job '{}' step {}: {}{}", s.job, s.step, StepStateName(state),
+               s.reason.empty() ? "" : " (" + s.reason + ")");
+  if (Terminal(state) && s.timeout) s.timeout->cancel();
+  Publish(s);
+  ResolveWaiters(s);
+}
+
+void NodeState::FailStep(Step& s, StepState state, const std::string& reason) {
+  if (Terminal(s.state)) return;
+  s.reason = reason;
+  for (auto& [r, rs] : s.ranks) {
+    if (rs.capture) rs.capture->cancelled.store(true);
+  }
+  pool_->WakeAll();
+  SetState(s, state);
+  MaybeCleanup(s);
+  TryCommit(s.job);  // a later step may have been waiting behind this one
+  CheckDrained();
+}
+
+void NodeState::MaybeCleanup(Step& s) {
+  if (s.cleanup_posted || !Terminal(s.state) || s.state == ckptd::v1::STEP_STATE_COMMITTED) return;
+  for (const auto& [r, rs] : s.ranks) {
+    if (rs.capture && !rs.finished) return;  // its writer still holds files in the directory
+  }
+  s.cleanup_posted = true;
+  storage_->Post([this, alive = alive_, job = s.job, step = s.step] {
+    Status st = commit_->RemoveStep(job, step);
+    if (!st.ok()) spdlog::warn("job '{}' step {}: cleanup: {}", job, step, st.ToString());
+    boost::asio::post(io_, [this, alive] {
+      if (*alive) CheckDrained();
+    });
+  });
+  for (auto& [r, rs] : s.ranks) rs.capture.reset();  // drop plans and mappings
+}
+
+void NodeState::ResolveWaiters(Step& s) {
+  std::vector<Waiter> keep;
+  std::vector<std::pair<Done, Status>> ready;
+  const bool failed = s.state == ckptd::v1::STEP_STATE_ABORTED ||
+                      s.state == ckptd::v1::STEP_STATE_FAILED;
+  for (auto& w : s.waiters) {
+    bool reached;
+    if (w.rank_captured) {
+      auto it = s.ranks.find(w.rank);
+      reached = it != s.ranks.end() && it->second.captured;
+    } else {
+      reached = !failed && s.state >= w.state;
+    }
+    if (reached) {
+      ready.emplace_back(std::move(w.done), Status::Ok());
+    } else if (failed) {
+      ready.emplace_back(std::move(w.done),
+                         Status(s.state == ckptd::v1::STEP_STATE_ABORTED ? StatusCode::kAborted
+                                                                         : StatusCode::kInternal,
+                                "job '" + s.job + "' step " + std::to_string(s.step) + " " +
+                                    std::string(StepStateName(s.state)) + ": " + s.reason));
+    } else {
+      keep.push_back(std::move(w));
+    }
+  }
+  s.waiters = std::move(keep);
+  for (auto& [done, st] : ready) done(st);
+}
+
+void NodeState::WaitCaptured(const std::string& job, uint64_t step, uint32_t rank, Done done) {
+  Step* s = FindStep(job, step);
+  if (s == nullptr) {
+    WaitState(job, step, ckptd::v1::STEP_STATE_COMMITTED, std::move(done));
+    return;
+  }
+  s->waiters.push_back(Waiter{true, rank, ckptd::v1::STEP_STATE_CAPTURED, std::move(done)});
+  ResolveWaiters(*s);
+}
+
+void NodeState::WaitState(const std::string& job, uint64_t step, StepState state, Done done) {
+  Step* s = FindStep(job, step);
+  if (s != nullptr) {
+    s->waiters.push_back(Waiter{false, 0, state, std::move(done)});
+    ResolveWaiters(*s);
+    return;
+  }
+  // Not known here: it may be an older committed step (or unknown).
+  storage_->Post([this, alive = alive_, job, step, done = std::move(done)]() mutable {
+    auto list = commit_->List(job);
+    Status st;
+    if (!list.ok()) {
+      st = list.status();
+    } else if (!std::binary_search(list->begin(), list->end(), step)) {
+      st = NotFound("job '" + job + "' step " + std::to_string(step) +
+                    " is neither in flight on this node nor committed");
+    }
+    boost::asio::post(io_, [alive, done = std::move(done), st] {
+      if (*alive) done(st);
+    });
+  });
+}
+
+void NodeState::Latest(const std::string& job,
+                       std::function<void(Result<std::optional<uint64_t>>)> done) {
+  storage_->Post([this, alive = alive_, job, done = std::move(done)]() mutable {
+    auto latest = commit_->Latest(job);
+    boost::asio::post(io_, [alive, done = std::move(done), latest = std::move(latest)]() mutable {
+      if (*alive) done(std::move(latest));
+    });
+  });
+}
+
+void NodeState::AddSink(const std::string& job, std::weak_ptr<EventSink> sink) {
+  auto& sinks = jobs_[job].sinks;
+  std::erase_if(sinks, [](const auto& w) { return w.expired(); });
+  sinks.push_back(std::move(sink));
+}
+
+void NodeState::Publish(const Step& s) {
+  auto j = jobs_.find(s.job);
+  if (j == jobs_.end()) return;
+  ckptd::v1::Event e;
+  e.set_job(s.job);
+  e.set_step(s.step);
+  e.set_state(s.state);
+  e.set_reason(s.reason);
+  for (const auto& w : j->second.sinks) {
+    if (auto sink = w.lock()) sink->OnEvent(e);
+  }
+}
+
+void NodeState::OnSessionClosed(uint64_t session_id, const std::string& job, uint32_t rank,
+                                int32_t pid) {
+  auto j = jobs_.find(job);
+  if (j == jobs_.end()) return;
+  for (auto& [n, s] : j->second.steps) {
+    if (Terminal(s.state)) continue;
+    auto it = s.ranks.find(rank);
+    if (it == s.ranks.end() || it->second.session_id != session_id || it->second.captured) continue;
+    FailStep(s, ckptd::v1::STEP_STATE_ABORTED,
+             "rank " + std::to_string(rank) + " (pid " + std::to_string(pid) +
+                 ") disconnected before its snapshot of step " + std::to_string(n) +
+                 " was captured");
+  }
+}
+
+Result<ckptd::v1::NodeManifest> NodeState::BuildNodeManifest(const Step& s) const {
+  ckptd::v1::NodeManifest m;
+  m.set_format_version(kFormatVersion);
+  m.set_job(s.job);
+  m.set_step(s.step);
+  m.set_world_size(s.world_size);
+  m.set_node_id(config_.node_id);
+  std::map<std::string, ckptd::v1::TensorEntry*> by_name;
+  std::map<std::string, uint32_t> first_rank;
+  for (const auto& [rank, rs] : s.ranks) {
+    const CaptureJob& job = *rs.capture;
+    const CapturePlan& plan = *job.plan;
+    for (size_t i = 0; i < plan.tensors.size(); ++i) {
+      const RegisteredTensor& t = plan.tensors[i];
+      auto [it, inserted] = by_name.try_emplace(t.name, nullptr);
+      if (inserted) {
+        it->second = m.add_tensors();
+        it->second->set_name(t.name);
+        it->second->set_dtype(std::string(t.dtype.name));
+        for (uint64_t d : t.geometry.global_shape()) it->second->add_global_shape(d);
+        first_rank[t.name] = rank;
+      } else {
+        const auto& e = *it->second;
+        const Shape& shape = t.geometry.global_shape();
+        if (e.dtype() != t.dtype.name ||
+            !std::equal(e.global_shape().begin(), e.global_shape().end(), shape.begin(),
+                        shape.end())) {
+          return InvalidArgument("tensor '" + t.name + "' is registered as " + e.dtype() +
+                                 " by rank " + std::to_string(first_rank[t.name]) + " but as " +
+                                 std::string(t.dtype.name) + " " + t.geometry.ToString() +
+                                 " by rank " + std::to_string(rank) +
+                                 " (dtype and global shape must agree)");
+        }
+      }
+      auto* shard = it->second->add_shards();
+      *shard->mutable_geometry() = GeometryToProto(t.geometry);
+      shard->set_file(DataFileName(rank));
+      shard->set_offset(plan.layout.shard_offsets[i]);
+      shard->set_length(t.bytes());
+      shard->set_chunk_size(plan.layout.checksum_chunk);
+      for (uint64_t c : job.checksums[i]) shard->add_chunk_xxh3(c);
+      shard->set_writer_rank(rank);
+    }
+    auto* r = m.add_ranks();
+    r->set_rank(rank);
+    r->set_extra(rs.extra);
+    r->set_node_id(config_.node_id);
+  }
+  return m;
+}
+
+void NodeState::TryCommit(const std::string& job_name) {
+  auto j = jobs_.find(job_name);
+  if (j == jobs_.end()) return;
+  for (auto& [n, s] : j->second.steps) {
+    if (Terminal(s.state)) continue;
+    // The oldest step still in flight decides: later ones wait for it.
+    if (s.state != ckptd::v1::STEP_STATE_PERSISTED || s.committing) break;
+    auto manifest = BuildNodeManifest(s);
+    if (!manifest.ok()) {
+      FailStep(s, ckptd::v1::STEP_STATE_FAILED, manifest.status().message());
+      return;  // FailStep re-enters TryCommit
+    }
+    s.committing = true;
+    storage_->Post([this, alive = alive_, job = s.job, step = s.step,
+                    node = std::move(manifest).value()] {
+      const std::string step_dir = StepDir(commit_->config().storage_root, job, step);
+      Status st = WriteFileAtomically(
+          fs_, JoinPath(step_dir, NodeManifestFileName(node.node_id())), EncodeNodeManifest(node));
+      if (st.ok()) st = commit_->Commit(std::span(&node, 1)).status();
+      if (!st.ok()) {
+        // A failure after the MANIFEST rename still leaves a committed step: report the truth.
+        auto exists = fs_->Exists(JoinPath(step_dir, std::string(kManifestFileName)));
+        if (exists.ok() && *exists) {
+          spdlog::warn("job '{}' step {}: committed, but: {}", job, step, st.ToString());
+          st = Status::Ok();
+        }
+      }
+      boost::asio::post(io_, [this, alive, job, step, st] {
+        if (*alive) OnCommitted(job, step, st);
+      });
+    });
+    return;  // one commit at a time per job, in order
+  }
+}
+
+void NodeState::OnCommitted(const std::string& job, uint64_t step, Status st) {
+  Step* s = FindStep(job, step);
+  if (s == nullptr) return;
+  s->committing = false;
+  if (!st.ok()) {
+    FailStep(*s, ckptd::v1::STEP_STATE_FAILED, "commit failed: " + st.message());
+    return;
+  }
+  SetState(*s, ckptd::v1::STEP_STATE_COMMITTED);
+  for (auto& [r, rs] : s->ranks) rs.capture.reset();
+  Prune(jobs_[job]);
+  TryCommit(job);
+  CheckDrained();
+}
+
+void NodeState::Prune(Job& j) {
+  size_t finished = 0;
+  for (const auto& [n, s] : j.steps) finished += Terminal(s.state) ? 1 : 0;
+  for (auto it = j.steps.begin(); it != j.steps.end() && finished > config_.finished_steps_kept;) {
+    const Step& s = it->second;
+    bool removable = Terminal(s.state) && s.waiters.empty() &&
+                     (s.state == ckptd::v1::STEP_STATE_COMMITTED || s.cleanup_posted);
+    if (removable) {
+      it = j.steps.erase(it);
+      --finished;
+    } else {
+      ++it;
+    }
+  }
+}
+
+void NodeState::Drain(std::function<void()> idle) {
+  draining_ = true;
+  on_idle_ = std::move(idle);
+  CheckDrained();
+}
+
+void NodeState::CancelAll(const std::string& reason) {
+  for (auto& [name, j] : jobs_) {
+    for (auto& [n, s] : j.steps) {
+      if (!Terminal(s.state)) FailStep(s, ckptd::v1::STEP_STATE_ABORTED, reason);
+    }
+  }
+}
+
+void NodeState::CheckDrained() {
+  if (!draining_ || !on_idle_) return;
+  for (const auto& [name, j] : jobs_) {
+    for (const auto& [n, s] : j.steps) {
+      if (!Terminal(s.state) || s.committing) return;
+      for (const auto& [r, rs] : s.ranks) {
+        if (rs.capture && !rs.finished) return;
+      }
+    }
+  }
+  auto idle = std::move(on_idle_);
+  on_idle_ = nullptr;
+  idle();
+}
+
+}  // namespace ckpt

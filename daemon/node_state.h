@@ -1,0 +1,161 @@
+// NodeState: every step this daemon knows of, and the rules that move it along
+// (DESIGN.md §2: PENDING → CAPTURING → CAPTURED → PERSISTING → PERSISTED → COMMITTED, or
+// ABORTED / FAILED with a reason).
+//
+// Ownership: NodeState lives on the daemon's Asio loop and is only touched from it — no locks.
+// Engine threads report through callbacks that post back onto the loop; storage work (commits,
+// cleanup, LATEST lookups) is posted to the storage thread, whose results are posted back too.
+//
+// Rules it enforces:
+//   * a step needs all world_size ranks: it is committed when every rank persisted, in step
+//     order per job (a later step waits for every earlier in-flight step to end);
+//   * a rank whose session ends before its capture completed aborts the step, naming the rank;
+//     a rank that already captured is persisted and committed without its trainer;
+//   * a step some rank never saves is aborted after step_timeout, naming the missing ranks;
+//   * a failed or aborted step is never committed: its captures are cancelled and, once every
+//     capture job has let go of its files, its directory is removed; older steps are untouched.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ckptd/v1/local.pb.h"
+#include "ckptd/v1/manifest.pb.h"
+#include "daemon/capture_engine.h"
+#include "daemon/capture_plan.h"
+#include "daemon/coordinator/commit_engine.h"
+#include "daemon/host_pool.h"
+#include "daemon/serial_executor.h"
+
+namespace ckpt {
+
+// Receives a session's events. Implemented by Session; called on the loop.
+class EventSink {
+ public:
+  virtual ~EventSink() = default;
+  virtual void OnEvent(const ckptd::v1::Event& event) = 0;
+};
+
+class NodeState {
+ public:
+  struct Config {
+    std::string node_id;
+    std::string storage_root;
+    std::chrono::milliseconds step_timeout{std::chrono::minutes(10)};
+    uint64_t capture_throttle_bytes_per_second = 0;
+    uint32_t max_steps_in_flight = 16;  // per job
+    size_t finished_steps_kept = 64;    // per job, for late waits
+  };
+  using Done = std::function<void(Status)>;
+
+  NodeState(boost::asio::io_context& io, Config config, FileSystem* fs, HostPool* pool,
+            CaptureEngine* capture, CommitEngine* commit, SerialExecutor* storage);
+  ~NodeState();
+
+  struct SaveRequest {
+    std::string job;
+    uint64_t step = 0;
+    uint32_t rank = 0;
+    uint32_t world_size = 1;
+    uint64_t session_id = 0;
+    int32_t pid = 0;
+    std::shared_ptr<const CapturePlan> plan;
+    std::string extra;
+    ckptd::v1::FullPolicy on_full = ckptd::v1::FULL_POLICY_WAIT;
+  };
+  struct SaveOutcome {
+    bool skipped = false;
+    std::string reason;
+  };
+  // Accepts the save and starts its capture; returns at once (no copying here).
+  Result<SaveOutcome> StartSave(SaveRequest request);
+
+  // `done` runs when `rank` has captured `step` (OK), or the step failed (its reason).
+  void WaitCaptured(const std::string& job, uint64_t step, uint32_t rank, Done done);
+  // `done` runs when the step reaches `state` (PERSISTED: on this node; COMMITTED: globally).
+  void WaitState(const std::string& job, uint64_t step, ckptd::v1::StepState state, Done done);
+  // Newest committed step of a job (looked up on the storage thread).
+  void Latest(const std::string& job, std::function<void(Result<std::optional<uint64_t>>)> done);
+
+  void AddSink(const std::string& job, std::weak_ptr<EventSink> sink);
+  void OnSessionClosed(uint64_t session_id, const std::string& job, uint32_t rank, int32_t pid);
+
+  // Shutdown: refuse new saves; `idle` runs once no step is in flight (at once if none is).
+  void Drain(std::function<void()> idle);
+  // Cancels every capture in flight (shutdown deadline passed).
+  void CancelAll(const std::string& reason);
+  size_t steps_in_flight() const;
+
+ private:
+  struct RankSave {
+    uint64_t session_id = 0;
+    int32_t pid = 0;
+    std::shared_ptr<CaptureJob> capture;
+    std::string extra;
+    bool captured = false;
+    bool persisted = false;
+    bool finished = false;  // the capture job let go of its files
+  };
+  struct Waiter {
+    bool rank_captured;  // true: waits for `rank` captured; false: for `state`
+    uint32_t rank;
+    ckptd::v1::StepState state;
+    Done done;
+  };
+  struct Step {
+    std::string job;
+    uint64_t step = 0;
+    uint32_t world_size = 0;
+    ckptd::v1::StepState state = ckptd::v1::STEP_STATE_PENDING;
+    std::string reason;
+    std::map<uint32_t, RankSave> ranks;
+    std::vector<Waiter> waiters;
+    std::unique_ptr<boost::asio::steady_timer> timeout;
+    bool committing = false;
+    bool cleanup_posted = false;
+  };
+  struct Job {
+    std::map<uint64_t, Step> steps;  // in flight and recently finished
+    std::vector<std::weak_ptr<EventSink>> sinks;
+  };
+
+  static bool Terminal(ckptd::v1::StepState s);
+  Step* FindStep(const std::string& job, uint64_t step);
+  void OnRankCaptured(const std::string& job, uint64_t step, uint32_t rank, Status status);
+  void OnRankPersisted(const std::string& job, uint64_t step, uint32_t rank, Status status);
+  void OnTimeout(const std::string& job, uint64_t step);
+  void SetState(Step& s, ckptd::v1::StepState state);
+  void FailStep(Step& s, ckptd::v1::StepState state, const std::string& reason);
+  void ResolveWaiters(Step& s);
+  void MaybeCleanup(Step& s);
+  void TryCommit(const std::string& job);
+  Result<ckptd::v1::NodeManifest> BuildNodeManifest(const Step& s) const;
+  void OnCommitted(const std::string& job, uint64_t step, Status status);
+  void Publish(const Step& s);
+  void Prune(Job& j);
+  void CheckDrained();
+
+  boost::asio::io_context& io_;
+  Config config_;
+  FileSystem* fs_;
+  HostPool* pool_;
+  CaptureEngine* capture_;
+  CommitEngine* commit_;
+  SerialExecutor* storage_;
+  std::map<std::string, Job> jobs_;
+  bool draining_ = false;
+  std::function<void()> on_idle_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // guards late posts
+};
+
+std::string_view StepStateName(ckptd::v1::StepState s);
+
+}  // namespace ckpt

@@ -1,0 +1,357 @@
+#include "daemon/session.h"
+
+#include <boost/asio/write.hpp>
+
+#include "common/logging.h"
+#include "common/names.h"
+
+namespace ckpt {
+
+namespace {
+constexpr uint32_t kProtocolVersion = 1;
+}
+
+Session::Session(boost::asio::local::stream_protocol::socket socket, uint64_t id,
+                 int32_t peer_pid, uint32_t peer_uid, SessionServices* services)
+    : socket_(std::move(socket)), id_(id), peer_pid_(peer_pid), peer_uid_(peer_uid),
+      services_(services) {}
+
+Session::~Session() = default;
+
+void Session::Start() {
+  socket_.non_blocking(true);
+  spdlog::debug("session {}: connected (pid {}, uid {})", id_, peer_pid_, peer_uid_);
+  ArmRead();
+}
+
+void Session::ArmRead() {
+  if (closed_) return;
+  socket_.async_wait(boost::asio::socket_base::wait_read,
+                     [self = shared_from_this()](const boost::system::error_code& ec) {
+                       if (ec) {
+                         self->Close(ec.message());
+                         return;
+                       }
+                       self->OnReadable();
+                     });
+}
+
+void Session::OnReadable() {
+  // Drain what is there, one frame at a time, then wait again.
+  while (!closed_) {
+    auto frame = reader_.ReadSome(socket_.native_handle());
+    if (!frame.ok()) {
+      if (frame.status().code() != StatusCode::kUnavailable) {
+        SendError(0, frame.status().WithContext("protocol error"));
+      }
+      Close(frame.status().message());
+      return;
+    }
+    if (!frame->has_value()) break;
+    Dispatch(std::move(**frame));
+  }
+  ArmRead();
+}
+
+void Session::Dispatch(Frame frame) {
+  ckptd::v1::ClientMessage m;
+  if (!m.ParseFromString(frame.payload)) {
+    SendError(0, InvalidArgument("protocol error: a frame of " +
+                                 std::to_string(frame.payload.size()) +
+                                 " bytes is not a ClientMessage"));
+    Close("unparseable frame");
+    return;
+  }
+  if (!hello_ && m.body_case() != ckptd::v1::ClientMessage::kHello) {
+    SendError(m.request_id(), FailedPrecondition("protocol error: the first message must be Hello"));
+    Close("no hello");
+    return;
+  }
+  Handle(m, std::move(frame.fds));
+}
+
+void Session::Handle(const ckptd::v1::ClientMessage& m, std::vector<UniqueFd> fds) {
+  const uint64_t id = m.request_id();
+  switch (m.body_case()) {
+    case ckptd::v1::ClientMessage::kHello:
+      HandleHello(id, m.hello());
+      return;
+    case ckptd::v1::ClientMessage::kRegister:
+      HandleRegister(id, m.register_(), std::move(fds));
+      return;
+    case ckptd::v1::ClientMessage::kSave:
+      HandleSave(id, m.save());
+      return;
+    case ckptd::v1::ClientMessage::kWaitSnapshot:
+      if (!last_saved_step_) {
+        ckptd::v1::DaemonMessage reply;
+        reply.set_request_id(id);
+        reply.mutable_wait()->set_state(ckptd::v1::STEP_STATE_CAPTURED);
+        Send(reply);
+        return;
+      }
+      HandleWait(id, *last_saved_step_, ckptd::v1::STEP_STATE_CAPTURED);
+      return;
+    case ckptd::v1::ClientMessage::kWait:
+      HandleWait(id, m.wait().step(), m.wait().state());
+      return;
+    case ckptd::v1::ClientMessage::kLatest: {
+      services_->node->Latest(job_, [self = shared_from_this(), id](
+                                        Result<std::optional<uint64_t>> latest) {
+        if (self->closed_) return;
+        if (!latest.ok()) {
+          self->SendError(id, latest.status());
+          return;
+        }
+        ckptd::v1::DaemonMessage reply;
+        reply.set_request_id(id);
+        reply.mutable_latest()->set_has_step(latest->has_value());
+        if (latest->has_value()) reply.mutable_latest()->set_step(**latest);
+        self->Send(reply);
+      });
+      return;
+    }
+    case ckptd::v1::ClientMessage::kLoad:
+      HandleLoad(id, m.load());
+      return;
+    default:
+      SendError(id, InvalidArgument("unknown request type " + std::to_string(m.body_case())));
+      return;
+  }
+}
+
+void Session::HandleHello(uint64_t id, const ckptd::v1::Hello& hello) {
+  if (hello_) {
+    SendError(id, FailedPrecondition("Hello sent twice on one connection"));
+    return;
+  }
+  Status st;
+  if (hello.protocol_version() != kProtocolVersion) {
+    st = FailedPrecondition("client speaks protocol version " +
+                            std::to_string(hello.protocol_version()) + "; this daemon speaks " +
+                            std::to_string(kProtocolVersion));
+  } else if (st = ValidateJobName(hello.job()); !st.ok()) {
+  } else if (hello.world_size() == 0 || hello.rank() >= hello.world_size()) {
+    st = InvalidArgument("rank " + std::to_string(hello.rank()) + " is not below world size " +
+                         std::to_string(hello.world_size()));
+  }
+  if (!st.ok()) {
+    SendError(id, st);
+    Close("bad hello: " + st.message());
+    return;
+  }
+  hello_ = true;
+  job_ = hello.job();
+  rank_ = hello.rank();
+  world_size_ = hello.world_size();
+  services_->node->AddSink(job_, weak_from_this());
+  spdlog::info("session {}: job '{}' rank {}/{} (pid {}, client {})", id_, job_, rank_,
+               world_size_, peer_pid_, EscapeForLog(hello.client_version()));
+  ckptd::v1::DaemonMessage reply;
+  reply.set_request_id(id);
+  auto* r = reply.mutable_hello();
+  r->set_protocol_version(kProtocolVersion);
+  r->set_daemon_version(services_->version);
+  r->set_node_id(services_->node_id);
+  r->set_session_id(id_);
+  Send(reply);
+}
+
+void Session::HandleRegister(uint64_t id, const ckptd::v1::Register& reg,
+                             std::vector<UniqueFd> fds) {
+  // Accumulate; descriptor indexes are rebased onto the whole registration's list.
+  const uint32_t base = static_cast<uint32_t>(pending_fds_.size());
+  if (pending_error_.ok()) {
+    if (pending_specs_.size() + reg.tensors_size() > kMaxTensorsPerRegistration ||
+        pending_fds_.size() + fds.size() > kMaxFdsPerRegistration) {
+      pending_error_ = InvalidArgument("registration is over the limits of " +
+                                       std::to_string(kMaxTensorsPerRegistration) +
+                                       " tensors and " + std::to_string(kMaxFdsPerRegistration) +
+                                       " descriptors");
+    } else {
+      for (const auto& spec : reg.tensors()) {
+        pending_specs_.push_back(spec);
+        auto& added = pending_specs_.back();
+        if (added.has_host()) {
+          if (added.host().fd_index() >= fds.size()) {
+            pending_error_ = InvalidArgument(
+                "tensor '" + EscapeForLog(spec.name()) + "' names descriptor " +
+                std::to_string(added.host().fd_index()) + " but its frame carried " +
+                std::to_string(fds.size()));
+            break;
+          }
+          added.mutable_host()->set_fd_index(base + added.host().fd_index());
+        }
+      }
+      for (auto& f : fds) pending_fds_.push_back(std::move(f));
+    }
+  }
+  if (reg.more()) return;  // answered with the last frame
+
+  auto specs = std::move(pending_specs_);
+  auto received = std::move(pending_fds_);
+  Status error = std::move(pending_error_);
+  pending_specs_.clear();
+  pending_fds_.clear();
+  pending_error_ = Status::Ok();
+  if (!error.ok()) {
+    SendError(id, error.WithContext("register"));
+    return;
+  }
+  ckptd::v1::DaemonMessage reply;
+  reply.set_request_id(id);
+  auto* r = reply.mutable_register_();
+  if (plan_ != nullptr) {
+    auto fp = RegistrationFingerprint(specs, received);
+    if (fp.ok() && *fp == plan_->fingerprint) {
+      r->set_tensors(static_cast<uint32_t>(plan_->tensors.size()));
+      r->set_bytes(plan_->total_bytes);
+      r->set_unchanged(true);
+      Send(reply);
+      return;
+    }
+  }
+  auto plan = BuildCapturePlan(specs, received, mappings_, services_->layout);
+  if (!plan.ok()) {
+    SendError(id, plan.status().WithContext("register (job '" + job_ + "' rank " +
+                                            std::to_string(rank_) + ")"));
+    mappings_.DropUnused();
+    return;
+  }
+  plan_ = std::move(plan).value();
+  mappings_.DropUnused();
+  r->set_tensors(static_cast<uint32_t>(plan_->tensors.size()));
+  r->set_bytes(plan_->total_bytes);
+  spdlog::info("session {}: job '{}' rank {} registered {} tensors, {} bytes, {} mappings", id_,
+               job_, rank_, plan_->tensors.size(), plan_->total_bytes, mappings_.size());
+  Send(reply);
+}
+
+void Session::HandleSave(uint64_t id, const ckptd::v1::Save& save) {
+  NodeState::SaveRequest req;
+  req.job = job_;
+  req.step = save.step();
+  req.rank = rank_;
+  req.world_size = world_size_;
+  req.session_id = id_;
+  req.pid = peer_pid_;
+  req.plan = plan_;
+  req.extra = save.extra();
+  req.on_full = save.on_full();
+  auto outcome = services_->node->StartSave(std::move(req));
+  if (!outcome.ok()) {
+    SendError(id, outcome.status());
+    return;
+  }
+  if (!outcome->skipped) last_saved_step_ = save.step();
+  ckptd::v1::DaemonMessage reply;
+  reply.set_request_id(id);
+  reply.mutable_save()->set_step(save.step());
+  reply.mutable_save()->set_skipped(outcome->skipped);
+  reply.mutable_save()->set_reason(outcome->reason);
+  Send(reply);
+}
+
+std::function<void(Status)> Session::WaitReplier(uint64_t id, uint64_t step,
+                                                 ckptd::v1::StepState state) {
+  return [self = shared_from_this(), id, step, state](Status st) {
+    if (self->closed_) return;
+    if (!st.ok()) {
+      self->SendError(id, st);
+      return;
+    }
+    ckptd::v1::DaemonMessage reply;
+    reply.set_request_id(id);
+    reply.mutable_wait()->set_step(step);
+    reply.mutable_wait()->set_state(state);
+    self->Send(reply);
+  };
+}
+
+void Session::HandleWait(uint64_t id, uint64_t step, ckptd::v1::StepState state) {
+  switch (state) {
+    case ckptd::v1::STEP_STATE_CAPTURED:
+      services_->node->WaitCaptured(job_, step, rank_, WaitReplier(id, step, state));
+      return;
+    case ckptd::v1::STEP_STATE_PERSISTED:
+    case ckptd::v1::STEP_STATE_COMMITTED:
+      services_->node->WaitState(job_, step, state, WaitReplier(id, step, state));
+      return;
+    default:
+      SendError(id, InvalidArgument("wait: state must be captured, persisted or committed"));
+  }
+}
+
+void Session::HandleLoad(uint64_t id, const ckptd::v1::Load&) {
+  SendError(id, Unimplemented("load is not supported by this daemon version"));
+}
+
+void Session::OnEvent(const ckptd::v1::Event& event) {
+  if (closed_) return;
+  ckptd::v1::DaemonMessage m;
+  m.set_request_id(0);
+  *m.mutable_event() = event;
+  Send(m);
+}
+
+void Session::SendError(uint64_t request_id, const Status& status) {
+  ckptd::v1::DaemonMessage m;
+  m.set_request_id(request_id);
+  m.mutable_error()->set_code(static_cast<uint32_t>(status.code()));
+  m.mutable_error()->set_message(status.message());
+  spdlog::debug("session {}: error to client: {}", id_, status.ToString());
+  Send(m);
+}
+
+void Session::Send(const ckptd::v1::DaemonMessage& m) {
+  if (closed_) return;
+  std::string frame = EncodeFrame(m.SerializeAsString());
+  out_bytes_ += frame.size();
+  out_.push_back(std::move(frame));
+  if (out_bytes_ > services_->max_queued_reply_bytes) {
+    Close("client does not read its replies");
+    return;
+  }
+  if (!writing_) WriteNext();
+}
+
+void Session::WriteNext() {
+  if (out_.empty() || closed_) {
+    writing_ = false;
+    return;
+  }
+  writing_ = true;
+  boost::asio::async_write(socket_, boost::asio::buffer(out_.front()),
+                           [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+                             if (ec) {
+                               self->writing_ = false;
+                               self->Close("write: " + ec.message());
+                               return;
+                             }
+                             self->out_bytes_ -= self->out_.front().size();
+                             self->out_.pop_front();
+                             self->WriteNext();
+                           });
+}
+
+void Session::Close(const std::string& why) {
+  if (closed_) return;
+  // Flush what is queued (an Error explaining the close) on a best-effort basis: the socket is
+  // non-blocking, so this never stalls the loop.
+  for (const auto& frame : out_) {
+    if (writing_) break;  // an async write owns the head of the queue
+    ::send(socket_.native_handle(), frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+  closed_ = true;
+  boost::system::error_code ignored;
+  socket_.shutdown(boost::asio::socket_base::shutdown_both, ignored);
+  socket_.close(ignored);
+  out_.clear();
+  spdlog::info("session {}: closed ({}){}", id_, why,
+               hello_ ? " job '" + job_ + "' rank " + std::to_string(rank_) : std::string());
+  if (hello_) services_->node->OnSessionClosed(id_, job_, rank_, peer_pid_);
+  plan_.reset();
+  mappings_.Clear();
+}
+
+}  // namespace ckpt

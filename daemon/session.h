@@ -1,0 +1,102 @@
+// Session: one trainer's connection to the daemon (DESIGN.md §1, local data plane).
+//
+// The session reads frames off its Unix socket on the daemon's Asio loop (non-blocking reads,
+// exactly one frame at a time so received descriptors always belong to the frame they came
+// with), dispatches them, and writes replies and events through a bounded queue. The first
+// frame must be Hello; then Register / Save / WaitSnapshot / Wait / Latest / Load in any order.
+// Every request gets exactly one answer carrying its request_id: its reply or an Error.
+//
+// Bad input is that client's problem only: a semantic error (unknown dtype, bytes outside the
+// descriptor, hostile names) is answered with an Error and the session continues; a broken
+// stream (oversized frame, unparseable payload, descriptors mid-frame, no Hello) is answered
+// with an Error and the connection is closed. The connection is the lease: on close, steps this
+// rank had not finished capturing are aborted; captured ones go on without it.
+#pragma once
+
+#include <boost/asio/local/stream_protocol.hpp>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ckptd/v1/local.pb.h"
+#include "common/data_layout.h"
+#include "common/frame_io.h"
+#include "daemon/capture_plan.h"
+#include "daemon/host_memory.h"
+#include "daemon/node_state.h"
+
+namespace ckpt {
+
+class LoadService;
+
+// What sessions need from the rest of the daemon; owned by the daemon, outlives sessions.
+struct SessionServices {
+  NodeState* node = nullptr;
+  LoadService* loads = nullptr;  // may be null: loads unsupported
+  LayoutOptions layout;
+  std::string node_id;
+  std::string version;
+  size_t max_queued_reply_bytes = 64ull << 20;
+};
+
+class Session : public EventSink, public std::enable_shared_from_this<Session> {
+ public:
+  Session(boost::asio::local::stream_protocol::socket socket, uint64_t id, int32_t peer_pid,
+          uint32_t peer_uid, SessionServices* services);
+  ~Session() override;
+
+  void Start();
+  void Close(const std::string& why);
+  void OnEvent(const ckptd::v1::Event& event) override;
+
+  uint64_t id() const { return id_; }
+  bool closed() const { return closed_; }
+
+ private:
+  void ArmRead();
+  void OnReadable();
+  void Dispatch(Frame frame);
+  void Handle(const ckptd::v1::ClientMessage& m, std::vector<UniqueFd> fds);
+  void HandleHello(uint64_t id, const ckptd::v1::Hello& hello);
+  void HandleRegister(uint64_t id, const ckptd::v1::Register& reg, std::vector<UniqueFd> fds);
+  void HandleSave(uint64_t id, const ckptd::v1::Save& save);
+  void HandleWait(uint64_t id, uint64_t step, ckptd::v1::StepState state);
+  void HandleLoad(uint64_t id, const ckptd::v1::Load& load);
+
+  void Send(const ckptd::v1::DaemonMessage& m);
+  void SendError(uint64_t request_id, const Status& status);
+  void WriteNext();
+  // A callback that answers request `id` if the session is still open.
+  std::function<void(Status)> WaitReplier(uint64_t id, uint64_t step, ckptd::v1::StepState state);
+
+  boost::asio::local::stream_protocol::socket socket_;
+  const uint64_t id_;
+  const int32_t peer_pid_;
+  const uint32_t peer_uid_;
+  SessionServices* services_;
+  FrameReader reader_;
+  bool closed_ = false;
+
+  // After Hello.
+  bool hello_ = false;
+  std::string job_;
+  uint32_t rank_ = 0;
+  uint32_t world_size_ = 0;
+
+  // Registration being received (Register frames with more=true) and the current one.
+  std::vector<ckptd::v1::TensorSpec> pending_specs_;
+  std::vector<UniqueFd> pending_fds_;
+  Status pending_error_;
+  MappingCache mappings_;
+  std::shared_ptr<const CapturePlan> plan_;
+  std::optional<uint64_t> last_saved_step_;
+
+  std::deque<std::string> out_;
+  size_t out_bytes_ = 0;
+  bool writing_ = false;
+};
+
+}  // namespace ckpt

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -27,7 +28,8 @@ class DataFileWriter {
   Status WriteAt(uint64_t offset, const std::byte* data, size_t size);
 
   // fdatasync + close. Afterwards the bytes are durable; the directory entry is made durable by
-  // the commit that syncs the step directory.
+  // the commit that syncs the step directory. The file is closed even when the sync fails;
+  // calling Finish again returns the first call's result.
   Status Finish();
 
   bool direct() const { return file_->direct(); }
@@ -38,6 +40,7 @@ class DataFileWriter {
   explicit DataFileWriter(std::unique_ptr<File> file) : file_(std::move(file)) {}
   std::unique_ptr<File> file_;
   std::atomic<uint64_t> bytes_written_{0};
+  std::optional<Status> finished_;  // the result of the first Finish; later calls return it
 };
 
 // In-memory bytes of one shard.

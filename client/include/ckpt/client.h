@@ -1,0 +1,163 @@
+// ckpt::Client — the trainer's side of the local data plane (DESIGN.md §1–§3).
+//
+// A trainer rank connects to its node's daemon over a Unix stream socket, registers its tensors
+// once (names, dtype, global shape, shard geometry and a file descriptor of the host memory that
+// holds the shard's bytes), and then, once per checkpoint:
+//
+//   client->Save(step);          // returns once the daemon accepted the request (microseconds)
+//   ... forward / backward ...   // the daemon copies the registered memory in the background
+//   client->WaitSnapshot();      // before the next optimizer step: the bytes are captured
+//   optimizer step               // now the memory may change again
+//
+// Wait(step, kCommitted) blocks until the checkpoint is durable everywhere; Latest() and Load()
+// restore from the daemon's host memory or from storage.
+//
+// The wire protocol is proto/ckptd/v1/local.proto; this header exposes none of its types.
+//
+// Thread safety: every method of Client may be called from any thread, concurrently, except the
+// destructor (no other call may be running or start while it runs). Calls that wait for the
+// daemon do not hold each other up: each request carries its own id and a single reader thread
+// hands each reply to its caller. Concurrent Register calls are serialized; a Register's frames
+// are never interleaved with other requests.
+//
+// Errors: ckpt::Status / ckpt::Result<T>. A request the daemon refuses returns the daemon's
+// code and message unchanged. A timeout returns kDeadlineExceeded naming the step (a reply that
+// arrives later is dropped). When the connection breaks, every pending and later call returns
+// kUnavailable "connection to ckptd at <socket> lost: ..." — calls never hang on a dead daemon;
+// reconnect with a new Client. After Close(), calls return kCancelled.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace ckpt {
+
+// How to reach the daemon and who this process is. Copied into the Client by Connect.
+struct ClientOptions {
+  // Path of the daemon's Unix socket (ckptd --socket).
+  std::string socket = "/run/ckptd/ckptd.sock";
+  // Job id: 1–128 bytes of [A-Za-z0-9._-]; it names the job's directory in storage.
+  std::string job;
+  uint32_t rank = 0;        // global rank, < world_size
+  uint32_t world_size = 1;  // ranks in the job
+  uint32_t local_rank = 0;  // rank on this node
+  // How long Connect keeps retrying while the daemon is not (yet) listening, including the
+  // hello exchange.
+  std::chrono::milliseconds connect_timeout{10000};
+};
+
+// One shard of a tensor living in host memory reachable through a file descriptor (a memfd,
+// a POSIX shm fd — what PyTorch's share_memory_() uses — or any mmap-able fd).
+//
+// Ownership and lifetime: `fd` stays owned by the caller; Register sends a duplicate of it to
+// the daemon (SCM_RIGHTS) and never closes it. The memory behind the fd must stay alive and
+// must not be modified between Save and the end of the WaitSnapshot that follows it.
+struct HostTensor {
+  std::string name;                   // fully qualified name, e.g. "layers.0.attn.wq.weight"
+  std::string dtype;                  // PyTorch name: "float32", "bfloat16", "int32", ...
+  std::vector<uint64_t> global_shape; // shape of the whole (unsharded) tensor; {} for a scalar
+  bool flat = false;                  // false: a box shard; true: a flat-range shard
+  // Box shard: offsets[d] .. offsets[d]+lengths[d] along each dimension. Both empty = the
+  // whole tensor.
+  std::vector<uint64_t> offsets, lengths;
+  // Flat shard: elements [flat_offset, flat_offset+numel) of the row-major flattened tensor.
+  uint64_t flat_offset = 0, numel = 0;
+  int fd = -1;             // host memory; owned by the caller
+  uint64_t fd_offset = 0;  // where the shard's bytes start inside what the fd maps
+  uint64_t nbytes = 0;     // the shard's size: its element count times the dtype's size
+};
+
+// States that Wait can wait for (DESIGN.md §2): this rank's bytes are in the daemon's host
+// memory; the node's data is durable in storage; the checkpoint is globally committed.
+enum class WaitState { kCaptured, kPersisted, kCommitted };
+
+// What the daemon does when a capture does not fit into its host pool: wait for space (the
+// following WaitSnapshot then waits too), or skip this checkpoint (the step fails with
+// reason "skipped").
+enum class OnFull { kWait, kSkip };
+
+struct LoadResult {
+  uint64_t step = 0;                    // the step that was loaded
+  std::string extra;                    // this rank's opaque blob passed to Save
+  uint64_t bytes_from_memory = 0;       // served from the daemon's host memory (hot restore)
+  uint64_t bytes_from_storage = 0;      // read from storage
+  std::vector<std::string> missing;     // non-strict loads: registered tensors not in the step
+};
+
+class Client {
+ public:
+  // Connects to options.socket, retrying while the socket does not exist or refuses
+  // connections, and introduces this rank (job, rank, world_size, local_rank).
+  // Errors: kInvalidArgument for bad options (job name, rank >= world_size, socket path too
+  // long); kUnavailable when nothing listens there within connect_timeout; kDeadlineExceeded
+  // when the daemon accepted but did not answer the hello in time; the daemon's own error when
+  // it refuses this rank (e.g. a world_size that disagrees with the job's other ranks).
+  static Result<std::unique_ptr<Client>> Connect(ClientOptions options);
+
+  // Closes the connection (see Close). No other call may be running or start meanwhile.
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Replaces this rank's registered tensors with `tensors` and returns when the daemon has
+  // opened every handle. Checks each tensor first (valid name and dtype, fd open, nbytes equal
+  // to the shard's element count times the dtype size, the byte range inside the fd's file):
+  // kInvalidArgument naming the tensor otherwise. Registering the same set again (same names,
+  // dtypes, shapes, geometry, the same files by device+inode, offsets and sizes) sends nothing
+  // and returns OK at once. Large sets travel as several frames; this is invisible here.
+  // The caller keeps ownership of every fd; they may be closed once this returns.
+  Status Register(std::span<const HostTensor> tensors);
+
+  // Asks the daemon to checkpoint `step` from the registered memory. Returns once the request is
+  // accepted — not when the bytes are copied. `extra` is this rank's opaque blob (RNG state,
+  // data loader position), given back by Load. Errors: the daemon's (e.g. kFailedPrecondition
+  // when nothing is registered or the step is not newer than the last one); with
+  // OnFull::kSkip, kResourceExhausted "…skipped…" when the daemon's pool had no room and the
+  // step was skipped (the memory may be modified at once).
+  Status Save(uint64_t step, std::string_view extra = {}, OnFull on_full = OnFull::kWait);
+
+  // Waits until this rank's most recent Save is captured: after OK the saved memory may be
+  // modified again. Errors: the step's failure reason from the daemon (e.g. kAborted,
+  // kResourceExhausted for a skipped step); kDeadlineExceeded naming the step when `timeout`
+  // passes first (the memory must then still be kept unchanged: the capture goes on).
+  Status WaitSnapshot(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+
+  // Waits until `step` of this job reaches `state` (kCaptured: this rank's bytes; kPersisted:
+  // this node's; kCommitted: the global checkpoint). Errors: the step's failure from the daemon;
+  // kDeadlineExceeded naming the step and state when `timeout` passes first.
+  Status Wait(uint64_t step, WaitState state,
+              std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+
+  // The newest committed step of this job, or nullopt when there is none.
+  Result<std::optional<uint64_t>> Latest();
+
+  // Fills the registered tensors from `step` (nullopt: the newest committed one), whatever
+  // layout the checkpoint was written with. With strict, a registered tensor missing from the
+  // step is an error (kNotFound naming it); otherwise it is left untouched and listed in
+  // LoadResult::missing. The registered memory must not be used until this returns.
+  Result<LoadResult> Load(std::optional<uint64_t> step = std::nullopt, bool strict = true);
+
+  // Shuts the connection down and joins the reader thread. Calls waiting in other threads return
+  // kCancelled promptly; later calls return kCancelled. Idempotent; safe to call concurrently
+  // with other calls (but not with the destructor). The daemon treats the closed connection as
+  // the end of this rank's lease: a step already captured is still persisted and committed.
+  void Close();
+
+  // The daemon's node id, from its hello. Valid as long as the Client lives.
+  const std::string& node_id() const;
+
+ private:
+  class Impl;
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ckpt

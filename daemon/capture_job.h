@@ -33,6 +33,7 @@ struct CaptureJob {
   std::shared_ptr<const CapturePlan> plan;
   std::string step_dir;
   std::string data_path;
+  std::string data_file;  // data_path's name inside the step directory
   FileSystem* fs = nullptr;
   uint64_t throttle_bytes_per_second = 0;  // 0 = unthrottled
   // Slots taken up front (on_full = skip); empty for the wait policy.

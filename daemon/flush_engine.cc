@@ -4,7 +4,8 @@
 
 namespace ckpt {
 
-FlushEngine::FlushEngine(const Config& config, HostPool* pool) : config_(config), pool_(pool) {}
+FlushEngine::FlushEngine(const Config& config, HostPool* pool, HotCache* hot)
+    : config_(config), pool_(pool), hot_(hot) {}
 
 FlushEngine::~FlushEngine() { Stop(); }
 
@@ -56,19 +57,25 @@ void FlushEngine::Run() {
       queue_.pop_front();
     }
     CaptureJob& job = *item.job;
+    bool adopted = false;
     if (!job.cancelled.load()) {
       const Slot& slot = job.plan->layout.slots[item.slot_index];
       Status s = job.writer->WriteAt(slot.file_offset, pool_->slot_data(item.pool_slot),
                                      slot.length);
       if (s.ok()) {
         job.bytes_written.fetch_add(slot.length, std::memory_order_relaxed);
+        if (hot_ != nullptr && !job.cancelled.load()) {
+          hot_->Adopt(job.job, job.step, job.data_file, slot.file_offset, slot.length,
+                      item.pool_slot);
+          adopted = true;
+        }
       } else {
         spdlog::warn("job {} step {} rank {}: {}", job.job, job.step, job.rank, s.ToString());
         job.Fail(std::move(s));
         pool_->WakeAll();  // the capture pass may be waiting for space it no longer needs
       }
     }
-    pool_->Release(item.pool_slot);
+    if (!adopted) pool_->Release(item.pool_slot);
     ReleaseToken(item.job);
   }
 }

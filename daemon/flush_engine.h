@@ -17,6 +17,7 @@
 
 #include "daemon/capture_job.h"
 #include "daemon/host_pool.h"
+#include "daemon/hot_cache.h"
 
 namespace ckpt {
 
@@ -25,7 +26,8 @@ class FlushEngine {
   struct Config {
     int threads = 4;
   };
-  FlushEngine(const Config& config, HostPool* pool);
+  // `hot` (may be null) adopts written slots so the newest step stays resident.
+  FlushEngine(const Config& config, HostPool* pool, HotCache* hot);
   ~FlushEngine();  // Stop()
 
   void Start();
@@ -49,6 +51,7 @@ class FlushEngine {
 
   Config config_;
   HostPool* pool_;
+  HotCache* hot_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Item> queue_;  // guarded by mu_

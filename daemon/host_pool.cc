@@ -52,19 +52,41 @@ HostPool::~HostPool() { ::munmap(base_, size_bytes()); }
 
 std::optional<HostPool::SlotId> HostPool::Acquire(const std::atomic<bool>* cancelled) {
   std::unique_lock lock(mu_);
-  freed_.wait(lock, [&] {
-    return !free_.empty() || (cancelled != nullptr && cancelled->load());
-  });
-  if (free_.empty()) return std::nullopt;
-  if (cancelled != nullptr && cancelled->load()) return std::nullopt;
-  SlotId s = free_.back();
-  free_.pop_back();
-  return s;
+  while (true) {
+    if (cancelled != nullptr && cancelled->load()) return std::nullopt;
+    if (!free_.empty()) {
+      SlotId s = free_.back();
+      free_.pop_back();
+      return s;
+    }
+    uint64_t seen = generation_;
+    if (reclaimer_) {
+      // The reclaimer takes its own lock and calls Release: never call it under ours.
+      lock.unlock();
+      const bool freed = reclaimer_();
+      lock.lock();
+      if (freed || generation_ != seen) continue;
+    }
+    freed_.wait(lock, [&] {
+      return generation_ != seen || !free_.empty() ||
+             (cancelled != nullptr && cancelled->load());
+    });
+  }
 }
 
-std::optional<std::vector<HostPool::SlotId>> HostPool::TryAcquireMany(uint32_t count) {
-  std::lock_guard lock(mu_);
-  if (free_.size() < count) return std::nullopt;
+std::optional<std::vector<HostPool::SlotId>> HostPool::TryAcquireMany(uint32_t count,
+                                                                      bool reclaim) {
+  std::unique_lock lock(mu_);
+  while (free_.size() < count) {
+    if (!reclaim || !reclaimer_) return std::nullopt;
+    lock.unlock();
+    const bool freed = reclaimer_();
+    lock.lock();
+    if (!freed) {
+      if (free_.size() >= count) break;
+      return std::nullopt;
+    }
+  }
   std::vector<SlotId> out(free_.end() - count, free_.end());
   free_.resize(free_.size() - count);
   return out;
@@ -74,12 +96,16 @@ void HostPool::Release(SlotId slot) {
   {
     std::lock_guard lock(mu_);
     free_.push_back(slot);
+    ++generation_;
   }
   freed_.notify_all();
 }
 
 void HostPool::WakeAll() {
-  { std::lock_guard lock(mu_); }
+  {
+    std::lock_guard lock(mu_);
+    ++generation_;
+  }
   freed_.notify_all();
 }
 

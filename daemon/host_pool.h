@@ -43,10 +43,14 @@ class HostPool {
   // Waits for a free slot. Returns nullopt when `cancelled` became true while waiting (checked
   // whenever the pool changes and after WakeAll). `cancelled` may be null.
   std::optional<SlotId> Acquire(const std::atomic<bool>* cancelled);
-  // Takes `count` slots only if that many are free now (the on_full=skip policy).
-  std::optional<std::vector<SlotId>> TryAcquireMany(uint32_t count);
+  // Takes `count` slots only if that many are free now (the on_full=skip policy), after asking
+  // the reclaimer for space when `reclaim` is true.
+  std::optional<std::vector<SlotId>> TryAcquireMany(uint32_t count, bool reclaim = true);
+  // Called (without the pool's lock) when an acquirer finds no free slot; returns true when it
+  // released something. The hot cache gives back cached steps this way. Set before use.
+  void SetReclaimer(std::function<bool()> reclaimer) { reclaimer_ = std::move(reclaimer); }
   void Release(SlotId slot);
-  // Wakes every waiter so that it re-checks its cancel flag.
+  // Wakes every waiter so that it re-checks its cancel flag and asks the reclaimer again.
   void WakeAll();
 
   std::byte* slot_data(SlotId slot) const { return base_ + uint64_t{slot} * slot_size_; }
@@ -67,6 +71,8 @@ class HostPool {
   mutable std::mutex mu_;
   std::condition_variable freed_;
   std::vector<SlotId> free_;  // guarded by mu_
+  uint64_t generation_ = 0;   // guarded by mu_; bumped by Release and WakeAll
+  std::function<bool()> reclaimer_;
 };
 
 }  // namespace ckpt

@@ -8,6 +8,9 @@
 #include <boost/asio/steady_timer.hpp>
 #include <iostream>
 
+#include <sstream>
+
+#include "common/fault_file_system.h"
 #include "common/file_system.h"
 #include "common/logging.h"
 #include "common/units.h"
@@ -16,13 +19,48 @@
 #include "daemon/daemon_config.h"
 #include "daemon/flush_engine.h"
 #include "daemon/host_pool.h"
+#include "daemon/hot_cache.h"
+#include "daemon/load_service.h"
 #include "daemon/local_server.h"
 #include "daemon/node_state.h"
-#include "daemon/serial_executor.h"
+#include "daemon/task_pool.h"
 #include "daemon/version.h"
 
 namespace ckpt {
 namespace {
+
+// CKPTD_FAULT_INJECTION="enospc-after=64MiB,eio-write=3,eio-sync,short-writes,path=rank-00001"
+// wraps the storage in the fault-injecting filesystem: how the failure tests make a real daemon
+// meet a full or failing PFS. Never set in production; the daemon logs loudly when it is.
+Result<std::unique_ptr<FaultInjectingFileSystem>> FaultsFromEnv() {
+  const char* spec = std::getenv("CKPTD_FAULT_INJECTION");
+  if (spec == nullptr || *spec == '\0') return std::unique_ptr<FaultInjectingFileSystem>();
+  auto faults = std::make_unique<FaultInjectingFileSystem>(PosixFileSystem());
+  std::stringstream ss(spec);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const auto eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    const std::string value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    if (key == "enospc-after") {
+      ASSIGN_OR_RETURN(uint64_t bytes, ParseByteSize(value), "CKPTD_FAULT_INJECTION");
+      faults->FailWithNoSpaceAfter(bytes);
+    } else if (key == "eio-write") {
+      ASSIGN_OR_RETURN(uint64_t n, ParseByteSize(value), "CKPTD_FAULT_INJECTION eio-write");
+      faults->FailWriteNumber(n);
+    } else if (key == "eio-sync") {
+      faults->FailDataSync(true);
+    } else if (key == "short-writes") {
+      faults->ShortWrites(true);
+    } else if (key == "path") {
+      faults->LimitFaultsTo(value);
+    } else {
+      return InvalidArgument("CKPTD_FAULT_INJECTION: unknown fault '" + key + "'");
+    }
+  }
+  spdlog::warn("CKPTD_FAULT_INJECTION='{}': storage faults are being injected", spec);
+  return faults;
+}
 
 void RaiseFileLimit() {
   rlimit lim;
@@ -42,7 +80,12 @@ int RunDaemon(const DaemonConfig& config) {
     return 2;
   }
   RaiseFileLimit();
-  FileSystem* fs = PosixFileSystem();
+  auto faults = FaultsFromEnv();
+  if (!faults.ok()) {
+    spdlog::error("{}", faults.status().ToString());
+    return 2;
+  }
+  FileSystem* fs = *faults ? static_cast<FileSystem*>(faults->get()) : PosixFileSystem();
   if (Status st = fs->CreateDirs(config.storage_root); !st.ok()) {
     spdlog::error("storage root: {}", st.ToString());
     return 1;
@@ -68,18 +111,25 @@ int RunDaemon(const DaemonConfig& config) {
                (*pool)->locked() ? "pinned" : "not pinned");
 
   boost::asio::io_context io;
-  SerialExecutor storage;
-  FlushEngine flush({config.flush_threads}, pool->get());
+  TaskPool storage;
+  HotCache hot(pool->get());
+  (*pool)->SetReclaimer([&hot] { return hot.ReclaimOne(); });
+  FlushEngine flush({config.flush_threads}, pool->get(), &hot);
   CaptureEngine capture({config.capture_threads}, pool->get(), &flush);
   NodeState::Config node_config;
   node_config.node_id = config.node_id;
   node_config.storage_root = config.storage_root;
   node_config.step_timeout = config.step_timeout;
   node_config.capture_throttle_bytes_per_second = config.capture_throttle;
-  NodeState node(io, node_config, fs, pool->get(), &capture, &commit, &storage);
+  NodeState node(io, node_config, fs, pool->get(), &hot, &capture, &commit, &storage);
+
+  LoadService::Config load_config;
+  load_config.storage_root = config.storage_root;
+  LoadService loads(io, load_config, fs, &commit, &hot);
 
   SessionServices services;
   services.node = &node;
+  services.loads = &loads;
   services.layout = LayoutOptions{config.checksum_chunk, config.slot_size};
   services.node_id = config.node_id;
   services.version = kVersion;
@@ -91,12 +141,14 @@ int RunDaemon(const DaemonConfig& config) {
   LocalServer server(io, server_config, &services);
 
   storage.Start();
+  loads.Start();
   flush.Start();
   capture.Start();
   if (Status st = server.Start(); !st.ok()) {
     spdlog::error("{}", st.ToString());
     capture.Stop();
     flush.Stop();
+    loads.Stop();
     storage.Stop();
     return 1;
   }
@@ -135,6 +187,7 @@ int RunDaemon(const DaemonConfig& config) {
   node.CancelAll("the daemon is stopping");
   capture.Stop();
   flush.Stop();
+  loads.Stop();
   storage.Stop();
   spdlog::info("stopped{}", stopping ? "" : " (loop ended)");
   return 0;

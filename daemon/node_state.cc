@@ -26,8 +26,9 @@ std::string_view StepStateName(StepState s) {
 }
 
 NodeState::NodeState(boost::asio::io_context& io, Config config, FileSystem* fs, HostPool* pool,
-                     CaptureEngine* capture, CommitEngine* commit, SerialExecutor* storage)
-    : io_(io), config_(std::move(config)), fs_(fs), pool_(pool), capture_(capture),
+                     HotCache* hot, CaptureEngine* capture, CommitEngine* commit,
+                     TaskPool* storage)
+    : io_(io), config_(std::move(config)), fs_(fs), pool_(pool), hot_(hot), capture_(capture),
       commit_(commit), storage_(storage) {}
 
 NodeState::~NodeState() { *alive_ = false; }
@@ -112,7 +113,8 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
   capture->plan = req.plan;
   capture->fs = fs_;
   capture->step_dir = StepDir(config_.storage_root, req.job, req.step);
-  capture->data_path = JoinPath(capture->step_dir, DataFileName(req.rank));
+  capture->data_file = DataFileName(req.rank);
+  capture->data_path = JoinPath(capture->step_dir, capture->data_file);
   capture->throttle_bytes_per_second = config_.capture_throttle_bytes_per_second;
 
   if (req.on_full == ckptd::v1::FULL_POLICY_SKIP) {
@@ -223,6 +225,7 @@ void NodeState::FailStep(Step& s, StepState state, const std::string& reason) {
     if (rs.capture) rs.capture->cancelled.store(true);
   }
   pool_->WakeAll();
+  hot_->Drop(s.job, s.step);
   SetState(s, state);
   MaybeCleanup(s);
   TryCommit(s.job);  // a later step may have been waiting behind this one
@@ -238,6 +241,7 @@ void NodeState::MaybeCleanup(Step& s) {
   storage_->Post([this, alive = alive_, job = s.job, step = s.step] {
     Status st = commit_->RemoveStep(job, step);
     if (!st.ok()) spdlog::warn("job '{}' step {}: cleanup: {}", job, step, st.ToString());
+    hot_->Drop(job, step);  // anything adopted after the failure
     boost::asio::post(io_, [this, alive] {
       if (*alive) CheckDrained();
     });

@@ -33,7 +33,8 @@
 #include "daemon/capture_plan.h"
 #include "daemon/coordinator/commit_engine.h"
 #include "daemon/host_pool.h"
-#include "daemon/serial_executor.h"
+#include "daemon/hot_cache.h"
+#include "daemon/task_pool.h"
 
 namespace ckpt {
 
@@ -57,7 +58,7 @@ class NodeState {
   using Done = std::function<void(Status)>;
 
   NodeState(boost::asio::io_context& io, Config config, FileSystem* fs, HostPool* pool,
-            CaptureEngine* capture, CommitEngine* commit, SerialExecutor* storage);
+            HotCache* hot, CaptureEngine* capture, CommitEngine* commit, TaskPool* storage);
   ~NodeState();
 
   struct SaveRequest {
@@ -147,9 +148,10 @@ class NodeState {
   Config config_;
   FileSystem* fs_;
   HostPool* pool_;
+  HotCache* hot_;
   CaptureEngine* capture_;
   CommitEngine* commit_;
-  SerialExecutor* storage_;
+  TaskPool* storage_;
   std::map<std::string, Job> jobs_;
   bool draining_ = false;
   std::function<void()> on_idle_;

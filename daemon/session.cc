@@ -4,6 +4,7 @@
 
 #include "common/logging.h"
 #include "common/names.h"
+#include "daemon/load_service.h"
 
 namespace ckpt {
 
@@ -282,8 +283,46 @@ void Session::HandleWait(uint64_t id, uint64_t step, ckptd::v1::StepState state)
   }
 }
 
-void Session::HandleLoad(uint64_t id, const ckptd::v1::Load&) {
-  SendError(id, Unimplemented("load is not supported by this daemon version"));
+void Session::HandleLoad(uint64_t id, const ckptd::v1::Load& load) {
+  if (services_->loads == nullptr) {
+    SendError(id, Unimplemented("load is not supported by this daemon"));
+    return;
+  }
+  LoadService::Request req;
+  req.job = job_;
+  if (load.has_step()) req.step = load.step();
+  req.strict = load.strict();
+  req.rank = rank_;
+  req.plan = plan_;
+  auto start = [self = shared_from_this(), id, req = std::move(req)](Status captured) mutable {
+    if (self->closed_) return;
+    if (!captured.ok()) {
+      // The previous save failed; its capture no longer reads the memory, so loading is safe.
+      spdlog::debug("session {}: load after a failed save: {}", self->id_, captured.ToString());
+    }
+    self->services_->loads->Load(std::move(req), [self, id](Result<LoadService::Outcome> out) {
+      if (self->closed_) return;
+      if (!out.ok()) {
+        self->SendError(id, out.status());
+        return;
+      }
+      ckptd::v1::DaemonMessage reply;
+      reply.set_request_id(id);
+      auto* r = reply.mutable_load();
+      r->set_step(out->step);
+      r->set_extra(out->extra);
+      r->set_bytes_from_memory(out->bytes_from_memory);
+      r->set_bytes_from_storage(out->bytes_from_storage);
+      for (auto& m : out->missing) r->add_missing(m);
+      self->Send(reply);
+    });
+  };
+  // A load writes into the registered memory: never while this rank's last save still reads it.
+  if (last_saved_step_) {
+    services_->node->WaitCaptured(job_, *last_saved_step_, rank_, std::move(start));
+  } else {
+    start(Status::Ok());
+  }
 }
 
 void Session::OnEvent(const ckptd::v1::Event& event) {

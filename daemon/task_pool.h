@@ -1,6 +1,7 @@
-// SerialExecutor: one thread that runs posted tasks in order. The daemon's storage thread:
-// commits, aborts' cleanup and recovery scans run here, one at a time, so they never block
-// the Asio loop and never race each other. Thread safety: Post from any thread.
+// TaskPool: N threads running posted tasks (in order when N = 1). The daemon uses one with a
+// single thread as its storage thread — commits, cleanup and recovery scans run there one at a
+// time, never on the Asio loop and never racing each other — and a small one for loads.
+// Thread safety: Post from any thread.
 #pragma once
 
 #include <condition_variable>
@@ -8,18 +9,19 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 namespace ckpt {
 
-class SerialExecutor {
+class TaskPool {
  public:
-  SerialExecutor() = default;
-  ~SerialExecutor() { Stop(); }
-  SerialExecutor(const SerialExecutor&) = delete;
-  SerialExecutor& operator=(const SerialExecutor&) = delete;
+  explicit TaskPool(int threads = 1) : size_(threads < 1 ? 1 : threads) {}
+  ~TaskPool() { Stop(); }
+  TaskPool(const TaskPool&) = delete;
+  TaskPool& operator=(const TaskPool&) = delete;
 
   void Start() {
-    thread_ = std::thread([this] { Run(); });
+    for (int i = 0; i < size_; ++i) threads_.emplace_back([this] { Run(); });
   }
   // Runs what was posted before, then joins. Posts after Stop are dropped.
   void Stop() {
@@ -28,12 +30,13 @@ class SerialExecutor {
       stopping_ = true;
     }
     cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
   }
   void Post(std::function<void()> task) {
     {
       std::lock_guard lock(mu_);
-      if (stopping_ && !thread_.joinable()) return;
+      if (stopping_ && threads_.empty()) return;
       tasks_.push_back(std::move(task));
     }
     cv_.notify_one();
@@ -54,11 +57,12 @@ class SerialExecutor {
     }
   }
 
+  const int size_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_;  // guarded by mu_
   bool stopping_ = false;                    // guarded by mu_
-  std::thread thread_;
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace ckpt

@@ -1,0 +1,156 @@
+#include "daemon/hot_cache.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace ckpt {
+
+HotCache::~HotCache() {
+  std::lock_guard lock(mu_);
+  while (!steps_.empty()) FreeLocked(steps_.begin());
+}
+
+void HotCache::FreeLocked(std::map<Key, StepEntry>::iterator it) {
+  for (auto& [file, windows] : it->second.files) {
+    for (auto& [start, w] : windows) {
+      pool_->Release(w.slot);
+      --resident_slots_;
+    }
+  }
+  steps_.erase(it);
+}
+
+void HotCache::DropOlderLocked(const std::string& job, uint64_t step) {
+  for (auto it = steps_.lower_bound({job, 0}); it != steps_.end() && it->first.first == job &&
+                                               it->first.second < step;) {
+    auto next = std::next(it);
+    if (it->second.pins == 0) FreeLocked(it);
+    else it->second.dropped = true;
+    it = next;
+  }
+}
+
+void HotCache::AddValid(Window& w, uint64_t begin, uint64_t end) {
+  w.valid.emplace_back(begin, end);
+  std::sort(w.valid.begin(), w.valid.end());
+  std::vector<std::pair<uint64_t, uint64_t>> merged;
+  for (const auto& r : w.valid) {
+    if (!merged.empty() && r.first <= merged.back().second) {
+      merged.back().second = std::max(merged.back().second, r.second);
+    } else {
+      merged.push_back(r);
+    }
+  }
+  w.valid = std::move(merged);
+}
+
+void HotCache::Adopt(const std::string& job, uint64_t step, const std::string& file,
+                     uint64_t file_offset, uint64_t length, HostPool::SlotId slot) {
+  std::lock_guard lock(mu_);
+  // A newer step of this job is already cached: this one is stale on arrival.
+  auto newer = steps_.upper_bound({job, step});
+  if (newer != steps_.end() && newer->first.first == job) {
+    pool_->Release(slot);
+    return;
+  }
+  DropOlderLocked(job, step);
+  StepEntry& e = steps_[{job, step}];
+  e.last_use = ++clock_;
+  auto& windows = e.files[file];
+  auto [it, inserted] = windows.try_emplace(file_offset, Window{slot, {}});
+  if (inserted) {
+    ++resident_slots_;
+  } else {  // a newer write of the same bytes (the step was saved again): it wins
+    pool_->Release(it->second.slot);
+    it->second = Window{slot, {}};
+  }
+  AddValid(it->second, 0, length);
+  // An acquirer waiting for space may now reclaim this step.
+  pool_->WakeAll();
+}
+
+void HotCache::InsertRead(const std::string& job, uint64_t step, const std::string& file,
+                          uint64_t offset, const std::byte* data, uint64_t length) {
+  const uint64_t window_size = pool_->slot_size();
+  const uint64_t start = offset / window_size * window_size;
+  if (length == 0 || offset + length > start + window_size) return;  // straddles: not cached
+  std::lock_guard lock(mu_);
+  auto newer = steps_.upper_bound({job, step});
+  if (newer != steps_.end() && newer->first.first == job) return;
+  StepEntry& e = steps_[{job, step}];
+  e.last_use = ++clock_;
+  auto& windows = e.files[file];
+  auto it = windows.find(start);
+  if (it == windows.end()) {
+    auto slots = pool_->TryAcquireMany(1, /*reclaim=*/false);
+    if (!slots) return;  // no room right now: the load still succeeds, just uncached
+    it = windows.emplace(start, Window{(*slots)[0], {}}).first;
+    ++resident_slots_;
+  }
+  std::memcpy(pool_->slot_data(it->second.slot) + (offset - start), data, length);
+  AddValid(it->second, offset - start, offset - start + length);
+}
+
+const std::byte* HotCache::Find(const std::string& job, uint64_t step, const std::string& file,
+                                uint64_t offset, uint64_t length) {
+  const uint64_t window_size = pool_->slot_size();
+  const uint64_t start = offset / window_size * window_size;
+  if (offset + length > start + window_size) return nullptr;
+  std::lock_guard lock(mu_);
+  auto e = steps_.find({job, step});
+  if (e == steps_.end() || e->second.dropped) return nullptr;
+  auto f = e->second.files.find(file);
+  if (f == e->second.files.end()) return nullptr;
+  auto w = f->second.find(start);
+  if (w == f->second.end()) return nullptr;
+  const uint64_t begin = offset - start, end = begin + length;
+  for (const auto& [b, en] : w->second.valid) {
+    if (b <= begin && end <= en) {
+      e->second.last_use = ++clock_;
+      return pool_->slot_data(w->second.slot) + begin;
+    }
+  }
+  return nullptr;
+}
+
+void HotCache::Pin(const std::string& job, uint64_t step) {
+  std::lock_guard lock(mu_);
+  ++steps_[{job, step}].pins;
+}
+
+void HotCache::Unpin(const std::string& job, uint64_t step) {
+  std::lock_guard lock(mu_);
+  auto it = steps_.find({job, step});
+  if (it == steps_.end()) return;
+  if (--it->second.pins == 0) {
+    if (it->second.dropped || it->second.files.empty()) FreeLocked(it);
+    pool_->WakeAll();  // the step became reclaimable
+  }
+}
+
+void HotCache::Drop(const std::string& job, uint64_t step) {
+  std::lock_guard lock(mu_);
+  auto it = steps_.find({job, step});
+  if (it == steps_.end()) return;
+  if (it->second.pins == 0) FreeLocked(it);
+  else it->second.dropped = true;
+}
+
+bool HotCache::ReclaimOne() {
+  std::lock_guard lock(mu_);
+  auto victim = steps_.end();
+  for (auto it = steps_.begin(); it != steps_.end(); ++it) {
+    if (it->second.pins != 0 || it->second.files.empty()) continue;
+    if (victim == steps_.end() || it->second.last_use < victim->second.last_use) victim = it;
+  }
+  if (victim == steps_.end()) return false;
+  FreeLocked(victim);
+  return true;
+}
+
+uint64_t HotCache::resident_bytes() const {
+  std::lock_guard lock(mu_);
+  return resident_slots_ * pool_->slot_size();
+}
+
+}  // namespace ckpt

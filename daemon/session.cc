@@ -362,8 +362,14 @@ void Session::WriteNext() {
   writing_ = true;
   boost::asio::async_write(socket_, boost::asio::buffer(out_.front()),
                            [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+                             self->writing_ = false;
+                             if (self->closed_) {
+                               // Close ran while this write was in flight: it left the queue
+                               // (and the buffer being written) to us.
+                               self->out_.clear();
+                               return;
+                             }
                              if (ec) {
-                               self->writing_ = false;
                                self->Close("write: " + ec.message());
                                return;
                              }
@@ -385,7 +391,8 @@ void Session::Close(const std::string& why) {
   boost::system::error_code ignored;
   socket_.shutdown(boost::asio::socket_base::shutdown_both, ignored);
   socket_.close(ignored);
-  out_.clear();
+  // A write in flight still owns the queue's head; its completion clears the queue.
+  if (!writing_) out_.clear();
   spdlog::info("session {}: closed ({}){}", id_, why,
                hello_ ? " job '" + job_ + "' rank " + std::to_string(rank_) : std::string());
   if (hello_) services_->node->OnSessionClosed(id_, job_, rank_, peer_pid_);

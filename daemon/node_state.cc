@@ -45,17 +45,6 @@ NodeState::Step* NodeState::FindStep(const std::string& job, uint64_t step) {
   return s == j->second.steps.end() ? nullptr : &s->second;
 }
 
-size_t NodeState::steps_in_flight() const {
-  size_t n = 0;
-  for (const auto& [name, job] : jobs_) {
-    for (const auto& [step, s] : job.steps) {
-      // A failed step is still "in flight" until its files are cleaned up.
-      if (!Terminal(s.state) || (s.state != ckptd::v1::STEP_STATE_COMMITTED && !s.cleanup_posted)) ++n;
-    }
-  }
-  return n;
-}
-
 Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
   const std::string ctx = "job '" + req.job + "' step " + std::to_string(req.step) + " rank " +
                           std::to_string(req.rank);
@@ -95,6 +84,11 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
     });
   }
   Step& s = it->second;
+  if (Terminal(s.state) && req.on_full == ckptd::v1::FULL_POLICY_SKIP &&
+      s.reason.find(" skipped: ") != std::string::npos) {
+    // Another rank's skip already decided this step: this rank skips it too.
+    return SaveOutcome{true, s.reason};
+  }
   if (Terminal(s.state)) {
     return FailedPrecondition(ctx + ": the step already ended (" +
                               std::string(StepStateName(s.state)) +

@@ -93,7 +93,6 @@ class NodeState {
   void Drain(std::function<void()> idle);
   // Cancels every capture in flight (shutdown deadline passed).
   void CancelAll(const std::string& reason);
-  size_t steps_in_flight() const;
 
  private:
   struct RankSave {

@@ -266,3 +266,80 @@ TEST_CASE("daemon: an unchanged re-registration is accepted as such, a changed o
   RequireTrainerStep(daemon.root(), "rereg-client", 1, 2ull << 20, 2, 1, seed);
   RequireTrainerStep(daemon.root(), "rereg-client", 2, 1ull << 20, 2, 1, seed);
 }
+
+namespace {
+
+bool HasManifest(const std::string& root, const std::string& job, uint64_t step) {
+  return PathExists(ckpt::StepDir(root, job, step) + "/" + std::string(ckpt::kManifestFileName));
+}
+
+}  // namespace
+
+TEST_CASE("daemon: steps in flight commit in step order", "[daemon]") {
+  TempDir dir;
+  DaemonProcess daemon(DaemonProcess::InDir(dir));
+  const uint64_t seed = ckpt::testing::TestSeed() + 5;
+  InProcessRank rank0(4ull << 20, 2, 0, 2, seed), rank1(4ull << 20, 2, 1, 2, seed);
+  auto c0 = daemon.Connect("order", 0, 2);
+  auto c1 = daemon.Connect("order", 1, 2);
+  REQUIRE_OK(c0->Register(rank0.Specs()));
+  REQUIRE_OK(c1->Register(rank1.Specs()));
+
+  // Rank 0 saves steps 1 and 2; rank 1 saves only step 2 for now. Step 2 is then persisted on
+  // every rank while step 1 still waits for rank 1: step 2 must not overtake it.
+  rank0.Fill(1);
+  REQUIRE_OK(c0->Save(1, rank0.Extra(1)));
+  REQUIRE_OK(c0->WaitSnapshot(std::chrono::seconds(60)));
+  rank0.Fill(2);
+  REQUIRE_OK(c0->Save(2, rank0.Extra(2)));
+  rank1.Fill(2);
+  REQUIRE_OK(c1->Save(2, rank1.Extra(2)));
+  REQUIRE_OK(c1->Wait(2, ckpt::WaitState::kPersisted, std::chrono::seconds(60)));
+  CHECK_FALSE(HasManifest(daemon.root(), "order", 2));
+  CHECK_FALSE(ReadLatest(daemon.root(), "order").has_value());
+
+  // Rank 1 fills in step 1 (its memory holds step 1's values again): both commit, in order.
+  rank1.Fill(1);
+  REQUIRE_OK(c1->Save(1, rank1.Extra(1)));
+  REQUIRE_OK(c1->Wait(2, ckpt::WaitState::kCommitted, std::chrono::seconds(60)));
+  CHECK(HasManifest(daemon.root(), "order", 1));
+  CHECK(ReadLatest(daemon.root(), "order") == 2u);
+  REQUIRE_OK(c0->WaitSnapshot(std::chrono::seconds(60)));
+  RequireTrainerStep(daemon.root(), "order", 1, 4ull << 20, 2, 2, seed);
+  RequireTrainerStep(daemon.root(), "order", 2, 4ull << 20, 2, 2, seed);
+}
+
+TEST_CASE("daemon: on_full=skip skips a step the pool cannot take, and only then", "[daemon]") {
+  TempDir dir;
+  auto options = DaemonProcess::InDir(dir);
+  options.host_pool = "16MiB";
+  options.slot_size = "4MiB";
+  DaemonProcess daemon(options);
+  const uint64_t seed = ckpt::testing::TestSeed() + 6;
+
+  // 8 MiB fits: it is saved even though the hot cache holds the previous step's slots (they
+  // are given back for the new capture).
+  InProcessRank small(8ull << 20, 2, 0, 1, seed);
+  auto c = daemon.Connect("skip");
+  REQUIRE_OK(c->Register(small.Specs()));
+  for (uint64_t step = 1; step <= 3; ++step) {
+    small.Fill(step);
+    REQUIRE_OK(c->Save(step, small.Extra(step), ckpt::OnFull::kSkip));
+    REQUIRE_OK(c->Wait(step, ckpt::WaitState::kCommitted, std::chrono::seconds(60)));
+  }
+  RequireTrainerStep(daemon.root(), "skip", 3, 8ull << 20, 2, 1, seed);
+
+  // 32 MiB can never be held by a 16 MiB pool at once: skipped, nothing written, and the same
+  // state still saves with the wait policy (it streams through the pool).
+  InProcessRank big(32ull << 20, 2, 0, 1, seed);
+  REQUIRE_OK(c->Register(big.Specs()));
+  big.Fill(4);
+  const ckpt::Status skipped = c->Save(4, big.Extra(4), ckpt::OnFull::kSkip);
+  REQUIRE(skipped.code() == ckpt::StatusCode::kResourceExhausted);
+  CHECK_THAT(skipped.message(), Catch::Contains("skipped"));
+  CHECK_FALSE(HasManifest(daemon.root(), "skip", 4));
+  big.Fill(5);
+  REQUIRE_OK(c->Save(5, big.Extra(5)));
+  REQUIRE_OK(c->Wait(5, ckpt::WaitState::kCommitted, std::chrono::seconds(60)));
+  RequireTrainerStep(daemon.root(), "skip", 5, 32ull << 20, 2, 1, seed);
+}

@@ -8,6 +8,9 @@
 // grouped per file in offset order and coalesced into aligned reads of up to max_read_bytes,
 // issued by io_threads threads (O_DIRECT where possible). Each piece is verified before any of
 // its bytes are copied out; a mismatch fails the whole read naming file, tensor and piece.
+// A caller that keeps checkpoint bytes in memory (the daemon's hot cache) passes ReadHooks:
+// pieces it holds are verified and taken from memory, and only the others are read — with every
+// piece resident, Read opens no data file at all.
 //
 // Thread safety: Read and Verify may run concurrently; the reader owns no mutable state but
 // its counters (atomic).
@@ -15,6 +18,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -50,16 +54,43 @@ class CheckpointReader {
   // nullptr when the step has no tensor of that name.
   const ckptd::v1::TensorEntry* FindTensor(std::string_view name) const;
 
+  // Where verified bytes of a request go when they cannot simply be memcpy'd into `dest` (memory
+  // behind a handle): `size` bytes at byte `offset` of the requested shard. Called from the I/O
+  // threads, concurrently for distinct ranges; a non-ok status fails the read.
+  using Sink = std::function<Status(uint64_t offset, const std::byte* src, uint64_t size)>;
+
   struct Request {
     std::string tensor;
     ShardGeometry geometry;      // requested shard; its global shape must match the stored one
     std::string dtype;           // must match the stored dtype
-    std::span<std::byte> dest;   // numel(geometry) * element size bytes
+    std::span<std::byte> dest;   // numel(geometry) * element size bytes; ignored when sink is set
+    Sink sink;                   // optional: receives the bytes instead of dest
   };
-  // Fills every request's dest. Errors: unknown tensor (kNotFound), dtype/shape mismatch
-  // (kInvalidArgument naming both), incomplete coverage, I/O errors, checksum mismatch
-  // (kDataLoss). On error the dest contents are unspecified.
-  Status Read(std::span<const Request> requests);
+
+  // Optional hooks for a caller that keeps checkpoint bytes in memory (the daemon's hot cache).
+  struct ReadHooks {
+    // Bytes [offset, offset + length) of data file `file` (as named in the manifest) if resident,
+    // else nullptr; asked once per needed checksum piece, from the calling thread, before any
+    // storage I/O. Resident bytes are verified like stored ones; a piece that fails is read from
+    // storage instead. The pointer must stay valid until Read returns.
+    std::function<const std::byte*(const std::string& file, uint64_t offset, uint64_t length)>
+        find_resident;
+    // Each piece read from storage, after its checksum matched. From the I/O threads, concurrently.
+    std::function<void(const std::string& file, uint64_t offset, const std::byte* data,
+                       uint64_t length)>
+        on_storage_piece;
+  };
+  // Added to (not reset) by Read.
+  struct ReadStats {
+    uint64_t bytes_from_memory = 0;   // piece bytes taken from find_resident
+    uint64_t bytes_from_storage = 0;  // bytes read from data files (aligned reads)
+  };
+
+  // Fills every request's dest (or sink). Errors: unknown tensor (kNotFound), dtype/shape
+  // mismatch (kInvalidArgument naming both), incomplete coverage, I/O errors, checksum mismatch
+  // (kDataLoss). On error the dest contents are unspecified. `hooks` and `stats` may be null.
+  Status Read(std::span<const Request> requests, const ReadHooks* hooks = nullptr,
+              ReadStats* stats = nullptr);
 
   // Reads every stored byte of every shard and checks each checksum and that each data file is
   // long enough. Returns one line per problem found (empty when the step is intact).

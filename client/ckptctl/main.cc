@@ -1,1 +1,456 @@
-int main() { return 0; }
+// ckptctl: the operator's tool. This build has the offline commands, which work on a committed
+// step directory (<root>/<job>/step-<step:010d>) without a daemon:
+//
+//   ckptctl [--json] inspect DIR        what the MANIFEST says: tensors, shards, ranks, totals
+//   ckptctl [--json] verify DIR         re-read every byte and check every checksum
+//   ckptctl export DIR --format safetensors --out FILE
+//
+// Exit codes: 0 success; 1 the command ran and found a problem (a checksum mismatch, a missing or
+// short data file, an export that could not be completed); 2 usage errors and checkpoints that
+// cannot be opened (no MANIFEST, damaged MANIFEST).
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "client/ckptctl/json_writer.h"
+#include "common/checkpoint_reader.h"
+#include "common/dtype.h"
+#include "common/manifest_io.h"
+#include "common/names.h"
+#include "common/units.h"
+
+namespace ckpt::ctl {
+namespace {
+
+using ckptd::v1::Manifest;
+using ckptd::v1::StoredShard;
+using ckptd::v1::TensorEntry;
+
+constexpr int kExitOk = 0;
+constexpr int kExitProblem = 1;
+constexpr int kExitUsage = 2;
+
+// Export reads a tensor at most this many bytes at a time (--max-memory), so its memory stays
+// bounded however large one tensor is.
+constexpr const char* kDefaultExportMemory = "256MiB";
+
+// A name for a terminal: valid UTF-8 as is (tensor names are often non-ASCII), never cut short;
+// control characters (C0, DEL, C1), backslash and bytes that are not UTF-8 as \xNN.
+std::string Display(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const size_t n = Utf8SequenceLength(s, i);
+    const bool c1 = n == 2 && c == 0xc2 && static_cast<unsigned char>(s[i + 1]) < 0xa0;
+    if (n == 0 || c1 || c < 0x20 || c == 0x7f || c == '\\') {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+      ++i;
+    } else {
+      out.append(s.substr(i, n));
+      i += n;
+    }
+  }
+  return out;
+}
+
+void PrintError(const std::string& what) { std::cerr << "ckptctl: error: " << what << "\n"; }
+
+std::string ShapeText(const TensorEntry& t) {
+  std::string s = "[";
+  for (int i = 0; i < t.global_shape_size(); ++i) {
+    if (i > 0) s += ", ";
+    s += std::to_string(t.global_shape(i));
+  }
+  return s + "]";
+}
+
+// Element count and byte size of a tensor of a validated manifest.
+struct TensorSize {
+  DTypeInfo dtype;
+  uint64_t numel = 0;
+  uint64_t bytes = 0;
+};
+
+Result<TensorSize> SizeOf(const TensorEntry& t) {
+  TensorSize out;
+  ASSIGN_OR_RETURN(out.dtype, LookupDType(t.dtype()), "tensor '" + EscapeForLog(t.name()) + "'");
+  ASSIGN_OR_RETURN(out.numel, ShapeNumel(std::vector<uint64_t>(t.global_shape().begin(),
+                                                               t.global_shape().end())));
+  out.bytes = out.numel * out.dtype.element_size;
+  return out;
+}
+
+Result<std::unique_ptr<CheckpointReader>> OpenOrReport(const std::string& dir) {
+  auto reader = CheckpointReader::Open(PosixFileSystem(), dir);
+  if (!reader.ok()) PrintError("cannot open checkpoint " + dir + ": " + reader.status().ToString());
+  return reader;
+}
+
+// ---------------------------------------------------------------- inspect
+
+std::string GeometryText(const TensorEntry& t, const StoredShard& s) {
+  auto g = GeometryFromProto(s.geometry(), Shape(t.global_shape().begin(), t.global_shape().end()));
+  return g.ok() ? g->ToString() : "(invalid geometry: " + g.status().message() + ")";
+}
+
+void WriteGeometryJson(JsonWriter& w, const ckptd::v1::ShardGeometry& g) {
+  w.BeginObject();
+  if (g.has_flat()) {
+    w.Field("kind", "flat")
+        .Field("flat_offset", uint64_t{g.flat().flat_offset()})
+        .Field("numel", uint64_t{g.flat().numel()});
+  } else {
+    w.Field("kind", "box").Key("offsets").BeginArray();
+    for (uint64_t o : g.box().offsets()) w.Uint(o);
+    w.EndArray().Key("lengths").BeginArray();
+    for (uint64_t l : g.box().lengths()) w.Uint(l);
+    w.EndArray();
+  }
+  w.EndObject();
+}
+
+struct Totals {
+  uint64_t tensors = 0;
+  uint64_t shards = 0;
+  uint64_t tensor_bytes = 0;  // sum of the tensors' sizes
+  uint64_t stored_bytes = 0;  // sum of the stored shards' lengths (replicas count twice)
+  uint64_t extra_bytes = 0;
+  std::set<std::string> files;
+};
+
+Result<Totals> ComputeTotals(const Manifest& m) {
+  Totals t;
+  for (const auto& tensor : m.tensors()) {
+    ASSIGN_OR_RETURN(TensorSize size, SizeOf(tensor));
+    ++t.tensors;
+    t.tensor_bytes += size.bytes;
+    for (const auto& s : tensor.shards()) {
+      ++t.shards;
+      t.stored_bytes += s.length();
+      t.files.insert(s.file());
+    }
+  }
+  for (const auto& r : m.ranks()) t.extra_bytes += r.extra().size();
+  return t;
+}
+
+int InspectJson(const std::string& dir, const Manifest& m, const Totals& totals) {
+  JsonWriter w(2);
+  w.BeginObject()
+      .Field("dir", dir)
+      .Field("job", m.job())
+      .Field("step", uint64_t{m.step()})
+      .Field("world_size", uint64_t{m.world_size()})
+      .Field("format_version", uint64_t{m.format_version()})
+      .Field("writer", m.writer())
+      .Field("created_unix_ms", uint64_t{m.created_unix_ms()});
+  w.Key("tensors").BeginArray();
+  for (const auto& t : m.tensors()) {
+    auto size = SizeOf(t);
+    w.BeginObject().Field("name", t.name()).Field("dtype", t.dtype()).Key("shape").BeginArray();
+    for (uint64_t d : t.global_shape()) w.Uint(d);
+    w.EndArray()
+        .Field("numel", size.ok() ? size->numel : 0)
+        .Field("bytes", size.ok() ? size->bytes : 0)
+        .Field("shard_count", static_cast<uint64_t>(t.shards_size()));
+    w.Key("shards").BeginArray();
+    for (const auto& s : t.shards()) {
+      w.BeginObject().Key("geometry");
+      WriteGeometryJson(w, s.geometry());
+      w.Field("geometry_text", GeometryText(t, s))
+          .Field("file", s.file())
+          .Field("offset", uint64_t{s.offset()})
+          .Field("length", uint64_t{s.length()})
+          .Field("chunk_size", uint64_t{s.chunk_size()})
+          .Field("chunks", static_cast<uint64_t>(s.chunk_xxh3_size()))
+          .Field("writer_rank", uint64_t{s.writer_rank()})
+          .EndObject();
+    }
+    w.EndArray().EndObject();
+  }
+  w.EndArray();
+  w.Key("ranks").BeginArray();
+  for (const auto& r : m.ranks()) {
+    w.BeginObject()
+        .Field("rank", uint64_t{r.rank()})
+        .Field("node_id", r.node_id())
+        .Field("extra_bytes", static_cast<uint64_t>(r.extra().size()))
+        .EndObject();
+  }
+  w.EndArray();
+  w.Key("totals")
+      .BeginObject()
+      .Field("tensors", totals.tensors)
+      .Field("shards", totals.shards)
+      .Field("bytes", totals.tensor_bytes)
+      .Field("stored_bytes", totals.stored_bytes)
+      .Field("data_files", static_cast<uint64_t>(totals.files.size()))
+      .Field("extra_bytes", totals.extra_bytes)
+      .EndObject();
+  w.EndObject();
+  std::cout << w.str() << "\n";
+  return kExitOk;
+}
+
+int InspectText(const std::string& dir, const Manifest& m, const Totals& totals) {
+  std::cout << "checkpoint  " << dir << "\n"
+            << "job         " << m.job() << "\n"
+            << "step        " << m.step() << "\n"
+            << "world size  " << m.world_size() << "\n"
+            << "format      v" << m.format_version() << "\n";
+  if (!m.writer().empty()) std::cout << "writer      " << Display(m.writer()) << "\n";
+  if (m.created_unix_ms() != 0)
+    std::cout << "created     " << m.created_unix_ms() << " (unix ms)\n";
+  std::cout << "\ntensors (" << m.tensors_size() << "):\n";
+  for (const auto& t : m.tensors()) {
+    auto size = SizeOf(t);
+    std::cout << "  " << Display(t.name()) << "  " << t.dtype() << " " << ShapeText(t) << "  "
+              << t.shards_size() << (t.shards_size() == 1 ? " shard  " : " shards  ")
+              << FormatBytes(size.ok() ? size->bytes : 0) << "\n";
+    for (int i = 0; i < t.shards_size(); ++i) {
+      const auto& s = t.shards(i);
+      std::cout << "    shard " << i << ": " << GeometryText(t, s) << "  " << s.file() << " @ "
+                << s.offset() << " + " << s.length() << "  writer rank " << s.writer_rank() << "  "
+                << s.chunk_xxh3_size() << " x " << FormatBytes(s.chunk_size()) << " checksums\n";
+    }
+  }
+  std::cout << "\nranks (" << m.ranks_size() << "):\n";
+  for (const auto& r : m.ranks()) {
+    std::cout << "  rank " << r.rank() << "  node "
+              << (r.node_id().empty() ? "-" : Display(r.node_id())) << "  extra "
+              << FormatBytes(r.extra().size()) << "\n";
+  }
+  std::cout << "\ntotal: " << totals.tensors << " tensors, " << totals.shards << " shards, "
+            << totals.tensor_bytes << " bytes (" << FormatBytes(totals.tensor_bytes) << ")";
+  if (totals.stored_bytes != totals.tensor_bytes) {
+    std::cout << ", " << totals.stored_bytes << " bytes stored";
+  }
+  std::cout << " in " << totals.files.size() << " data file"
+            << (totals.files.size() == 1 ? "" : "s") << ", " << totals.extra_bytes
+            << " bytes of rank extras\n";
+  return kExitOk;
+}
+
+int Inspect(const std::string& dir, bool json) {
+  auto reader = OpenOrReport(dir);
+  if (!reader.ok()) return kExitUsage;
+  auto totals = ComputeTotals((*reader)->manifest());
+  if (!totals.ok()) {
+    PrintError(dir + ": " + totals.status().ToString());
+    return kExitUsage;
+  }
+  return json ? InspectJson(dir, (*reader)->manifest(), *totals)
+              : InspectText(dir, (*reader)->manifest(), *totals);
+}
+
+// ---------------------------------------------------------------- verify
+
+int Verify(const std::string& dir, bool json) {
+  auto reader = OpenOrReport(dir);
+  if (!reader.ok()) return kExitUsage;
+  auto totals = ComputeTotals((*reader)->manifest());
+  if (!totals.ok()) {
+    PrintError(dir + ": " + totals.status().ToString());
+    return kExitUsage;
+  }
+  auto problems = (*reader)->Verify();
+  if (!problems.ok()) {
+    PrintError("verifying " + dir + ": " + problems.status().ToString());
+    return kExitProblem;
+  }
+  if (json) {
+    JsonWriter w(2);
+    w.BeginObject()
+        .Field("dir", dir)
+        .Field("ok", problems->empty())
+        .Field("tensors", totals->tensors)
+        .Field("shards", totals->shards)
+        .Field("bytes", totals->stored_bytes)
+        .Field("bytes_read", (*reader)->bytes_read())
+        .Key("problems")
+        .BeginArray();
+    for (const auto& p : *problems) w.String(p);
+    w.EndArray().EndObject();
+    std::cout << w.str() << "\n";
+  } else if (problems->empty()) {
+    std::cout << "OK: " << totals->tensors << " tensors, " << totals->shards << " shards, "
+              << totals->stored_bytes << " bytes verified\n";
+  } else {
+    for (const auto& p : *problems) std::cout << p << "\n";
+    std::cout << "FAILED: " << problems->size() << " problem" << (problems->size() == 1 ? "" : "s")
+              << " in " << dir << "\n";
+  }
+  return problems->empty() ? kExitOk : kExitProblem;
+}
+
+// ---------------------------------------------------------------- export
+
+// The safetensors header: {"<name>": {"dtype", "shape", "data_offsets"}, ..., "__metadata__"}
+// padded with spaces so that the data starts at a multiple of 8.
+Result<std::string> SafetensorsHeader(const Manifest& m) {
+  JsonWriter w;
+  w.BeginObject();
+  std::set<std::string> keys;
+  uint64_t offset = 0;
+  for (const auto& t : m.tensors()) {
+    ASSIGN_OR_RETURN(TensorSize size, SizeOf(t));
+    if (t.name() == "__metadata__") {
+      return InvalidArgument(
+          "tensor '__metadata__' cannot be exported: the name is reserved by "
+          "safetensors");
+    }
+    // Names that are not valid UTF-8 are written with U+FFFD; two such names may collide.
+    if (!keys.insert(JsonQuote(t.name())).second) {
+      return InvalidArgument("tensor '" + EscapeForLog(t.name()) +
+                             "' has the same safetensors name as another tensor once its "
+                             "invalid UTF-8 is replaced");
+    }
+    w.Key(t.name()).BeginObject().Field("dtype", size.dtype.safetensors).Key("shape").BeginArray();
+    for (uint64_t d : t.global_shape()) w.Uint(d);
+    w.EndArray().Key("data_offsets").BeginArray().Uint(offset).Uint(offset + size.bytes).EndArray();
+    w.EndObject();
+    offset += size.bytes;
+  }
+  w.Key("__metadata__")
+      .BeginObject()
+      .Field("format", "pt")  // what Hugging Face loaders expect
+      .Field("job", m.job())
+      .Field("step", std::to_string(m.step()))  // safetensors metadata values are strings
+      .Field("world_size", std::to_string(m.world_size()))
+      .EndObject();
+  w.EndObject();
+  std::string header = w.Take();
+  header.append((8 - header.size() % 8) % 8, ' ');
+  return header;
+}
+
+// Appends every tensor's bytes to `out` from `offset` on, tensor by tensor, at most
+// `slice_bytes` at a time (at least one element).
+Status WriteTensorData(CheckpointReader& reader, File& out, uint64_t offset, uint64_t slice_bytes) {
+  const Manifest& m = reader.manifest();
+  std::vector<std::byte> buffer;
+  for (const auto& t : m.tensors()) {
+    ASSIGN_OR_RETURN(TensorSize size, SizeOf(t));
+    if (size.bytes == 0) continue;
+    Shape shape(t.global_shape().begin(), t.global_shape().end());
+    const uint64_t es = size.dtype.element_size;
+    const uint64_t slice_numel = std::max<uint64_t>(slice_bytes / es, 1);
+    for (uint64_t first = 0; first < size.numel; first += slice_numel) {
+      const uint64_t n = std::min(slice_numel, size.numel - first);
+      // The whole tensor when it fits one slice; flat slices of it otherwise.
+      auto geometry =
+          n == size.numel ? ShardGeometry::Full(shape) : ShardGeometry::Flat(shape, first, n);
+      RETURN_IF_ERROR(geometry, "tensor '" + EscapeForLog(t.name()) + "'");
+      buffer.resize(n * es);
+      CheckpointReader::Request request{t.name(), *geometry, t.dtype(), buffer};
+      RETURN_IF_ERROR(reader.Read({&request, 1}));
+      RETURN_IF_ERROR(out.PWriteAll(buffer.data(), buffer.size(), offset));
+      offset += buffer.size();
+    }
+  }
+  return Status::Ok();
+}
+
+Status ExportSafetensors(CheckpointReader& reader, const std::string& out_path,
+                         uint64_t slice_bytes) {
+  FileSystem* fs = PosixFileSystem();
+  ASSIGN_OR_RETURN(std::string header, SafetensorsHeader(reader.manifest()));
+  const std::string tmp = out_path + ".tmp";
+  OpenOptions o;
+  o.write = o.create = o.truncate = true;
+  ASSIGN_OR_RETURN(auto file, fs->Open(tmp, o));
+  auto fail = [&](Status s) {
+    file->Close().IgnoreError();
+    fs->Remove(tmp).IgnoreError();
+    return s;
+  };
+  char length[8];
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  Status s = file->PWriteAll(length, sizeof length, 0);
+  if (s.ok()) s = file->PWriteAll(header.data(), header.size(), sizeof length);
+  if (s.ok()) s = WriteTensorData(reader, *file, sizeof length + header.size(), slice_bytes);
+  if (s.ok()) s = file->DataSync();
+  if (s.ok()) s = file->Close();
+  if (s.ok()) s = fs->Rename(tmp, out_path);
+  if (!s.ok()) return fail(std::move(s));
+  return fs->SyncDir(DirName(out_path));
+}
+
+int Export(const std::string& dir, const std::string& format, const std::string& out_path,
+           const std::string& max_memory) {
+  auto reader = OpenOrReport(dir);
+  if (!reader.ok()) return kExitUsage;
+  if (format != "safetensors") {
+    PrintError("unknown export format '" + format + "' (known: safetensors)");
+    return kExitUsage;
+  }
+  auto slice_bytes = ParseByteSize(max_memory);
+  if (!slice_bytes.ok() || *slice_bytes == 0) {
+    PrintError("--max-memory: " + (slice_bytes.ok() ? std::string("must be positive")
+                                                    : slice_bytes.status().message()));
+    return kExitUsage;
+  }
+  Status s = ExportSafetensors(**reader, out_path, *slice_bytes);
+  if (!s.ok()) {
+    PrintError("exporting " + dir + " to " + out_path + ": " + s.ToString());
+    return kExitProblem;
+  }
+  auto totals = ComputeTotals((*reader)->manifest());
+  std::cout << "exported " << (totals.ok() ? totals->tensors : 0) << " tensors ("
+            << (totals.ok() ? totals->tensor_bytes : 0) << " bytes) of job "
+            << (*reader)->manifest().job() << " step " << (*reader)->manifest().step() << " to "
+            << out_path << "\n";
+  return kExitOk;
+}
+
+}  // namespace
+}  // namespace ckpt::ctl
+
+int main(int argc, char** argv) {
+  using namespace ckpt::ctl;
+  CLI::App app{
+      "ckptctl: inspect, verify and export ckptd checkpoints.\n"
+      "Offline commands work on a committed step directory "
+      "(<storage-root>/<job>/step-<step:010d>)."};
+  app.require_subcommand(1);
+  app.fallthrough();  // subcommands inherit it: `ckptctl inspect DIR --json` works too
+  bool json = false;
+  app.add_flag("--json", json, "print JSON instead of text (inspect, verify)");
+
+  std::string dir;
+  std::string format;
+  std::string out;
+  auto* inspect = app.add_subcommand("inspect", "show a checkpoint's manifest");
+  inspect->add_option("DIR", dir, "step directory")->required()->check(CLI::ExistingDirectory);
+  auto* verify = app.add_subcommand(
+      "verify",
+      "re-read every byte of a checkpoint and check every checksum (exit 1 on any problem)");
+  verify->add_option("DIR", dir, "step directory")->required()->check(CLI::ExistingDirectory);
+  auto* exp = app.add_subcommand("export", "write a checkpoint's full tensors to another format");
+  exp->add_option("DIR", dir, "step directory")->required()->check(CLI::ExistingDirectory);
+  exp->add_option("--format", format, "output format")
+      ->required()
+      ->check(CLI::IsMember({"safetensors"}));
+  exp->add_option("--out", out, "output file (written to FILE.tmp, then renamed)")->required();
+  std::string max_memory = kDefaultExportMemory;
+  exp->add_option("--max-memory", max_memory,
+                  "largest part of one tensor held in memory at a time (e.g. 1GiB)")
+      ->capture_default_str();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);  // prints help, or the error and a hint
+    return rc == 0 ? kExitOk : kExitUsage;
+  }
+  if (inspect->parsed()) return Inspect(dir, json);
+  if (verify->parsed()) return Verify(dir, json);
+  if (exp->parsed()) return Export(dir, format, out, max_memory);
+  return kExitUsage;
+}

@@ -1,0 +1,1172 @@
+// bench_daemon: a real ckptd, driven through the C++ client, against baselines measured in the
+// same run on the same machine and directory (ANCHORS.md "Physical limits"; bench/daemon/run.sh
+// runs it with sizes for a CI machine, bench/daemon/RESULTS.md holds method and numbers).
+//
+// Each section starts its own ckptd from the directory of this binary (--bin), with its storage
+// root under --dir (default: a fresh directory under /tmp, which must be a disk, not tmpfs), and
+// stops it with SIGTERM at the end of the section. Trainer state is a memfd filled with
+// incompressible bytes and touched before any clock starts.
+//
+//   a. save latency   Register once, then per iteration Save(step) → WaitSnapshot →
+//                     Wait(committed), timing only Save. States of 64 MiB, 256 MiB, 1 GiB
+//                     (4 GiB with --large) in 8 tensors, and 256 MiB in 10, 1,000, 10,000
+//                     tensors (one memfd, many offsets). Baseline: an empty request (Wait on a
+//                     step already committed) — the socket round trip Save cannot beat.
+//                     Goal: p99 < 1 ms, flat in size.
+//   b. capture        bytes / (Save → WaitSnapshot) of a 1 GiB state, pool larger than the state
+//                     (no backpressure), vs one single-thread memcpy of the same bytes from the
+//                     same mapping into touched memory, alternated round by round. Goal ≥ 0.8.
+//   c. flush          bytes / (Save → Wait(persisted)) of a 2 GiB state vs fio writing the same
+//                     size into the same directory: O_DIRECT, bs=16M, libaio, iodepth 8,
+//                     end_fsync=1 (bench/storage's invocation; fio preallocates its file), and
+//                     also with --fallocate=none (how ckptd's writer creates files). Goal ≥ 0.9.
+//   d. training loop  ≥ 1 GiB of state in one memfd; per step a "forward/backward" of a fixed
+//                     number of FMA passes over a separate 64 MiB buffer (calibrated to
+//                     --compute-ms), the WaitSnapshot fence, an "optimizer step" (8 bytes written
+//                     in every 4 KiB page of the state) and, on checkpoint steps, Save. The same
+//                     loop without checkpoints and with a synchronous checkpoint (buffered pwrite
+//                     of the whole state to a new file + fdatasync) are the baselines; overhead
+//                     = step time / step time without checkpoints − 1. Run with a checkpoint
+//                     every step and every --train-every steps.
+//
+// The machine is shared (CI builds run beside it), so every section also records the load
+// average and how much CPU other processes used while it ran (/proc/stat minus this process and
+// its children). One table at the end; --json PATH writes everything.
+#include <fcntl.h>
+#include <linux/magic.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "ckpt/client.h"
+#include "common/checksum.h"
+#include "common/units.h"
+
+extern char** environ;
+
+namespace ckpt::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr uint64_t kMiB = 1ull << 20;
+constexpr uint64_t kGiB = 1ull << 30;
+constexpr uint64_t kPage = 4096;
+
+// Errors end the run: thrown here, caught in main; destructors stop the daemon and clean up.
+struct BenchError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+[[noreturn]] void ThrowErrno(const std::string& what) {
+  throw BenchError(what + ": " + std::strerror(errno));
+}
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+double SecondsSince(Clock::time_point t) { return Seconds(Clock::now() - t); }
+
+std::string Fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+std::string MBps(double bytes_per_s) { return Fixed(bytes_per_s / 1e6, 0) + " MB/s"; }
+std::string Millis(double s) { return Fixed(s * 1e3, s < 0.01 ? 3 : 1) + " ms"; }
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// Nearest-rank percentile (p in (0, 100]): with fewer than 100 samples p99 is the maximum.
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const auto rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(v.size())));
+  return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
+}
+
+// ---------------------------------------------------------------------------- results
+
+// Everything measured, in the order measured: printed as the final table and written as JSON.
+class Report {
+ public:
+  struct Row {
+    std::string metric, ckptd, baseline;
+    double ratio = 0;
+    std::string goal;
+    std::optional<bool> met;  // nullopt: no goal, reported for information
+  };
+  void AddRow(Row row) { rows_.push_back(std::move(row)); }
+  // A named number of a section (JSON only; the section's own output prints it readably).
+  void Set(const std::string& key, double value) { values_.emplace_back(key, Fixed(value, 6)); }
+  void SetText(const std::string& key, const std::string& value) {
+    values_.emplace_back(key, Quote(value));
+  }
+
+  void PrintTable() const {
+    size_t w[4] = {6, 5, 8, 4};
+    for (const Row& r : rows_) {
+      w[0] = std::max(w[0], r.metric.size());
+      w[1] = std::max(w[1], r.ckptd.size());
+      w[2] = std::max(w[2], r.baseline.size());
+      w[3] = std::max(w[3], r.goal.size());
+    }
+    auto line = [&](const std::string& a, const std::string& b, const std::string& c,
+                    const std::string& d, const std::string& e, const std::string& f) {
+      std::printf("| %-*s | %*s | %*s | %6s | %-*s | %-4s |\n", static_cast<int>(w[0]), a.c_str(),
+                  static_cast<int>(w[1]), b.c_str(), static_cast<int>(w[2]), c.c_str(), d.c_str(),
+                  static_cast<int>(w[3]), e.c_str(), f.c_str());
+    };
+    line("metric", "ckptd", "baseline", "ratio", "goal", "met?");
+    std::printf("|%s|%s:|%s:|-------:|%s|------|\n", std::string(w[0] + 2, '-').c_str(),
+                std::string(w[1] + 1, '-').c_str(), std::string(w[2] + 1, '-').c_str(),
+                std::string(w[3] + 2, '-').c_str());
+    for (const Row& r : rows_) {
+      line(r.metric, r.ckptd, r.baseline, Fixed(r.ratio, r.ratio < 10 ? 2 : 0), r.goal,
+           !r.met ? "-" : *r.met ? "yes" : "NO");
+    }
+  }
+
+  std::string Json() const {
+    std::string out = "{\n  \"results\": {\n";
+    for (size_t i = 0; i < values_.size(); ++i) {
+      out += "    " + Quote(values_[i].first) + ": " + values_[i].second +
+             (i + 1 < values_.size() ? ",\n" : "\n");
+    }
+    out += "  },\n  \"table\": [\n";
+    for (size_t i = 0; i < rows_.size(); ++i) {
+      const Row& r = rows_[i];
+      out += "    {\"metric\": " + Quote(r.metric) + ", \"ckptd\": " + Quote(r.ckptd) +
+             ", \"baseline\": " + Quote(r.baseline) + ", \"ratio\": " + Fixed(r.ratio, 4) +
+             ", \"goal\": " + Quote(r.goal) + ", \"met\": " +
+             (!r.met ? "null" : *r.met ? "true" : "false") + "}" +
+             (i + 1 < rows_.size() ? ",\n" : "\n");
+    }
+    return out + "  ]\n}\n";
+  }
+
+ private:
+  static std::string Quote(const std::string& s) {
+    std::string out = "\"";
+    for (char c : s) {
+      if (c == '"' || c == '\\') out += '\\';
+      if (static_cast<unsigned char>(c) < 0x20) {
+        out += ' ';
+        continue;
+      }
+      out += c;
+    }
+    return out + "\"";
+  }
+  std::vector<Row> rows_;
+  std::vector<std::pair<std::string, std::string>> values_;
+};
+
+// ---------------------------------------------------------------------------- machine load
+
+// CPU time of the whole machine vs this process and its reaped children (the daemons, fio), so
+// that each section can say how much of the two cores others took while it ran.
+class LoadProbe {
+ public:
+  LoadProbe() : start_(Clock::now()), busy_(MachineBusySeconds()), ours_(OurCpuSeconds()) {}
+  // Cores' worth of CPU used by other processes since construction (steal time included).
+  double OthersCores() const {
+    const double elapsed = SecondsSince(start_);
+    const double others = (MachineBusySeconds() - busy_) - (OurCpuSeconds() - ours_);
+    return elapsed > 0 ? std::max(0.0, others / elapsed) : 0;
+  }
+  static std::string LoadAverage() {
+    std::ifstream in("/proc/loadavg");
+    std::string one, five, fifteen;
+    in >> one >> five >> fifteen;
+    return one + " " + five + " " + fifteen;
+  }
+
+ private:
+  static double MachineBusySeconds() {
+    std::ifstream in("/proc/stat");
+    std::string cpu;
+    uint64_t user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0,
+             steal = 0;
+    in >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal;
+    return static_cast<double>(user + nice + system + irq + softirq + steal) /
+           static_cast<double>(::sysconf(_SC_CLK_TCK));
+  }
+  static double OurCpuSeconds() {
+    auto sum = [](int who) {
+      rusage u{};
+      ::getrusage(who, &u);
+      return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+             static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+    };
+    return sum(RUSAGE_SELF) + sum(RUSAGE_CHILDREN);
+  }
+  Clock::time_point start_;
+  double busy_;
+  double ours_;
+};
+
+// Prints and records the load of one section.
+void RecordLoad(Report& report, const std::string& section, const LoadProbe& probe) {
+  const double others = probe.OthersCores();
+  const std::string load = LoadProbe::LoadAverage();
+  std::printf("  load: other processes used %.2f cores during this section; load average %s\n",
+              others, load.c_str());
+  report.Set(section + ".others_cpu_cores", others);
+  report.SetText(section + ".loadavg", load);
+}
+
+// ---------------------------------------------------------------------------- memory
+
+// Trainer state: a memfd mapped MAP_SHARED (what trainers hand the daemon), filled with
+// incompressible bytes, so every page exists before a clock starts.
+class SharedState {
+ public:
+  explicit SharedState(uint64_t bytes) : size_(bytes) {
+    fd_ = ::memfd_create("bench_daemon_state", MFD_CLOEXEC);
+    if (fd_ < 0) ThrowErrno("memfd_create");
+    if (::ftruncate(fd_, static_cast<off_t>(bytes)) != 0) {
+      ThrowErrno("ftruncate of the state memfd to " + FormatBytes(bytes));
+    }
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    if (p == MAP_FAILED) ThrowErrno("mmap of the state memfd");
+    base_ = static_cast<std::byte*>(p);
+    uint64_t x = 0x9e3779b97f4a7c15ull ^ bytes;
+    auto* words = reinterpret_cast<uint64_t*>(base_);
+    for (uint64_t i = 0; i < bytes / 8; ++i) {  // xorshift64: cheap and incompressible
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      words[i] = x;
+    }
+  }
+  ~SharedState() {
+    ::munmap(base_, size_);
+    ::close(fd_);
+  }
+  SharedState(const SharedState&) = delete;
+  SharedState& operator=(const SharedState&) = delete;
+
+  int fd() const { return fd_; }
+  std::byte* data() const { return base_; }
+  uint64_t size() const { return size_; }
+
+  // `count` float32 tensors of equal size laid end to end from offset 0 (the remainder of the
+  // state, less than one tensor plus 3 bytes, is left out).
+  std::vector<HostTensor> Tensors(uint32_t count) const {
+    const uint64_t numel = size_ / count / 4;
+    std::vector<HostTensor> out;
+    out.reserve(count);
+    for (uint32_t i = 0; i < count; ++i) {
+      HostTensor t;
+      t.name = "layers." + std::to_string(i) + ".weight";
+      t.dtype = "float32";
+      t.global_shape = {numel};
+      t.fd = fd_;
+      t.fd_offset = uint64_t{i} * numel * 4;
+      t.nbytes = numel * 4;
+      out.push_back(std::move(t));
+    }
+    return out;
+  }
+  static uint64_t Bytes(const std::vector<HostTensor>& tensors) {
+    uint64_t sum = 0;
+    for (const auto& t : tensors) sum += t.nbytes;
+    return sum;
+  }
+
+ private:
+  int fd_ = -1;
+  std::byte* base_ = nullptr;
+  uint64_t size_;
+};
+
+// Private anonymous memory, touched (the daemon's pool is populated at start too).
+class TouchedBuffer {
+ public:
+  explicit TouchedBuffer(uint64_t bytes) : size_(bytes) {
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) ThrowErrno("mmap of " + FormatBytes(bytes));
+    base_ = static_cast<std::byte*>(p);
+    std::memset(base_, 1, bytes);
+  }
+  ~TouchedBuffer() { ::munmap(base_, size_); }
+  TouchedBuffer(const TouchedBuffer&) = delete;
+  TouchedBuffer& operator=(const TouchedBuffer&) = delete;
+  std::byte* data() const { return base_; }
+
+ private:
+  std::byte* base_ = nullptr;
+  uint64_t size_;
+};
+
+// ---------------------------------------------------------------------------- processes
+
+// A child process (posix_spawn), stdout and stderr appended to `log`, CKPTD_* removed from its
+// environment so that nothing but the flags configures a daemon. The destructor kills and reaps
+// a child that is still running.
+class ChildProcess {
+ public:
+  ChildProcess(const std::string& binary, const std::vector<std::string>& args,
+               const std::string& log) {
+    std::vector<std::string> argv_store{binary};
+    argv_store.insert(argv_store.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : argv_store) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::vector<std::string> env_store;
+    for (char** e = environ; *e != nullptr; ++e) {
+      if (std::strncmp(*e, "CKPTD_", 6) != 0) env_store.emplace_back(*e);
+    }
+    std::vector<char*> envp;
+    for (auto& e : env_store) envp.push_back(e.data());
+    envp.push_back(nullptr);
+
+    posix_spawn_file_actions_t actions;
+    ::posix_spawn_file_actions_init(&actions);
+    ::posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+    ::posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND,
+                                       0644);
+    ::posix_spawn_file_actions_adddup2(&actions, 1, 2);
+    const int rc =
+        ::posix_spawn(&pid_, binary.c_str(), &actions, nullptr, argv.data(), envp.data());
+    ::posix_spawn_file_actions_destroy(&actions);
+    if (rc != 0) throw BenchError("posix_spawn " + binary + ": " + std::strerror(rc));
+  }
+  ~ChildProcess() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      int status = 0;
+      ::waitpid(pid_, &status, 0);
+    }
+  }
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  // Sends `signo` and waits up to `timeout` for the exit (then SIGKILL). Returns the wait status.
+  int Stop(int signo, std::chrono::seconds timeout) {
+    if (pid_ <= 0) return 0;
+    ::kill(pid_, signo);
+    const auto deadline = Clock::now() + timeout;
+    int status = 0;
+    while (::waitpid(pid_, &status, WNOHANG) == 0) {
+      if (Clock::now() > deadline) {
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));  // polling an exit, no event
+    }
+    pid_ = -1;
+    return status;
+  }
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+std::string FileTail(const std::string& path, size_t lines) {
+  std::ifstream in(path);
+  std::vector<std::string> all;
+  for (std::string l; std::getline(in, l);) all.push_back(l);
+  std::string out;
+  for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i) {
+    out += "    " + all[i] + "\n";
+  }
+  return out;
+}
+
+struct DaemonOptions {
+  std::string bin_dir;
+  std::string work_dir;
+  uint64_t host_pool = 2 * kGiB;
+  std::string slot_size = "16MiB";
+  std::string checksum_chunk = "1MiB";
+  int capture_threads = 2;
+  int flush_threads = 4;
+  std::vector<std::string> extra_args;  // appended to every ckptd command line
+};
+
+// One ckptd for one section: its own socket, storage root and log under the work directory.
+class Daemon {
+ public:
+  Daemon(const DaemonOptions& o, const std::string& name, uint64_t host_pool)
+      : socket_(o.work_dir + "/" + name + ".sock"),
+        root_(o.work_dir + "/" + name + "-root"),
+        log_(o.work_dir + "/" + name + ".log") {
+    const std::vector<std::string> args = {
+        "--socket", socket_, "--storage-root", root_, "--host-pool",
+        std::to_string(host_pool), "--slot-size", o.slot_size, "--checksum-chunk",
+        o.checksum_chunk, "--capture-threads", std::to_string(o.capture_threads),
+        "--flush-threads", std::to_string(o.flush_threads), "--keep", "1", "--node-id", "bench",
+        "--log-level", "warn"};
+    std::vector<std::string> all = args;
+    all.insert(all.end(), o.extra_args.begin(), o.extra_args.end());
+    process_ = std::make_unique<ChildProcess>(o.bin_dir + "/ckptd", all, log_);
+  }
+  ~Daemon() {
+    if (process_) {
+      process_->Stop(SIGTERM, std::chrono::seconds(60));
+      std::error_code ec;
+      std::filesystem::remove_all(root_, ec);
+    }
+  }
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  // Connects a rank (the client retries until the daemon listens: the pool is populated first).
+  std::unique_ptr<Client> Connect(const std::string& job) {
+    ClientOptions options;
+    options.socket = socket_;
+    options.job = job;
+    options.connect_timeout = std::chrono::milliseconds(120'000);
+    auto client = Client::Connect(options);
+    if (!client.ok()) {
+      throw BenchError("connecting to ckptd at " + socket_ + ": " + client.status().ToString() +
+                       "\n  daemon log " + log_ + ":\n" + FileTail(log_, 20));
+    }
+    return std::move(client).value();
+  }
+  const std::string& root() const { return root_; }
+  const std::string& log() const { return log_; }
+
+ private:
+  std::string socket_, root_, log_;
+  std::unique_ptr<ChildProcess> process_;
+};
+
+// A client's Require: on failure, adds the tail of the daemon's log.
+void Require(const Status& s, const std::string& what, const Daemon& daemon) {
+  if (!s.ok()) {
+    throw BenchError(what + ": " + s.ToString() + "\n  daemon log " + daemon.log() + ":\n" +
+                     FileTail(daemon.log(), 20));
+  }
+}
+
+// ---------------------------------------------------------------------------- fio
+
+// Runs a shell command, returns its stdout; throws when it exits non-zero.
+std::string RunCommand(const std::string& command) {
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) ThrowErrno("popen " + command);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
+  const int status = ::pclose(pipe);
+  if (status != 0) throw BenchError("'" + command + "' failed (status " + std::to_string(status) +
+                                    "):\n" + out.substr(0, 2000));
+  return out;
+}
+
+// bench/storage/run.sh's fio write: sequential, O_DIRECT, bs=16M, libaio, fsync at the end.
+// Returns fio's bw_bytes of the write (its own bytes / runtime).
+double FioWriteBytesPerSecond(const std::string& dir, uint64_t bytes, int iodepth,
+                              const std::string& extra) {
+  const std::string json =
+      RunCommand("fio --name=write --rw=write --directory='" + dir +
+                 "' --filename=fio.dat --bs=16M --size=" + std::to_string(bytes) +
+                 " --direct=1 --ioengine=libaio --iodepth=" + std::to_string(iodepth) +
+                 " --end_fsync=1 --output-format=json " + extra + " 2>&1");
+  std::filesystem::remove(dir + "/fio.dat");
+  // {"jobs": [{..., "write": {"io_bytes": N, "io_kbytes": N, "bw_bytes": N, ...
+  const size_t write = json.find("\"write\" : {");
+  const size_t key = write == std::string::npos ? write : json.find("\"bw_bytes\"", write);
+  const size_t colon = key == std::string::npos ? key : json.find(':', key);
+  const double bw = colon == std::string::npos ? 0 : std::strtod(json.c_str() + colon + 1, nullptr);
+  if (bw <= 0) throw BenchError("unexpected fio output:\n" + json.substr(0, 2000));
+  return bw;
+}
+
+// ---------------------------------------------------------------------------- a. save latency
+
+struct SaveConfig {
+  uint64_t bytes;
+  uint32_t tensors;
+};
+
+struct LatencyStats {
+  int samples = 0;
+  double p50 = 0, p90 = 0, p99 = 0, max = 0;
+  int over_1ms = 0;
+  explicit LatencyStats(const std::vector<double>& v = {})
+      : samples(static_cast<int>(v.size())), p50(Percentile(v, 50)), p90(Percentile(v, 90)),
+        p99(Percentile(v, 99)), max(Percentile(v, 100)),
+        over_1ms(static_cast<int>(std::count_if(v.begin(), v.end(), [](double x) {
+          return x > 1e-3;
+        }))) {}
+  std::string Line() const {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "n=%3d p50 %6.3f p90 %6.3f p99 %6.3f max %6.3f ms, >1ms: %d",
+                  samples, p50 * 1e3, p90 * 1e3, p99 * 1e3, max * 1e3, over_1ms);
+    return buf;
+  }
+  void Record(Report& report, const std::string& key) const {
+    report.Set(key + ".samples", samples);
+    report.Set(key + ".p50_s", p50);
+    report.Set(key + ".p90_s", p90);
+    report.Set(key + ".p99_s", p99);
+    report.Set(key + ".max_s", max);
+    report.Set(key + ".over_1ms", over_1ms);
+  }
+};
+
+struct SaveLatency {
+  std::string label;
+  uint64_t bytes = 0;
+  uint32_t tensors = 0;
+  double register_s = 0;
+  LatencyStats save, rpc;
+};
+
+// Per iteration, right before the timed Save, the same client times an empty request (Wait on
+// the step just committed, answered from the daemon's memory): the baseline, taken under the
+// same load at the same moment, so that the machine's scheduling noise shows in both.
+void SaveLatencySection(const DaemonOptions& options, const std::vector<SaveConfig>& configs,
+                        int max_samples, Report& report) {
+  std::printf("\n== a. save() latency: Register once, then Save → WaitSnapshot → "
+              "Wait(committed); only Save is timed; baseline: an empty request just before it\n");
+  LoadProbe probe;
+  Daemon daemon(options, "save", options.host_pool);
+  std::vector<SaveLatency> results;
+  int config_index = 0;
+  for (const SaveConfig& c : configs) {
+    SharedState state(c.bytes);
+    const std::vector<HostTensor> tensors = state.Tensors(c.tensors);
+    auto client = daemon.Connect("save-" + std::to_string(config_index++));
+    const auto r0 = Clock::now();
+    Require(client->Register(tensors), "register", daemon);
+    SaveLatency r;
+    r.register_s = SecondsSince(r0);
+    r.bytes = SharedState::Bytes(tensors);
+    r.tensors = c.tensors;
+    r.label = FormatBytes(c.bytes) + ", " + std::to_string(c.tensors) + " tensors";
+    // About 8 GiB checkpointed per configuration, at least 10 and at most max_samples saves,
+    // after 2 untimed ones (the first capture also maps the memfd into the daemon).
+    const int samples = static_cast<int>(std::clamp<uint64_t>(
+        8 * kGiB / c.bytes, 10, static_cast<uint64_t>(max_samples)));
+    std::vector<double> saves, rpcs;
+    for (int i = -2; i < samples; ++i) {
+      const uint64_t step = static_cast<uint64_t>(i + 3);
+      if (i >= 0) {
+        const auto w0 = Clock::now();
+        Require(client->Wait(step - 1, WaitState::kCommitted), "wait on a committed step", daemon);
+        rpcs.push_back(SecondsSince(w0));
+      }
+      const auto t0 = Clock::now();
+      Require(client->Save(step), "save of step " + std::to_string(step), daemon);
+      const double s = SecondsSince(t0);
+      Require(client->WaitSnapshot(), "wait_snapshot", daemon);
+      Require(client->Wait(step, WaitState::kCommitted), "wait committed", daemon);
+      if (i >= 0) saves.push_back(s);
+    }
+    r.save = LatencyStats(saves);
+    r.rpc = LatencyStats(rpcs);
+    std::printf("  %-24s save %s  (register %.1f ms)\n  %-24s  rpc %s\n", r.label.c_str(),
+                r.save.Line().c_str(), r.register_s * 1e3, "", r.rpc.Line().c_str());
+    std::fflush(stdout);
+    results.push_back(r);
+    client->Close();
+  }
+  for (const SaveLatency& r : results) {
+    const std::string key =
+        "save." + std::to_string(r.bytes) + "B_" + std::to_string(r.tensors) + "t";
+    r.save.Record(report, key + ".save");
+    r.rpc.Record(report, key + ".rpc");
+    report.Set(key + ".register_s", r.register_s);
+    report.AddRow({"save p99, " + r.label + " (n=" + std::to_string(r.save.samples) + ")",
+                   Millis(r.save.p99), Millis(r.rpc.p99) + " rpc", r.save.p99 / r.rpc.p99,
+                   "< 1 ms", r.save.p99 < 1e-3});
+  }
+  // Flatness: the largest state (and the most tensors) against the smallest, at the median.
+  auto flat_row = [&](const SaveLatency& big, const SaveLatency& small, const std::string& what) {
+    const double ratio = big.save.p50 / small.save.p50;
+    report.AddRow({"save p50, " + what, Millis(big.save.p50), Millis(small.save.p50), ratio,
+                   "flat: <= 1.5", ratio <= 1.5});
+  };
+  const SaveLatency* smallest = nullptr;
+  const SaveLatency* largest = nullptr;
+  const SaveLatency* fewest = nullptr;
+  const SaveLatency* most = nullptr;
+  for (const SaveLatency& r : results) {
+    if (r.tensors == 8 && (!smallest || r.bytes < smallest->bytes)) smallest = &r;
+    if (r.tensors == 8 && (!largest || r.bytes > largest->bytes)) largest = &r;
+    if (r.tensors != 8 && (!fewest || r.tensors < fewest->tensors)) fewest = &r;
+    if (r.tensors != 8 && (!most || r.tensors > most->tensors)) most = &r;
+  }
+  if (smallest && largest && smallest != largest) {
+    flat_row(*largest, *smallest,
+             FormatBytes(largest->bytes) + " vs " + FormatBytes(smallest->bytes));
+  }
+  if (fewest && most && fewest != most) {
+    flat_row(*most, *fewest,
+             std::to_string(most->tensors) + " vs " + std::to_string(fewest->tensors) + " tensors");
+  }
+  RecordLoad(report, "save", probe);
+}
+
+// ---------------------------------------------------------------------------- b. capture
+
+void CaptureSection(const DaemonOptions& options, uint64_t bytes, int rounds, Report& report) {
+  std::printf("\n== b. capture throughput: bytes / (Save → WaitSnapshot), %s state, pool %s\n",
+              FormatBytes(bytes).c_str(), FormatBytes(options.host_pool).c_str());
+  if (options.host_pool < bytes + 16 * kMiB) {
+    throw BenchError("capture needs a pool larger than the state (--pool > --capture-size)");
+  }
+  LoadProbe probe;
+  SharedState state(bytes);
+  TouchedBuffer dst(bytes);
+  Daemon daemon(options, "capture", options.host_pool);
+  auto client = daemon.Connect("capture");
+  const std::vector<HostTensor> tensors = state.Tensors(8);
+  const uint64_t captured_bytes = SharedState::Bytes(tensors);
+  Require(client->Register(tensors), "register", daemon);
+
+  auto capture_once = [&](uint64_t step) {
+    const auto t0 = Clock::now();
+    Require(client->Save(step), "save", daemon);
+    Require(client->WaitSnapshot(), "wait_snapshot", daemon);
+    const double s = SecondsSince(t0);
+    Require(client->Wait(step, WaitState::kCommitted), "wait committed", daemon);
+    return static_cast<double>(captured_bytes) / s;
+  };
+  // The first capture after Register also faults the state into the daemon's page tables.
+  const double cold = capture_once(1);
+
+  std::vector<double> capture, memcpy_rate, copy_hash, copy_pieces, hash_only;
+  for (int r = 0; r < rounds; ++r) {
+    auto t0 = Clock::now();
+    std::memcpy(dst.data(), state.data(), captured_bytes);
+    memcpy_rate.push_back(static_cast<double>(captured_bytes) / SecondsSince(t0));
+    capture.push_back(capture_once(static_cast<uint64_t>(r) + 2));
+    // Diagnostics, in this process: what one capture thread does — copies of one checksum
+    // chunk (1 MiB) each, each hashed right after — and its parts.
+    const uint64_t chunk = kMiB;
+    uint64_t sink = 0;
+    t0 = Clock::now();
+    for (uint64_t off = 0; off < captured_bytes; off += chunk) {
+      const uint64_t n = std::min(chunk, captured_bytes - off);
+      std::memcpy(dst.data() + off, state.data() + off, n);
+      sink ^= Xxh3(dst.data() + off, n);
+    }
+    copy_hash.push_back(static_cast<double>(captured_bytes) / SecondsSince(t0));
+    t0 = Clock::now();
+    for (uint64_t off = 0; off < captured_bytes; off += chunk) {
+      std::memcpy(dst.data() + off, state.data() + off, std::min(chunk, captured_bytes - off));
+    }
+    copy_pieces.push_back(static_cast<double>(captured_bytes) / SecondsSince(t0));
+    t0 = Clock::now();
+    for (uint64_t off = 0; off < captured_bytes; off += chunk) {
+      sink ^= Xxh3(state.data() + off, std::min(chunk, captured_bytes - off));
+    }
+    hash_only.push_back(static_cast<double>(captured_bytes) / SecondsSince(t0));
+    if (sink == 42) std::printf(" ");  // keeps the hashes live
+  }
+  const double cap = Median(capture), base = Median(memcpy_rate), ch = Median(copy_hash);
+  std::printf("  rounds %d, medians: capture %.0f MB/s, memcpy (one call, one thread) %.0f MB/s, "
+              "ratio %.2f\n",
+              rounds, cap / 1e6, base / 1e6, cap / base);
+  std::printf("  capture per round (MB/s):");
+  for (double v : capture) std::printf(" %.0f", v / 1e6);
+  std::printf("\n  memcpy per round (MB/s): ");
+  for (double v : memcpy_rate) std::printf(" %.0f", v / 1e6);
+  const double pieces = Median(copy_pieces), hash = Median(hash_only);
+  std::printf("\n  diagnostics (medians, MB/s and ratio to memcpy): 1 MiB memcpys %.0f (%.2f); "
+              "XXH3 alone %.0f; 1 MiB memcpy + XXH3 of each piece, as capture does %.0f (%.2f); "
+              "first capture after Register %.0f (%.2f)\n",
+              pieces / 1e6, pieces / base, hash / 1e6, ch / 1e6, ch / base, cold / 1e6,
+              cold / base);
+  report.Set("capture.bytes", static_cast<double>(captured_bytes));
+  report.Set("capture.bytes_per_s", cap);
+  report.Set("capture.memcpy_bytes_per_s", base);
+  report.Set("capture.copy_xxh3_1MiB_bytes_per_s", ch);
+  report.Set("capture.copy_1MiB_bytes_per_s", pieces);
+  report.Set("capture.xxh3_bytes_per_s", hash);
+  report.Set("capture.cold_bytes_per_s", cold);
+  report.AddRow({"capture " + FormatBytes(captured_bytes) + " (Save->WaitSnapshot)", MBps(cap),
+                 MBps(base) + " memcpy", cap / base, ">= 0.8", cap / base >= 0.8});
+  RecordLoad(report, "capture", probe);
+}
+
+// ---------------------------------------------------------------------------- c. flush
+
+void FlushSection(const DaemonOptions& options, uint64_t bytes, int rounds, Report& report) {
+  std::printf("\n== c. end-to-end flush: bytes / (Save → Wait(persisted)), %s state, vs fio "
+              "O_DIRECT bs=16M iodepth 8 in the same directory\n",
+              FormatBytes(bytes).c_str());
+  LoadProbe probe;
+  SharedState state(bytes);
+  Daemon daemon(options, "flush", options.host_pool);
+  auto client = daemon.Connect("flush");
+  const std::vector<HostTensor> tensors = state.Tensors(8);
+  const uint64_t total = SharedState::Bytes(tensors);
+  Require(client->Register(tensors), "register", daemon);
+  const std::string fio_dir = options.work_dir + "/fio";
+  std::filesystem::create_directories(fio_dir);
+
+  uint64_t step = 1;
+  auto persist_once = [&] {
+    const auto t0 = Clock::now();
+    Require(client->Save(step), "save", daemon);
+    Require(client->Wait(step, WaitState::kPersisted), "wait persisted", daemon);
+    const double s = SecondsSince(t0);
+    Require(client->Wait(step, WaitState::kCommitted), "wait committed", daemon);
+    ++step;
+    return static_cast<double>(total) / s;
+  };
+  persist_once();  // untimed: maps the state into the daemon
+
+  std::vector<double> ck, fio, fio_noalloc;
+  for (int r = 0; r < rounds; ++r) {
+    fio.push_back(FioWriteBytesPerSecond(fio_dir, total, 8, ""));
+    fio_noalloc.push_back(FioWriteBytesPerSecond(fio_dir, total, 8, "--fallocate=none"));
+    ck.push_back(persist_once());
+    std::printf("  round %d: fio %.0f MB/s, fio --fallocate=none %.0f MB/s, ckptd %.0f MB/s\n",
+                r + 1, fio.back() / 1e6, fio_noalloc.back() / 1e6, ck.back() / 1e6);
+    std::fflush(stdout);
+  }
+  std::filesystem::remove_all(fio_dir);
+  const double c = Median(ck), f = Median(fio), fn = Median(fio_noalloc);
+  std::printf("  medians: ckptd %.0f MB/s, fio %.0f MB/s (ratio %.2f), fio --fallocate=none "
+              "%.0f MB/s (ratio %.2f)\n",
+              c / 1e6, f / 1e6, c / f, fn / 1e6, c / fn);
+  report.Set("flush.bytes", static_cast<double>(total));
+  report.Set("flush.bytes_per_s", c);
+  report.Set("flush.fio_bytes_per_s", f);
+  report.Set("flush.fio_fallocate_none_bytes_per_s", fn);
+  report.AddRow({"flush " + FormatBytes(total) + " (Save->persisted)", MBps(c), MBps(f) + " fio",
+                 c / f, ">= 0.9", c / f >= 0.9});
+  report.AddRow({"flush, vs fio --fallocate=none", MBps(c), MBps(fn) + " fio", c / fn,
+                 "(info)", std::nullopt});
+  RecordLoad(report, "flush", probe);
+}
+
+// ---------------------------------------------------------------------------- d. training loop
+
+// The stand-in for forward/backward: `passes` fused multiply-adds over every float of a 64 MiB
+// buffer, 4 per element per pass (vectorised; memory-bound on most machines, as real training
+// is not, which makes it more sensitive to the capture's memory traffic, not less).
+class Compute {
+ public:
+  Compute() : data_(16 * kMiB, 1.0f) {}
+  void Pass() {
+    float* x = data_.data();
+    const size_t n = data_.size();
+    for (size_t i = 0; i < n; ++i) {
+      float v = x[i];
+      v = v * 0.999f + 0.001f;
+      v = v * 0.999f + 0.001f;
+      v = v * 0.999f + 0.001f;
+      v = v * 0.999f + 0.001f;
+      x[i] = v;
+    }
+  }
+  void Run(int passes) {
+    for (int i = 0; i < passes; ++i) Pass();
+  }
+  // The number of passes that takes about `target` seconds here, now.
+  int Calibrate(double target) {
+    Pass();
+    const auto t0 = Clock::now();
+    Run(3);
+    const double per_pass = SecondsSince(t0) / 3;
+    return std::max(1, static_cast<int>(std::lround(target / per_pass)));
+  }
+  float checksum() const { return data_[12345]; }
+
+ private:
+  std::vector<float> data_;
+};
+
+// 8 bytes written in every 4 KiB page of the state: the optimizer step's footprint.
+void OptimizerStep(SharedState& state, uint64_t step) {
+  std::byte* base = state.data();
+  for (uint64_t off = (step % 8) * 8; off + 8 <= state.size(); off += kPage) {
+    uint64_t v;
+    std::memcpy(&v, base + off, 8);
+    v += step;
+    std::memcpy(base + off, &v, 8);
+  }
+}
+
+// The synchronous baseline: the whole state into a new file with buffered pwrites of 16 MiB,
+// fdatasync, close, and the previous checkpoint file removed (keep = 1, as the daemon runs).
+void SyncCheckpoint(const SharedState& state, const std::string& dir, uint64_t step) {
+  const std::string path = dir + "/state-" + std::to_string(step) + ".bin";
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) ThrowErrno("open " + path);
+  for (uint64_t off = 0; off < state.size();) {
+    const size_t n = std::min<uint64_t>(16 * kMiB, state.size() - off);
+    const ssize_t w = ::pwrite(fd, state.data() + off, n, static_cast<off_t>(off));
+    if (w <= 0) ThrowErrno("pwrite " + path);
+    off += static_cast<uint64_t>(w);
+  }
+  if (::fdatasync(fd) != 0) ThrowErrno("fdatasync " + path);
+  ::close(fd);
+  if (step > 0) std::filesystem::remove(dir + "/state-" + std::to_string(step - 1) + ".bin");
+}
+
+enum class Checkpointer { kNone, kCkptd, kSync };
+
+struct LoopResult {
+  double step_s = 0;      // mean step time over the timed steps
+  double stall_s = 0;     // ckptd: total time in WaitSnapshot; sync: total time writing
+  double save_s = 0;      // ckptd: total time in Save
+};
+
+void TrainingSection(const DaemonOptions& options, uint64_t bytes, double compute_s, int steps,
+                     int every, Report& report) {
+  std::printf("\n== d. synthetic training loop: %s state, compute ~%.0f ms/step, %d steps per "
+              "run; checkpoint every step and every %d steps\n",
+              FormatBytes(bytes).c_str(), compute_s * 1e3, steps, every);
+  LoadProbe probe;
+  SharedState state(bytes);
+  Compute compute;
+  const int passes = compute.Calibrate(compute_s);
+  Daemon daemon(options, "train", options.host_pool);
+  auto client = daemon.Connect("train");
+  Require(client->Register(state.Tensors(8)), "register", daemon);
+  const std::string sync_dir = options.work_dir + "/sync";
+  std::filesystem::create_directories(sync_dir);
+  uint64_t ckpt_step = 0;
+  {  // untimed: the first capture maps the state into the daemon
+    Require(client->Save(++ckpt_step), "save", daemon);
+    Require(client->WaitSnapshot(), "wait_snapshot", daemon);
+    Require(client->Wait(ckpt_step, WaitState::kCommitted), "wait committed", daemon);
+  }
+  uint64_t sync_step = 0;
+
+  auto run = [&](Checkpointer kind, int interval) {
+    LoopResult r;
+    bool pending = false;
+    // One untimed step warms caches; then `steps` timed ones. Checkpoints are taken after the
+    // optimizer step of steps 0, interval, 2·interval, ... so that each has `interval` steps of
+    // compute to hide behind; the fence after the loop (the next optimizer step's) is timed.
+    compute.Run(passes);
+    OptimizerStep(state, 0);
+    const auto t0 = Clock::now();
+    for (int i = 0; i < steps; ++i) {
+      compute.Run(passes);  // forward/backward: reads parameters, may overlap the capture
+      if (pending) {
+        const auto w0 = Clock::now();
+        Require(client->WaitSnapshot(), "wait_snapshot", daemon);
+        r.stall_s += SecondsSince(w0);
+        pending = false;
+      }
+      OptimizerStep(state, static_cast<uint64_t>(i) + 1);
+      if (kind != Checkpointer::kNone && i % interval == 0) {
+        const auto s0 = Clock::now();
+        if (kind == Checkpointer::kCkptd) {
+          Require(client->Save(++ckpt_step), "save", daemon);
+          r.save_s += SecondsSince(s0);
+          pending = true;
+        } else {
+          SyncCheckpoint(state, sync_dir, ++sync_step);
+          r.stall_s += SecondsSince(s0);
+        }
+      }
+    }
+    if (pending) {
+      const auto w0 = Clock::now();
+      Require(client->WaitSnapshot(), "wait_snapshot", daemon);
+      r.stall_s += SecondsSince(w0);
+    }
+    r.step_s = SecondsSince(t0) / steps;
+    if (kind == Checkpointer::kCkptd) {
+      Require(client->Wait(ckpt_step, WaitState::kCommitted), "wait committed", daemon);
+    }
+    return r;
+  };
+
+  const LoopResult none1 = run(Checkpointer::kNone, 1);
+  std::printf("  compute: %d FMA passes over 64 MiB; no checkpoint: %.1f ms/step\n", passes,
+              none1.step_s * 1e3);
+  std::fflush(stdout);
+  struct Variant {
+    int interval;
+    LoopResult ckptd, sync;
+  };
+  std::vector<Variant> variants;
+  for (int interval : {1, every}) {
+    if (!variants.empty() && interval == variants.back().interval) continue;
+    Variant v{interval, run(Checkpointer::kCkptd, interval), run(Checkpointer::kSync, interval)};
+    std::printf("  every %d: ckptd %.1f ms/step (Save %.2f ms total, WaitSnapshot %.0f ms total), "
+                "sync %.1f ms/step (writing %.0f ms total)\n",
+                interval, v.ckptd.step_s * 1e3, v.ckptd.save_s * 1e3, v.ckptd.stall_s * 1e3,
+                v.sync.step_s * 1e3, v.sync.stall_s * 1e3);
+    std::fflush(stdout);
+    variants.push_back(v);
+  }
+  const LoopResult none2 = run(Checkpointer::kNone, 1);
+  std::filesystem::remove_all(sync_dir);
+  const double none = (none1.step_s + none2.step_s) / 2;
+  std::printf("  no checkpoint again: %.1f ms/step; baseline = mean %.1f ms/step (spread %.1f%%)\n",
+              none2.step_s * 1e3, none * 1e3,
+              100 * std::abs(none1.step_s - none2.step_s) / none);
+  report.Set("train.bytes", static_cast<double>(bytes));
+  report.Set("train.compute_passes", passes);
+  report.Set("train.none_step_s", none);
+  report.Set("train.none_step_s_first", none1.step_s);
+  report.Set("train.none_step_s_last", none2.step_s);
+  for (const Variant& v : variants) {
+    const std::string key = "train.every" + std::to_string(v.interval);
+    const double ck_over = v.ckptd.step_s / none - 1, sync_over = v.sync.step_s / none - 1;
+    std::printf("  every %d: overhead ckptd %+.1f%%, sync %+.1f%%\n", v.interval, ck_over * 100,
+                sync_over * 100);
+    report.Set(key + ".ckptd_step_s", v.ckptd.step_s);
+    report.Set(key + ".ckptd_wait_snapshot_s", v.ckptd.stall_s);
+    report.Set(key + ".ckptd_save_s", v.ckptd.save_s);
+    report.Set(key + ".sync_step_s", v.sync.step_s);
+    report.Set(key + ".ckptd_overhead", ck_over);
+    report.Set(key + ".sync_overhead", sync_over);
+    const std::string label = "train step overhead, ckpt every " +
+                              (v.interval == 1 ? std::string("step") :
+                                                 std::to_string(v.interval) + " steps");
+    // Ratio: the checkpoint's cost to the step under ckptd vs under the synchronous save.
+    const double ratio = sync_over > 0 ? std::max(0.0, ck_over) / sync_over : 0;
+    if (v.interval == 1) {
+      report.AddRow({label, Fixed(ck_over * 100, 1) + " %",
+                     Fixed(sync_over * 100, 1) + " % sync", ratio, "< sync", ck_over < sync_over});
+    } else {
+      report.AddRow({label, Fixed(ck_over * 100, 1) + " %",
+                     Fixed(sync_over * 100, 1) + " % sync", ratio, "<= 10 %", ck_over <= 0.10});
+    }
+  }
+  if (compute.checksum() == 42.0f) std::printf(" ");  // keeps the compute live
+  RecordLoad(report, "train", probe);
+}
+
+// ---------------------------------------------------------------------------- main
+
+std::string Today() {
+  const std::time_t now = std::time(nullptr);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S %Z", std::localtime(&now));
+  return buf;
+}
+
+std::string FilesystemOf(const std::string& dir) {
+  struct statfs fs{};
+  if (::statfs(dir.c_str(), &fs) != 0) return "unknown";
+  switch (fs.f_type) {
+    case TMPFS_MAGIC: return "tmpfs";
+    case EXT4_SUPER_MAGIC: return "ext2/3/4";
+    case XFS_SUPER_MAGIC: return "xfs";
+    case BTRFS_SUPER_MAGIC: return "btrfs";
+    case OVERLAYFS_SUPER_MAGIC: return "overlayfs";
+    default: {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "0x%lx", static_cast<unsigned long>(fs.f_type));
+      return buf;
+    }
+  }
+}
+
+struct Args {
+  std::string dir = "/tmp";
+  std::string bin;
+  std::string json;
+  std::string pool = "2GiB";
+  std::string capture_size = "1GiB";
+  std::string flush_size = "2GiB";
+  std::string train_size = "1GiB";
+  int save_samples = 100;
+  int rounds = 5;
+  int flush_rounds = 3;
+  double compute_ms = 200;
+  int train_steps = 8;
+  int train_every = 4;
+  bool large = false;
+  std::vector<std::string> save_configs;
+  bool keep = false;
+  std::vector<std::string> sections = {"save", "capture", "flush", "train"};
+  DaemonOptions daemon;
+};
+
+int Run(Args& args) {
+  auto bytes = [](const std::string& flag, const std::string& text) {
+    auto v = ParseByteSize(text);
+    if (!v.ok() || *v == 0) throw BenchError(flag + ": cannot parse '" + text + "'");
+    return *v;
+  };
+  args.daemon.host_pool = bytes("--pool", args.pool);
+  const uint64_t capture_size = bytes("--capture-size", args.capture_size);
+  const uint64_t flush_size = bytes("--flush-size", args.flush_size);
+  const uint64_t train_size = bytes("--train-size", args.train_size);
+  args.daemon.bin_dir =
+      args.bin.empty() ? std::filesystem::read_symlink("/proc/self/exe").parent_path().string()
+                       : args.bin;
+  if (!std::filesystem::exists(args.daemon.bin_dir + "/ckptd")) {
+    throw BenchError("no ckptd in " + args.daemon.bin_dir + " (build the ckptd target, or --bin)");
+  }
+  std::string tmpl = args.dir + "/ckpt-bench-daemon.XXXXXX";
+  if (::mkdtemp(tmpl.data()) == nullptr) ThrowErrno("mkdtemp in " + args.dir);
+  args.daemon.work_dir = tmpl;
+  struct Cleanup {
+    std::string dir;
+    bool keep;
+    ~Cleanup() {
+      std::error_code ec;
+      if (!keep) std::filesystem::remove_all(dir, ec);
+    }
+  } cleanup{tmpl, args.keep};
+
+  Report report;
+  const std::string fs = FilesystemOf(args.daemon.work_dir);
+  const unsigned cores = std::thread::hardware_concurrency();
+  std::printf("bench_daemon: %s, %u cores, work dir %s (%s), ckptd from %s\n", Today().c_str(),
+              cores, args.daemon.work_dir.c_str(), fs.c_str(), args.daemon.bin_dir.c_str());
+  std::printf("ckptd: --host-pool %s --slot-size %s --checksum-chunk %s --capture-threads %d "
+              "--flush-threads %d; load average at start %s\n",
+              FormatBytes(args.daemon.host_pool).c_str(), args.daemon.slot_size.c_str(),
+              args.daemon.checksum_chunk.c_str(), args.daemon.capture_threads,
+              args.daemon.flush_threads, LoadProbe::LoadAverage().c_str());
+  if (fs == "tmpfs") {
+    std::printf("WARNING: %s is tmpfs: no O_DIRECT, no disk; flush numbers mean nothing\n",
+                args.dir.c_str());
+  }
+  report.SetText("date", Today());
+  report.SetText("work_dir_filesystem", fs);
+  report.Set("cores", cores);
+  report.Set("host_pool_bytes", static_cast<double>(args.daemon.host_pool));
+  report.SetText("slot_size", args.daemon.slot_size);
+  report.Set("capture_threads", args.daemon.capture_threads);
+  report.Set("flush_threads", args.daemon.flush_threads);
+  report.SetText("loadavg_start", LoadProbe::LoadAverage());
+  std::fflush(stdout);
+
+  LoadProbe whole;
+  const auto t0 = Clock::now();
+  auto wanted = [&](const std::string& s) {
+    return std::find(args.sections.begin(), args.sections.end(), s) != args.sections.end();
+  };
+  if (wanted("save")) {
+    std::vector<SaveConfig> configs = {{64 * kMiB, 8}, {256 * kMiB, 8}, {1 * kGiB, 8}};
+    if (args.large) configs.push_back({4 * kGiB, 8});
+    for (uint32_t n : {10u, 1000u, 10000u}) configs.push_back({256 * kMiB, n});
+    if (!args.save_configs.empty()) {
+      configs.clear();
+      for (const std::string& c : args.save_configs) {  // SIZE:TENSORS
+        const size_t colon = c.find(':');
+        const uint64_t n = colon == std::string::npos ? 0 : std::strtoull(c.c_str() + colon + 1,
+                                                                         nullptr, 10);
+        if (n == 0 || n > 1'000'000) throw BenchError("--save-configs: '" + c + "' is not SIZE:N");
+        configs.push_back({bytes("--save-configs", c.substr(0, colon)), static_cast<uint32_t>(n)});
+      }
+    }
+    SaveLatencySection(args.daemon, configs, args.save_samples, report);
+  }
+  if (wanted("capture")) CaptureSection(args.daemon, capture_size, args.rounds, report);
+  if (wanted("flush")) FlushSection(args.daemon, flush_size, args.flush_rounds, report);
+  if (wanted("train")) {
+    TrainingSection(args.daemon, train_size, args.compute_ms / 1e3, args.train_steps,
+                    args.train_every, report);
+  }
+  const double total_s = SecondsSince(t0);
+  const double others = whole.OthersCores();
+  report.Set("total_seconds", total_s);
+  report.Set("others_cpu_cores", others);
+  report.SetText("loadavg_end", LoadProbe::LoadAverage());
+
+  std::printf("\n== summary (%.0f s; other processes used %.2f of %u cores on average; load "
+              "average at end %s)\n\n",
+              total_s, others, cores, LoadProbe::LoadAverage().c_str());
+  report.PrintTable();
+  if (!args.json.empty()) {
+    std::ofstream out(args.json);
+    out << report.Json();
+    if (!out) throw BenchError("writing " + args.json);
+    std::printf("\nJSON: %s\n", args.json.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace ckpt::bench
+
+int main(int argc, char** argv) {
+  ckpt::bench::Args args;
+  CLI::App app{"bench_daemon: a real ckptd against same-run baselines (memcpy, fio, a loop "
+               "without checkpoints, a synchronous save)"};
+  app.add_option("--dir", args.dir, "a fresh work directory is made here (a disk, not tmpfs)")
+      ->capture_default_str();
+  app.add_option("--bin", args.bin, "directory holding ckptd (default: this binary's)");
+  app.add_option("--json", args.json, "write the results as JSON here");
+  app.add_option("--sections", args.sections, "which of save, capture, flush, train to run")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"save", "capture", "flush", "train"}));
+  app.add_option("--pool", args.pool, "ckptd --host-pool for every section")
+      ->capture_default_str();
+  app.add_option("--slot-size", args.daemon.slot_size, "ckptd --slot-size")->capture_default_str();
+  app.add_option("--checksum-chunk", args.daemon.checksum_chunk, "ckptd --checksum-chunk")
+      ->capture_default_str();
+  app.add_option("--capture-threads", args.daemon.capture_threads, "ckptd --capture-threads")
+      ->capture_default_str();
+  app.add_option("--flush-threads", args.daemon.flush_threads, "ckptd --flush-threads")
+      ->capture_default_str();
+  app.add_option("--save-samples", args.save_samples,
+                 "a: most timed saves per configuration (about 8 GiB worth, at least 10)")
+      ->capture_default_str()
+      ->check(CLI::Range(10, 100000));
+  app.add_flag("--large", args.large, "a: also a 4 GiB state");
+  app.add_option("--save-configs", args.save_configs,
+                 "a: instead of the default states, these SIZE:TENSORS (e.g. 256MiB:10000)");
+  app.add_option("--capture-size", args.capture_size, "b: state size")->capture_default_str();
+  app.add_option("--rounds", args.rounds, "b: rounds (median)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  app.add_option("--flush-size", args.flush_size, "c: state size")->capture_default_str();
+  app.add_option("--flush-rounds", args.flush_rounds, "c: rounds (median)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  app.add_option("--train-size", args.train_size, "d: state size")->capture_default_str();
+  app.add_option("--compute-ms", args.compute_ms, "d: target compute time per step")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 100000.0));
+  app.add_option("--train-steps", args.train_steps, "d: timed steps per run")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--train-every", args.train_every, "d: the second run's checkpoint interval")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--ckptd-arg", args.daemon.extra_args,
+                 "extra ckptd argument, repeatable (e.g. --ckptd-arg=--capture-throttle=1GiB)");
+  app.add_flag("--keep", args.keep, "keep the work directory (daemon logs)");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return ckpt::bench::Run(args);
+  } catch (const ckpt::bench::BenchError& e) {
+    std::fprintf(stderr, "bench_daemon: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_daemon: %s\n", e.what());
+    return 1;
+  }
+}

@@ -22,10 +22,12 @@
 namespace ckpt {
 
 Result<std::unique_ptr<DataFileWriter>> DataFileWriter::Create(FileSystem* fs,
-                                                               const std::string& path) {
+                                                               const std::string& path,
+                                                               uint64_t size) {
   ASSIGN_OR_RETURN(std::unique_ptr<File> file,
                    fs->Open(path, OpenOptions{.write = true, .create = true, .truncate = true,
                                               .try_direct = true}));
+  RETURN_IF_ERROR(file->Allocate(size));
   return std::unique_ptr<DataFileWriter>(new DataFileWriter(std::move(file)));
 }
 
@@ -74,7 +76,7 @@ Result<std::vector<WrittenShard>> WriteShardsToFile(FileSystem* fs, const std::s
     written[i].chunk_xxh3.assign(layout.chunk_counts[i], 0);
   }
 
-  ASSIGN_OR_RETURN(std::unique_ptr<DataFileWriter> writer, DataFileWriter::Create(fs, path));
+  ASSIGN_OR_RETURN(std::unique_ptr<DataFileWriter> writer, DataFileWriter::Create(fs, path, layout.file_size));
 
   std::atomic<size_t> next_slot{0};
   std::atomic<bool> failed{false};

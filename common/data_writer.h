@@ -20,8 +20,11 @@ namespace ckpt {
 // (distinct ranges); Finish once, after every WriteAt returned.
 class DataFileWriter {
  public:
-  // Creates (or truncates) `path`, asking for O_DIRECT.
-  static Result<std::unique_ptr<DataFileWriter>> Create(FileSystem* fs, const std::string& path);
+  // Creates (or truncates) `path`, asking for O_DIRECT, and preallocates `size` bytes when
+  // known (the layout's file_size): see File::Allocate — parallel O_DIRECT writes into a
+  // growing ext4 file serialize on its inode lock (measured: 0.78 of fio without, 0.94 with).
+  static Result<std::unique_ptr<DataFileWriter>> Create(FileSystem* fs, const std::string& path,
+                                                        uint64_t size = 0);
 
   // Writes `size` bytes at `offset`. offset and size are multiples of kIoAlignment and `data`
   // is kIoAlignment-aligned. Errors name the path and offset.

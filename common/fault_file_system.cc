@@ -159,6 +159,11 @@ class FaultFile final : public File {
     return Status::Ok();
   }
 
+  Status Allocate(uint64_t size) override {
+    if (Dead()) return ErrnoStatus(EIO, "fallocate " + path());
+    return base_->Allocate(size);
+  }
+
   Status Truncate(uint64_t size) override {
     if (Dead()) return ErrnoStatus(EIO, "ftruncate " + path());
     RETURN_IF_ERROR(base_->Truncate(size));

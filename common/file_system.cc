@@ -86,6 +86,19 @@ class PosixFile final : public File {
     return Status::Ok();
   }
 
+  Status Allocate(uint64_t size) override {
+    if (fd_ < 0) return ErrnoStatus(EBADF, OnPath("fallocate", path_));
+    if (size == 0) return Status::Ok();
+    int rc;
+    do {
+      rc = ::fallocate(fd_, 0, 0, static_cast<off_t>(size));
+    } while (rc != 0 && errno == EINTR);
+    if (rc != 0 && errno != EOPNOTSUPP && errno != ENOSYS) {
+      return ErrnoStatus(errno, OnPath("fallocate", path_) + " of " + std::to_string(size));
+    }
+    return Status::Ok();
+  }
+
   Status Truncate(uint64_t size) override {
     if (fd_ < 0) return ErrnoStatus(EBADF, OnPath("ftruncate", path_));
     int rc;

@@ -78,7 +78,7 @@ void CaptureEngine::Capture(const std::shared_ptr<CaptureJob>& job) {
     }
     status = job->fs->CreateDirs(job->step_dir);
     if (status.ok()) {
-      auto writer = DataFileWriter::Create(job->fs, job->data_path);
+      auto writer = DataFileWriter::Create(job->fs, job->data_path, layout.file_size);
       if (writer.ok()) job->writer = std::move(writer).value();
       else status = writer.status();
     }

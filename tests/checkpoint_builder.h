@@ -70,6 +70,7 @@ class NoSyncFileSystem : public FileSystem {
     }
     Status DataSync() override { return Status::Ok(); }
     Status Truncate(uint64_t size) override { return f_->Truncate(size); }
+    Status Allocate(uint64_t size) override { return f_->Allocate(size); }
     Result<uint64_t> Size() override { return f_->Size(); }
     Status Close() override { return f_->Close(); }
     bool direct() const override { return f_->direct(); }

@@ -323,6 +323,10 @@ class CrashBeforeOp final : public FileSystem {
       RETURN_IF_ERROR(fs_->Step("ftruncate " + path()));
       return f_->Truncate(size);
     }
+    Status Allocate(uint64_t size) override {
+      RETURN_IF_ERROR(fs_->Step("fallocate " + path()));
+      return f_->Allocate(size);
+    }
     Result<uint64_t> Size() override {
       RETURN_IF_ERROR(fs_->Step("fstat " + path()));
       return f_->Size();

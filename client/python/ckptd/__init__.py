@@ -1,0 +1,405 @@
+"""ckptd — checkpoint PyTorch tensors through the node's checkpoint daemon (DESIGN.md §7).
+
+    import ckptd
+    c = ckptd.Client("myjob", rank, world_size, socket="/run/ckptd/ckptd.sock")
+    c.save(step, {"w": w, "b": ckptd.Shard(b_part, (1024,), (rank * 256,))}, extra=b"...")
+    ...                                  # forward / backward; the daemon copies meanwhile
+    c.wait_snapshot()                    # before the tensors change again (optimizer step)
+    c.wait(step, "committed")            # optional: block until durable
+    extra = c.load({"w": w, "b": b_part})  # latest committed step, any sharding
+
+CPU tensors are handed to the daemon as file descriptors of their shared memory: the first
+save()/load() of a tensor moves its storage into shared memory (``Tensor.share_memory_()``, in
+place — views and parameters see the same memory) and registers it; later calls with the same
+tensors send nothing but the step. Between save() and the end of the next wait_snapshot() the
+saved tensors must not be modified (``ckptd.torch.Checkpointer`` enforces this with an
+optimizer pre-step hook). Every failure raises :class:`ckptd.Error`.
+"""
+
+import operator
+import os
+import threading
+
+from ._ckptd import Error  # noqa: F401  (re-exported: ckptd.Error)
+from . import _ckptd
+
+__all__ = ["Client", "Shard", "FlatShard", "Error", "LoadInfo", "DEFAULT_SOCKET", "dtype_name"]
+
+DEFAULT_SOCKET = "/run/ckptd/ckptd.sock"
+
+# DESIGN.md §7: dtype names follow PyTorch; float8 types only where this torch has them.
+_DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64", "int8", "uint8", "int16", "int32",
+                "int64", "bool", "float8_e4m3fn", "float8_e5m2")
+
+_torch = None
+_dtype_to_name = None
+_name_to_dtype = None
+
+
+def _error(message, code="INVALID_ARGUMENT"):
+    e = Error(message)
+    e.code = code
+    e.message = message
+    return e
+
+
+def _import_torch():
+    global _torch, _dtype_to_name, _name_to_dtype
+    if _torch is None:
+        import torch
+        to_name, to_dtype = {}, {}
+        for name in _DTYPE_NAMES:
+            dt = getattr(torch, name, None)
+            if isinstance(dt, torch.dtype):
+                to_name[dt] = name
+                to_dtype[name] = dt
+        _dtype_to_name, _name_to_dtype = to_name, to_dtype
+        _torch = torch
+    return _torch
+
+
+def dtype_name(dtype):
+    """The ckptd name of a torch dtype ("float32", "bfloat16", ...); ckptd.Error if unsupported."""
+    _import_torch()
+    name = _dtype_to_name.get(dtype)
+    if name is None:
+        raise _error("dtype %s is not supported by ckptd (supported: %s)"
+                     % (dtype, ", ".join(sorted(_name_to_dtype))))
+    return name
+
+
+def _dtype_from_name(name):
+    _import_torch()
+    dt = _name_to_dtype.get(name)
+    if dt is None:
+        raise _error("dtype '%s' is not available in this PyTorch" % (name,))
+    return dt
+
+
+def _as_uint_list(values, what):
+    try:
+        out = [operator.index(v) for v in values]
+    except TypeError:
+        raise _error("%s must be a sequence of integers, not %r" % (what, values)) from None
+    if any(v < 0 for v in out):
+        raise _error("%s must not be negative: %r" % (what, out))
+    return out
+
+
+def _as_uint(value, what):
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise _error("%s must be an integer, not %r" % (what, value)) from None
+    if v < 0:
+        raise _error("%s must not be negative: %d" % (what, v))
+    return v
+
+
+def _as_timeout(timeout, what="timeout"):
+    if timeout is None:
+        return None
+    t = float(timeout)
+    if t != t or t < 0:
+        raise ValueError("%s must be None or a non-negative number of seconds, not %r"
+                         % (what, timeout))
+    return t
+
+
+class Shard:
+    """A box shard: ``tensor`` holds ``global[offsets[d] : offsets[d] + tensor.shape[d]]`` in every
+    dimension d of the global tensor of shape ``global_shape`` (tensor / pipeline / row splits).
+
+        ckptd.Shard(w_local, global_shape=(4096, 1024), offsets=(tp_rank * 1024, 0))
+    """
+
+    __slots__ = ("tensor", "global_shape", "offsets")
+
+    def __init__(self, tensor, global_shape, offsets):
+        self.tensor = tensor
+        self.global_shape = tuple(_as_uint_list(global_shape, "Shard global_shape"))
+        self.offsets = tuple(_as_uint_list(offsets, "Shard offsets"))
+
+    def __repr__(self):
+        return "ckptd.Shard(shape=%s, global_shape=%s, offsets=%s)" % (
+            tuple(self.tensor.shape), self.global_shape, self.offsets)
+
+
+class FlatShard:
+    """A flat shard: ``tensor`` (any shape) holds elements ``[flat_offset, flat_offset + numel)``
+    of the row-major flattened global tensor of shape ``global_shape`` (ZeRO / FSDP flat
+    parameters whose splits cut across rows).
+
+        ckptd.FlatShard(flat_part, global_shape=(4096, 1024), flat_offset=rank * flat_part.numel())
+    """
+
+    __slots__ = ("tensor", "global_shape", "flat_offset")
+
+    def __init__(self, tensor, global_shape, flat_offset):
+        self.tensor = tensor
+        self.global_shape = tuple(_as_uint_list(global_shape, "FlatShard global_shape"))
+        self.flat_offset = _as_uint(flat_offset, "FlatShard flat_offset")
+
+    def __repr__(self):
+        return "ckptd.FlatShard(numel=%d, global_shape=%s, flat_offset=%d)" % (
+            self.tensor.numel(), self.global_shape, self.flat_offset)
+
+
+class LoadInfo:
+    """What the last :meth:`Client.load` did (``Client.last_load``)."""
+
+    __slots__ = ("step", "extra", "bytes_from_memory", "bytes_from_storage", "missing")
+
+    def __init__(self, step, extra, bytes_from_memory, bytes_from_storage, missing):
+        self.step = step                              # the step that was loaded
+        self.extra = extra                            # this rank's extra bytes
+        self.bytes_from_memory = bytes_from_memory    # served from the daemon's host memory
+        self.bytes_from_storage = bytes_from_storage  # read from storage
+        self.missing = missing                        # strict=False: tensors not in the step
+
+    def __repr__(self):
+        return ("ckptd.LoadInfo(step=%d, extra=%d bytes, bytes_from_memory=%d, "
+                "bytes_from_storage=%d, missing=%r)" % (self.step, len(self.extra),
+                                                        self.bytes_from_memory,
+                                                        self.bytes_from_storage, self.missing))
+
+
+_empty_fd = None
+_empty_fd_lock = threading.Lock()
+
+
+def _empty_memory_fd():
+    """An open fd of a small zero-filled memfd: what zero-element tensors (which own no memory)
+    register, as 0 bytes at offset 0 (the daemon maps only non-empty objects)."""
+    global _empty_fd
+    with _empty_fd_lock:
+        if _empty_fd is None:
+            fd = os.memfd_create("ckptd-empty", os.MFD_CLOEXEC)
+            os.ftruncate(fd, 4096)
+            _empty_fd = fd
+        return _empty_fd
+
+
+def _storage_fd(t):
+    """(fd, fd_offset) of CPU tensor t's shared memory. The fd belongs to torch (it lives as long as
+    the storage): it is only ever duplicated, never closed."""
+    if not t.is_shared():
+        t.share_memory_()  # in place: the storage object now lives in shared memory
+    if hasattr(t, "untyped_storage"):   # torch >= 2.0: UntypedStorage, size in bytes
+        fd, _size = t.untyped_storage()._share_fd_cpu_()
+    else:                               # torch 1.13: TypedStorage, size in elements
+        fd, _size = t.storage()._share_fd_cpu_()
+    return fd, t.storage_offset() * t.element_size()
+
+
+def _describe(name, value):
+    """(tensor, spec tuple for _ckptd.Client.register) of one entry of `tensors`; ckptd.Error for
+    anything ckptd cannot register (non-CPU, non-contiguous, unknown dtype, bad geometry)."""
+    torch = _import_torch()
+    if not isinstance(name, str):
+        raise _error("tensor names must be strings, not %r" % (name,))
+    if isinstance(value, Shard):
+        t, kind = value.tensor, "box"
+    elif isinstance(value, FlatShard):
+        t, kind = value.tensor, "flat"
+    elif isinstance(value, torch.Tensor):
+        t, kind = value, "whole"
+    else:
+        raise _error("tensor '%s': expected a torch.Tensor, ckptd.Shard or ckptd.FlatShard, not %s"
+                     % (name, type(value).__name__))
+    if not isinstance(t, torch.Tensor):
+        raise _error("tensor '%s': the shard's tensor is a %s, not a torch.Tensor"
+                     % (name, type(t).__name__))
+    if t.device.type == "cuda":
+        raise _error("tensor '%s': CUDA tensors need the CUDA backend, not available in this build"
+                     % name, "UNIMPLEMENTED")
+    if t.device.type != "cpu":
+        raise _error("tensor '%s': tensors on %s are not supported (CPU only)" % (name, t.device))
+    if t.is_sparse or t.layout != torch.strided:
+        raise _error("tensor '%s': only dense (strided) tensors can be checkpointed" % name)
+    if not t.is_contiguous():
+        raise _error("tensor '%s' is not contiguous (shape %s, strides %s): pass a contiguous "
+                     "tensor (a .contiguous() copy would not be the memory you train)"
+                     % (name, tuple(t.shape), t.stride()))
+    try:
+        dtype = dtype_name(t.dtype)
+    except Error as e:
+        raise _error("tensor '%s': %s" % (name, e)) from None
+    shape = [int(d) for d in t.shape]
+    numel = t.numel()
+    nbytes = numel * t.element_size()
+    if kind == "whole":
+        global_shape, flat, offsets, lengths, flat_offset = shape, False, [], [], 0
+    elif kind == "box":
+        global_shape = list(value.global_shape)
+        offsets = list(value.offsets)
+        if len(global_shape) != t.dim() or len(offsets) != t.dim():
+            raise _error("tensor '%s': Shard of a %d-dimensional tensor with a %d-dimensional "
+                         "global_shape and %d offsets" % (name, t.dim(), len(global_shape),
+                                                          len(offsets)))
+        for d in range(t.dim()):
+            if offsets[d] + shape[d] > global_shape[d]:
+                raise _error("tensor '%s': Shard [%d, %d) of dimension %d lies outside the "
+                             "global size %d" % (name, offsets[d], offsets[d] + shape[d], d,
+                                                 global_shape[d]))
+        flat, lengths, flat_offset = False, shape, 0
+    else:
+        global_shape = list(value.global_shape)
+        total = 1
+        for d in global_shape:
+            total *= d
+        if value.flat_offset + numel > total:
+            raise _error("tensor '%s': FlatShard [%d, %d) lies outside the %d elements of the "
+                         "global tensor" % (name, value.flat_offset, value.flat_offset + numel,
+                                            total))
+        flat, offsets, lengths, flat_offset = True, [], [], value.flat_offset
+    if nbytes == 0:
+        fd, fd_offset = _empty_memory_fd(), 0
+    else:
+        fd, fd_offset = _storage_fd(t)
+    spec = (name, dtype, global_shape, flat, offsets, lengths, flat_offset, numel, fd, fd_offset,
+            nbytes)
+    return t, spec
+
+
+def _quick_key(name, value):
+    """What makes a later call's entry identical to a registered one: the same tensor object,
+    still with the same memory, dtype, shape and strides, and the same shard geometry. Cheap
+    (no fd lookups), so an unchanged set costs ~1 µs per tensor. The registered tensors are kept
+    alive, so their id()s cannot be reused meanwhile."""
+    if isinstance(value, Shard):
+        t, geometry = value.tensor, ("box", value.global_shape, value.offsets)
+    elif isinstance(value, FlatShard):
+        t, geometry = value.tensor, ("flat", value.global_shape, value.flat_offset)
+    else:
+        t, geometry = value, None
+    try:
+        return (name, id(t), t.data_ptr(), t.dtype, t.shape, t.stride(), geometry)
+    except AttributeError:
+        return None  # not a tensor: _describe reports it
+
+
+class Client:
+    """One trainer rank's connection to its node's ckptd (see the module docstring).
+
+    ``local_rank`` defaults to $LOCAL_RANK, else ``rank``. ``connect_timeout`` (seconds) is how
+    long the constructor keeps retrying while the daemon is not listening yet.
+    Thread-safe: calls may come from several threads (the GIL is released while waiting).
+    """
+
+    def __init__(self, job, rank, world_size, socket=DEFAULT_SOCKET, local_rank=None,
+                 connect_timeout=10.0):
+        if not isinstance(job, str):
+            raise _error("job must be a string, not %r" % (job,))
+        rank = _as_uint(rank, "rank")
+        world_size = _as_uint(world_size, "world_size")
+        if local_rank is None:
+            local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        local_rank = _as_uint(local_rank, "local_rank")
+        connect_timeout = _as_timeout(connect_timeout, "connect_timeout")
+        self.job, self.rank, self.world_size, self.socket = job, rank, world_size, str(socket)
+        self._lock = threading.Lock()
+        self._registered_key = None
+        self._registered = ()   # the registered tensors, kept alive while registered
+        self.last_load = None
+        self._c = _ckptd.Client(job, rank, world_size, self.socket, local_rank,
+                                10.0 if connect_timeout is None else connect_timeout)
+
+    @property
+    def node_id(self):
+        """The daemon's node id."""
+        return self._c.node_id
+
+    def _register(self, tensors):
+        if not hasattr(tensors, "items"):
+            raise _error("tensors must be a dict {name: torch.Tensor | Shard | FlatShard}, not %s"
+                         % type(tensors).__name__)
+        keys = tuple(_quick_key(name, value) for name, value in tensors.items())
+        if None not in keys and keys == self._registered_key:
+            return  # the daemon has exactly this set (the common case: every save after the first)
+        kept, specs = [], []
+        for name, value in tensors.items():
+            t, spec = _describe(name, value)
+            kept.append(t)
+            specs.append(spec)
+        # _describe may have moved storages into shared memory: their data_ptr changed.
+        keys = tuple(_quick_key(name, value) for name, value in tensors.items())
+        with self._lock:
+            self._registered_key = None
+            self._c.register(specs)
+            self._registered_key = keys
+            self._registered = tuple(kept)
+
+    def save(self, step, tensors, extra=b"", on_full="wait"):
+        """Checkpoint ``tensors`` ({name: torch.Tensor | Shard | FlatShard}) as ``step``.
+
+        Returns once the daemon accepted the request (it copies in the background). The tensors
+        must not change until the next :meth:`wait_snapshot` returns. ``extra`` (bytes) is this
+        rank's opaque blob, given back by :meth:`load`. ``on_full="skip"``: when the daemon's
+        pool has no room the step is skipped and ckptd.Error RESOURCE_EXHAUSTED is raised.
+        """
+        step = _as_uint(step, "step")
+        if isinstance(extra, str):
+            raise _error("extra must be bytes, not str (encode it first)")
+        extra = bytes(extra)
+        if on_full not in ("wait", "skip"):
+            raise _error('on_full must be "wait" or "skip", not %r' % (on_full,))
+        self._register(tensors)
+        self._c.save(step, extra, on_full)
+
+    def wait_snapshot(self, timeout=None):
+        """Block until the last save's bytes are captured; afterwards the tensors may change.
+        ``timeout`` in seconds (None: no limit); on expiry ckptd.Error DEADLINE_EXCEEDED and the
+        tensors must still be left alone."""
+        self._c.wait_snapshot(_as_timeout(timeout))
+
+    def wait(self, step, state="committed", timeout=None):
+        """Block until ``step`` reaches ``state``: "captured" (this rank's bytes), "persisted"
+        (this node's data durable) or "committed" (the global checkpoint). ckptd.Error ABORTED
+        when the step failed, DEADLINE_EXCEEDED when ``timeout`` seconds pass first."""
+        if state not in ("captured", "persisted", "committed"):
+            raise _error('state must be "captured", "persisted" or "committed", not %r' % (state,))
+        self._c.wait(_as_uint(step, "step"), state, _as_timeout(timeout))
+
+    def latest(self):
+        """The newest committed step of this job, or None."""
+        return self._c.latest()
+
+    def load(self, tensors, step=None, strict=True):
+        """Fill ``tensors`` ({name: torch.Tensor | Shard | FlatShard}, CPU, contiguous) in place
+        from ``step`` (None: the newest committed one), whatever sharding it was saved with.
+        Returns this rank's ``extra`` bytes; details in ``self.last_load`` (a LoadInfo).
+        strict=False leaves tensors missing from the step untouched (listed in
+        ``last_load.missing``) instead of raising NOT_FOUND."""
+        if step is not None:
+            step = _as_uint(step, "step")
+        self._register(tensors)
+        loaded, extra, from_memory, from_storage, missing = self._c.load(step, bool(strict))
+        self.last_load = LoadInfo(loaded, extra, from_memory, from_storage, list(missing))
+        return extra
+
+    def close(self):
+        """Close the connection (idempotent). Calls waiting in other threads raise CANCELLED."""
+        self._c.close()
+        with self._lock:
+            self._registered_key = None
+            self._registered = ()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self):
+        return "ckptd.Client(job=%r, rank=%d, world_size=%d, socket=%r)" % (
+            self.job, self.rank, self.world_size, self.socket)
+
+
+def __getattr__(name):
+    # ckptd.torch is imported on first use, so `import ckptd` does not load PyTorch.
+    if name == "torch":
+        import importlib
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError("module 'ckptd' has no attribute %r" % (name,))

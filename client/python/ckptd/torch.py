@@ -1,0 +1,394 @@
+"""ckptd.torch — checkpoint a PyTorch model and its optimizer through ckptd.
+
+    import ckptd, ckptd.torch
+    client = ckptd.Client("myjob", rank, world_size)
+    ckpt = ckptd.torch.Checkpointer(client, model, optimizer,
+                                    extra_state=ckptd.torch.RNGState())
+    start = (ckpt.load() or 0) + 1          # newest committed step, or a fresh start
+    for step in range(start, steps + 1):
+        loss = model(next_batch()).sum()
+        loss.backward()
+        optimizer.step()                    # waits for the previous snapshot first (hook)
+        optimizer.zero_grad()
+        ckpt.save(step)                     # microseconds; the daemon copies in the background
+
+What is saved, per rank:
+- every tensor of ``model.state_dict()`` under its state_dict name;
+- every tensor of the optimizer state as ``optimizer.state.<param name>.<key>`` (e.g.
+  ``optimizer.state.layers.0.weight.exp_avg``), where the param name comes from
+  ``model.named_parameters()`` (params the model does not know: ``param_groups.<g>.<i>``);
+- in the rank's ``extra`` blob (pickled): non-tensor optimizer state, the param_groups
+  (lr, betas, ...), the dtype/shape of every optimizer state tensor (so a fresh optimizer can be
+  rebuilt), non-tensor model state (``get_extra_state``) and the user's ``extra_state``.
+  ``load`` unpickles this blob: load only checkpoints you trust.
+"""
+
+import pickle
+import random
+import sys
+import types
+import warnings
+import weakref
+
+import torch
+
+import ckptd
+
+__all__ = ["Checkpointer", "RNGState"]
+
+_FORMAT = 1
+
+
+class RNGState:
+    """An ``extra_state`` that saves and restores the random number generators: torch's CPU RNG,
+    Python's ``random``, numpy's global RNG (when numpy is imported) and any ``torch.Generator``
+    objects given here (e.g. the data loader's)."""
+
+    def __init__(self, *generators):
+        self.generators = generators
+
+    def state(self):
+        np = sys.modules.get("numpy")
+        return {
+            "torch": torch.get_rng_state().numpy().tobytes(),
+            "random": random.getstate(),
+            "numpy": np.random.get_state() if np is not None else None,
+            "generators": [g.get_state().numpy().tobytes() for g in self.generators],
+        }
+
+    def load(self, state):
+        def tensor(b):
+            return torch.frombuffer(bytearray(b), dtype=torch.uint8)
+
+        torch.set_rng_state(tensor(state["torch"]))
+        random.setstate(state["random"])
+        np = sys.modules.get("numpy")
+        if state.get("numpy") is not None and np is not None:
+            np.random.set_state(state["numpy"])
+        saved = state.get("generators", [])
+        if len(saved) != len(self.generators):
+            raise ckptd.Error("RNGState: the checkpoint has %d generators, this RNGState %d"
+                              % (len(saved), len(self.generators)))
+        for g, s in zip(self.generators, saved):
+            g.set_state(tensor(s))
+
+
+def _fail(message, code="FAILED_PRECONDITION"):
+    e = ckptd.Error(message)
+    e.code = code
+    e.message = message
+    return e
+
+
+class Checkpointer:
+    """Saves and restores ``model``, ``optimizer`` and user state through a ``ckptd.Client``.
+
+    ``save(step)`` — right after ``optimizer.step()`` — shares and registers the tensors (the
+    first time; later saves only send the step) and returns once the daemon accepted the step.
+    The first save installs a hook on ``optimizer`` that calls ``client.wait_snapshot()`` before
+    every optimizer step, so training never modifies a tensor the daemon is still capturing
+    (``optimizer.register_step_pre_hook`` where PyTorch has it, otherwise ``optimizer.step`` is
+    wrapped on the instance). Only that wait can stall training, and only when capturing takes
+    longer than forward + backward. Anything else that modifies saved tensors in place between
+    ``save`` and the next optimizer step must call ``checkpointer.fence()`` first. ``optimizer``
+    may be None (model only; nothing is fenced automatically then).
+
+    ``load(step=None)`` restores the newest committed step (or ``step``) into the model and the
+    optimizer — creating the optimizer's state tensors when the optimizer is fresh — and returns
+    the step, or None when the job has no committed checkpoint. It works with any sharding the
+    checkpoint was written with (each rank describes its own shards through ``shard_fn``).
+
+    ``extra_state``: user state stored with the checkpoint, e.g. RNGs or the data loader's
+    position. Either an object with ``state()`` (returns something picklable) and
+    ``load(state)`` — like :class:`RNGState` — or a plain callable returning the state; on load
+    the state is handed to ``extra_state.load`` when it exists and is always available as
+    ``checkpointer.loaded_extra_state``.
+
+    Buffers (BatchNorm running statistics, counters) change during the forward pass, while the
+    daemon may still be capturing; so ``save`` copies them into shared staging tensors of their
+    own and registers those (``copy_buffers=False`` registers the live buffers instead, for models
+    whose buffers change only in the optimizer step). Parameters and optimizer state are never
+    copied: they change only in ``optimizer.step()``, behind the fence.
+
+    ``shard_fn(name, tensor) -> tensor | ckptd.Shard | ckptd.FlatShard | None`` tells ckptd which
+    part of the global tensor this rank's ``tensor`` is (default: the whole tensor). It is called
+    for model tensors (state_dict names) and optimizer state tensors
+    (``optimizer.state.<param name>.<key>``, same shape as the param for Adam's moments); None
+    leaves a tensor out. Tensor parallel, rows of every ``proj`` weight split across ``tp`` ranks::
+
+        def shard_fn(name, t):
+            if "proj" in name and t.dim() == 2:
+                rows = t.shape[0]
+                return ckptd.Shard(t, (rows * tp, t.shape[1]), (tp_rank * rows, 0))
+            return t                  # replicated: every rank has all of it
+
+    ZeRO-style flat partitions: ``ckptd.FlatShard(t, full_shape, flat_offset)``.
+    """
+
+    def __init__(self, client, model, optimizer, extra_state=None, shard_fn=None,
+                 copy_buffers=True):
+        self.client = client
+        self.model = model
+        self.optimizer = optimizer
+        self.extra_state = extra_state
+        self.shard_fn = shard_fn
+        self.copy_buffers = copy_buffers
+        self._staging = {}              # buffer name -> its shared staging copy
+        self.loaded_extra_state = None
+        self.last_error = None          # the last wait_snapshot failure the hook swallowed
+        self._snapshot_pending = False
+        self._hook_handle = None
+        self._hook_installed = False
+
+    # -- the fence -------------------------------------------------------------------------
+
+    def fence(self):
+        """Wait until the last save is captured (no-op when none is pending). Called by the
+        optimizer pre-step hook. A failed step (aborted, skipped, daemon gone) no longer reads
+        the tensors: the failure is reported as a warning and kept in ``last_error``, and
+        training goes on."""
+        if not self._snapshot_pending:
+            return
+        try:
+            self.client.wait_snapshot()
+        except ckptd.Error as e:
+            self.last_error = e
+            warnings.warn("ckptd: checkpoint not captured (%s): %s" % (e.code, e),
+                          RuntimeWarning, stacklevel=3)
+        self._snapshot_pending = False
+
+    def _install_hook(self):
+        if self._hook_installed or self.optimizer is None:
+            return
+        ref = weakref.ref(self)
+
+        def fence():
+            checkpointer = ref()
+            if checkpointer is not None:
+                checkpointer.fence()
+
+        opt = self.optimizer
+        if hasattr(opt, "register_step_pre_hook"):
+            self._hook_handle = opt.register_step_pre_hook(lambda *args, **kwargs: fence())
+        else:
+            # torch 1.13: wrap step on the instance. A bound method, so that LR schedulers created
+            # later (which look at step.__self__ / __func__) still work.
+            original = opt.step
+
+            def step(self_opt, *args, **kwargs):
+                fence()
+                return original(*args, **kwargs)
+
+            if getattr(original, "_with_counter", False):
+                step._with_counter = True  # an LR scheduler's counting wrapper is still inside
+            opt.step = types.MethodType(step, opt)
+            self._hook_handle = (opt, original)
+        self._hook_installed = True
+
+    def remove_hook(self):
+        """Uninstall the optimizer pre-step hook (after a final ``fence()``)."""
+        if not self._hook_installed:
+            return
+        if isinstance(self._hook_handle, tuple):
+            opt, original = self._hook_handle
+            opt.step = original
+        else:
+            self._hook_handle.remove()
+        self._hook_handle = None
+        self._hook_installed = False
+
+    # -- naming ----------------------------------------------------------------------------
+
+    def _param_names(self):
+        names = {}
+        for name, p in self.model.named_parameters():
+            names.setdefault(id(p), name)
+        return names
+
+    def _optimizer_params(self):
+        """[(param, name)] in param_groups order."""
+        if self.optimizer is None:
+            return []
+        names = self._param_names()
+        out = []
+        for g, group in enumerate(self.optimizer.param_groups):
+            for i, p in enumerate(group["params"]):
+                out.append((p, names.get(id(p), "param_groups.%d.%d" % (g, i))))
+        return out
+
+    def _shard(self, tensors):
+        if self.shard_fn is None:
+            return tensors
+        out = {}
+        for name, t in tensors.items():
+            v = self.shard_fn(name, t)
+            if v is not None:
+                out[name] = v
+        return out
+
+    def _model_state(self, staged=False):
+        """(tensors, non-tensor entries) of the model's state_dict, with the live tensors; with
+        ``staged``, buffers are replaced by fresh copies in their staging tensors."""
+        tensors, other = {}, {}
+        buffers = set()
+        if staged and self.copy_buffers:
+            buffers = {id(b) for b in self.model.buffers()}
+        for name, v in self.model.state_dict(keep_vars=True).items():
+            if isinstance(v, torch.Tensor):
+                tensors[name] = self._stage(name, v) if id(v) in buffers else v
+            else:
+                other[name] = v
+        return tensors, other
+
+    def _stage(self, name, buf):
+        s = self._staging.get(name)
+        if s is None or s.dtype != buf.dtype or s.shape != buf.shape:
+            s = torch.empty(buf.shape, dtype=buf.dtype)
+            self._staging[name] = s
+        s.copy_(buf.detach())
+        return s
+
+    # -- save ------------------------------------------------------------------------------
+
+    def save(self, step, on_full="wait"):
+        """Checkpoint model, optimizer and extra state as ``step``; returns once the daemon
+        accepted it. Call it right after ``optimizer.step()``."""
+        self._install_hook()
+        self.fence()  # a previous save still capturing (no optimizer step since) reads staging
+        tensors, model_other = self._model_state(staged=True)
+        opt_meta = {}
+        order = []
+        for p, pname in self._optimizer_params():
+            order.append(pname)
+            st = self.optimizer.state.get(p)
+            if not st:
+                continue
+            entries = {}
+            for key, v in st.items():
+                if isinstance(v, torch.Tensor):
+                    tname = "optimizer.state.%s.%s" % (pname, key)
+                    if tname in tensors:
+                        raise _fail("optimizer state name %r collides with a model tensor" % tname)
+                    tensors[tname] = v
+                    like_param = tuple(v.shape) == tuple(p.shape)
+                    entries[key] = ("tensor", ckptd.dtype_name(v.dtype), tuple(v.shape),
+                                    like_param)
+                else:
+                    entries[key] = ("value", v)
+            opt_meta[pname] = entries
+        groups = []
+        params = self._optimizer_params()
+        index = 0
+        for group in (self.optimizer.param_groups if self.optimizer is not None else []):
+            g = {k: v for k, v in group.items() if k != "params"}
+            n = len(group["params"])
+            g["params"] = [name for _, name in params[index:index + n]]
+            index += n
+            groups.append(g)
+        meta = {
+            "format": _FORMAT,
+            "step": step,
+            "model_other": model_other,
+            "optimizer": {"param_groups": groups, "state": opt_meta, "order": order},
+            "extra_state": self._user_state(),
+        }
+        extra = pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
+        self.client.save(step, self._shard(tensors), extra, on_full)
+        self._snapshot_pending = True
+
+    def _user_state(self):
+        es = self.extra_state
+        if es is None:
+            return None
+        if hasattr(es, "state") and callable(es.state):
+            return es.state()
+        if callable(es):
+            return es()
+        raise TypeError("extra_state must have a state() method or be callable")
+
+    # -- load ------------------------------------------------------------------------------
+
+    def load(self, step=None, strict=True):
+        """Restore ``step`` (None: the newest committed one). Returns the step loaded, or None
+        when nothing is committed for this job (then nothing is touched)."""
+        if step is None:
+            step = self.client.latest()
+            if step is None:
+                return None
+        # Phase 1: the model's tensors (their registration does not depend on the checkpoint);
+        # this also brings back the rank's extra blob.
+        tensors, _ = self._model_state()
+        extra = self.client.load(self._shard(tensors), step=step, strict=strict)
+        try:
+            meta = pickle.loads(extra)
+        except Exception as e:  # noqa: BLE001 - anything unpicklable is the same problem
+            raise _fail("step %d: the rank's extra blob is not a ckptd.torch checkpoint (%s)"
+                        % (step, e), "DATA_LOSS") from None
+        if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
+            raise _fail("step %d was not written by ckptd.torch.Checkpointer (format %r)"
+                        % (step, meta.get("format") if isinstance(meta, dict) else None))
+        if meta["model_other"]:
+            self.model.load_state_dict(meta["model_other"], strict=False)
+        # Phase 2: the optimizer's state tensors, created from the metadata when missing.
+        opt_tensors = self._restore_optimizer(meta["optimizer"])
+        if opt_tensors:
+            self.client.load(self._shard(opt_tensors), step=step, strict=strict)
+        self.loaded_extra_state = meta["extra_state"]
+        es = self.extra_state
+        if es is not None and hasattr(es, "load") and callable(es.load):
+            es.load(meta["extra_state"])
+        return step
+
+    def _restore_optimizer(self, saved):
+        opt = self.optimizer
+        if opt is None:
+            return {}
+        params = self._optimizer_params()
+        groups = saved["param_groups"]
+        if len(groups) != len(opt.param_groups):
+            raise _fail("the checkpoint's optimizer has %d param groups, this one %d"
+                        % (len(groups), len(opt.param_groups)))
+        names = [name for _, name in params]
+        saved_names = [n for g in groups for n in g["params"]]
+        if names != saved_names:
+            diff = next((i for i, (a, b) in enumerate(zip(names, saved_names)) if a != b),
+                        min(len(names), len(saved_names)))
+            raise _fail("the checkpoint's optimizer parameters differ from this optimizer's "
+                        "(%d vs %d params; first difference at index %d: %r vs %r)"
+                        % (len(saved_names), len(names), diff,
+                           saved_names[diff] if diff < len(saved_names) else None,
+                           names[diff] if diff < len(names) else None))
+        # The existing state tensors are reused when they fit (their registration stays valid).
+        old = {id(p): dict(st) for p, st in opt.state.items()}
+        state_dict = {"state": {}, "param_groups": []}
+        index = 0
+        for g in groups:
+            n = len(g["params"])
+            entry = {k: v for k, v in g.items() if k != "params"}
+            entry["params"] = list(range(index, index + n))
+            index += n
+            state_dict["param_groups"].append(entry)
+        opt.load_state_dict(state_dict)  # hyper-parameters; resets the state
+        tensors = {}
+        for p, pname in params:
+            entries = saved["state"].get(pname)
+            if not entries:
+                continue
+            prev = old.get(id(p), {})
+            st = {}
+            for key, entry in entries.items():
+                if entry[0] == "value":
+                    st[key] = entry[1]
+                    continue
+                _, dtype_name, shape, like_param = entry
+                dtype = ckptd._dtype_from_name(dtype_name)
+                shape = tuple(p.shape) if like_param else tuple(shape)
+                t = prev.get(key)
+                if not (isinstance(t, torch.Tensor) and t.dtype == dtype
+                        and tuple(t.shape) == shape and t.device.type == "cpu"
+                        and t.is_contiguous()):
+                    t = torch.zeros(shape, dtype=dtype)
+                st[key] = t
+                tensors["optimizer.state.%s.%s" % (pname, key)] = t
+            opt.state[p] = st
+        return tensors

@@ -1,0 +1,319 @@
+"""ckptd Python API: errors, latest/wait/load, extra, shards, context manager, dead daemon."""
+
+import os
+import threading
+import time
+import unittest
+
+import torch
+
+import ckptd
+import ckptd_testutil as util
+
+
+class ApiTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.daemon = util.Daemon().start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.cleanup()
+
+    def client(self, job, **kwargs):
+        c = self.daemon.client(job, **kwargs)
+        self.addCleanup(c.close)
+        return c
+
+    def assertError(self, code, fn, *args, contains=(), **kwargs):
+        with self.assertRaises(ckptd.Error) as cm:
+            fn(*args, **kwargs)
+        e = cm.exception
+        self.assertIsInstance(e, RuntimeError)
+        self.assertEqual(e.code, code, str(e))
+        for text in contains:
+            self.assertIn(text, str(e))
+        return e
+
+    # -- errors ----------------------------------------------------------------------------
+
+    def test_bad_job_name(self):
+        self.assertError("INVALID_ARGUMENT", ckptd.Client, "../etc", 0, 1,
+                         socket=self.daemon.socket, contains=("../etc",))
+        self.assertError("INVALID_ARGUMENT", ckptd.Client, "job", 2, 2, socket=self.daemon.socket)
+
+    def test_no_daemon(self):
+        t0 = time.monotonic()
+        self.assertError("UNAVAILABLE", ckptd.Client, "job", 0, 1,
+                         socket=os.path.join(self.daemon.dir, "nobody.sock"), connect_timeout=0.3)
+        self.assertLess(time.monotonic() - t0, 5)
+
+    def test_non_contiguous(self):
+        c = self.client("noncontig")
+        t = torch.zeros(8, 6).t()
+        self.assertError("INVALID_ARGUMENT", c.save, 1, {"transposed.weight": t},
+                         contains=("transposed.weight", "not contiguous"))
+
+    def test_not_cpu(self):
+        c = self.client("device")
+        self.assertError("INVALID_ARGUMENT", c.save, 1, {"m": torch.empty(4, device="meta")},
+                         contains=("'m'", "CPU only"))
+
+    def test_unknown_dtype(self):
+        c = self.client("dtype")
+        self.assertError("INVALID_ARGUMENT", c.save, 1,
+                         {"z": torch.zeros(4, dtype=torch.complex64)},
+                         contains=("'z'", "complex64"))
+        self.assertError("INVALID_ARGUMENT", c.save, 1, {"l": [1, 2, 3]}, contains=("'l'",))
+
+    def test_bad_arguments(self):
+        c = self.client("args")
+        t = torch.zeros(4)
+        self.assertError("INVALID_ARGUMENT", c.save, -1, {"t": t})
+        self.assertError("INVALID_ARGUMENT", c.save, 1, {"t": t}, on_full="drop")
+        self.assertError("INVALID_ARGUMENT", c.save, 1, {"t": t}, extra="text")
+        self.assertError("INVALID_ARGUMENT", c.wait, 1, state="done")
+        self.assertError("INVALID_ARGUMENT", c.save, 1,
+                         {"t": ckptd.Shard(t, (3,), (0,))}, contains=("outside",))
+        self.assertError("INVALID_ARGUMENT", c.save, 1,
+                         {"t": ckptd.FlatShard(t, (2, 3), 4)}, contains=("outside",))
+        with self.assertRaises(ValueError):
+            c.wait_snapshot(timeout=-1)
+
+    def test_save_must_increase(self):
+        c = self.client("monotonic")
+        t = torch.ones(16)
+        c.save(5, {"t": t})
+        c.wait_snapshot()
+        e = self.assertError("FAILED_PRECONDITION", c.save, 5, {"t": t})
+        self.assertTrue(str(e))
+
+    # -- the normal path -------------------------------------------------------------------
+
+    def test_latest_wait_extra_load(self):
+        c = self.client("basic")
+        self.assertIsNone(c.latest())
+        tensors = {
+            "f32": torch.randn(33, 17),
+            "bf16": torch.randn(1000).to(torch.bfloat16),
+            "f16": torch.randn(5, 5).half(),
+            "f64": torch.randn(3, dtype=torch.float64),
+            "i8": torch.arange(-50, 50, dtype=torch.int8),
+            "u8": torch.arange(0, 200, dtype=torch.uint8),
+            "i16": torch.arange(7, dtype=torch.int16),
+            "i32": torch.arange(9, dtype=torch.int32),
+            "i64": torch.tensor(123456789012, dtype=torch.int64),   # a scalar
+            "bool": torch.tensor([True, False, True]),
+            "empty": torch.zeros(0, 4),
+        }
+        expected = {k: v.clone() for k, v in tensors.items()}
+        c.save(1, tensors, extra=b"\x00extra\xff")
+        c.wait_snapshot(timeout=30)
+        for state in ("captured", "persisted", "committed"):
+            c.wait(1, state, timeout=30)
+        self.assertEqual(c.latest(), 1)
+        self.assertEqual(c.node_id, "pytest")
+
+        # A second step; then load step 1 explicitly and the latest (2) into fresh tensors.
+        tensors["f32"].add_(1)
+        c.save(2, tensors, extra=b"two")
+        c.wait(2, "committed", timeout=30)
+        self.assertEqual(c.latest(), 2)
+
+        fresh = {k: torch.zeros_like(v) for k, v in tensors.items()}
+        extra = c.load(fresh, step=1)
+        self.assertEqual(extra, b"\x00extra\xff")
+        self.assertEqual(c.last_load.step, 1)
+        for k in tensors:
+            self.assertTrue(torch.equal(fresh[k], expected[k]), k)
+        with self.client("basic", connect_timeout=5) as other:
+            fresh2 = {"f32": torch.zeros(33, 17)}
+            self.assertEqual(other.load(fresh2), b"two")
+            self.assertEqual(other.last_load.step, 2)
+            self.assertTrue(torch.equal(fresh2["f32"], expected["f32"] + 1))
+
+    def test_wait_timeout_and_state_errors(self):
+        c = self.client("waits")
+        self.assertError("NOT_FOUND", c.wait, 42, "committed", timeout=5, contains=("42",))
+        # Rank 0 of 2 saves; rank 1 never does: the step stays in flight, a timed wait expires.
+        c0 = self.client("waits2", rank=0, world_size=2)
+        c0.save(3, {"t": torch.ones(8)})
+        c0.wait(3, "captured", timeout=30)
+        t0 = time.monotonic()
+        self.assertError("DEADLINE_EXCEEDED", c0.wait, 3, "committed", timeout=0.2,
+                         contains=("3",))
+        self.assertLess(time.monotonic() - t0, 5)
+
+    def test_views_of_one_storage(self):
+        # Several tensors on one storage travel as one fd with different offsets.
+        c = self.client("views")
+        flat = torch.arange(100, dtype=torch.float32)
+        parts = {"a": flat[0:10], "b": flat[10:40].view(5, 6), "c": flat[40:100]}
+        c.save(1, parts)
+        c.wait(1, "committed", timeout=30)
+        fresh = {"a": torch.zeros(10), "b": torch.zeros(5, 6), "c": torch.zeros(60)}
+        c.load(fresh)
+        for k in parts:
+            self.assertTrue(torch.equal(fresh[k], parts[k]), k)
+        self.assertTrue(flat.is_shared())
+
+    def test_shards_and_strict(self):
+        full = torch.arange(6 * 8, dtype=torch.int32).view(6, 8)
+        c = self.client("shards")
+        # "m": rows 0-2 as a box shard; "m2": rows 3-5 as a flat shard (elements 24..47).
+        c.save(1, {"m": ckptd.Shard(full[0:3].clone(), (6, 8), (0, 0)),
+                   "m2": ckptd.FlatShard(full[3:6].clone().view(-1), (6, 8), 24)})
+        c.wait(1, "committed", timeout=30)
+        # Load a column block of "m", a box and a flat range of "m2", and (strict=False) a tensor
+        # the step does not have.
+        block = torch.zeros(3, 4, dtype=torch.int32)
+        rows = torch.zeros(2, 8, dtype=torch.int32)
+        run = torch.zeros(10, dtype=torch.int32)
+        unknown = torch.full((2,), 7, dtype=torch.int32)
+        c2 = self.client("shards")
+        c2.load({"m": ckptd.Shard(block, (6, 8), (0, 2)),
+                 "m2": ckptd.Shard(rows, (6, 8), (4, 0)),
+                 "nope": unknown}, strict=False)
+        self.assertTrue(torch.equal(block, full[0:3, 2:6]))
+        self.assertTrue(torch.equal(rows, full[4:6]))
+        self.assertEqual(c2.last_load.missing, ["nope"])
+        self.assertTrue(torch.equal(unknown, torch.full((2,), 7, dtype=torch.int32)))
+        c2.load({"m2": ckptd.FlatShard(run, (6, 8), 27)})
+        self.assertTrue(torch.equal(run, full.view(-1)[27:37]))
+        self.assertError("NOT_FOUND", c2.load, {"nope": unknown}, contains=("nope",))
+        # Bytes the step does not hold are an error, never silently left as they were.
+        with self.assertRaises(ckptd.Error) as cm:
+            c2.load({"m": torch.zeros(6, 8, dtype=torch.int32)})
+        self.assertIn("'m'", str(cm.exception))
+
+    def test_reregister_when_memory_changes(self):
+        c = self.client("rereg")
+        a = torch.ones(100)
+        c.save(1, {"t": a})
+        c.wait_snapshot()
+        c.save(2, {"t": torch.full((100,), 2.0)})       # another tensor under the same name
+        c.wait_snapshot()
+        a.data = torch.full((100,), 3.0)                 # same object, new memory
+        c.save(3, {"t": a})
+        c.wait(3, "committed", timeout=30)
+        for step, value in ((1, 1.0), (2, 2.0), (3, 3.0)):
+            out = torch.zeros(100)
+            c.load({"t": out}, step=step)
+            self.assertTrue(torch.equal(out, torch.full((100,), value)), step)
+
+    def test_checkpointer_shard_fn(self):
+        import ckptd.torch
+        # Two tensor-parallel ranks (in this process) each hold half of the rows of "proj".
+        torch.manual_seed(3)
+        full = torch.nn.Linear(6, 8)
+        halves = []
+        for r in range(2):
+            m = torch.nn.Linear(6, 4)
+            with torch.no_grad():
+                m.weight.copy_(full.weight[4 * r:4 * r + 4])
+                m.bias.copy_(full.bias[4 * r:4 * r + 4])
+            halves.append(m)
+
+        def shard_fn_for(r):
+            def shard_fn(name, t):
+                if t.dim() >= 1 and t.shape[0] == 4:   # weight, bias and their Adam moments
+                    return ckptd.Shard(t, (8,) + tuple(t.shape[1:]), (4 * r,) + (0,) * (t.dim() - 1))
+                return t                                # the replicated step counter
+            return shard_fn
+
+        x = torch.randn(3, 6)
+        for r, m in enumerate(halves):
+            opt = torch.optim.Adam(m.parameters(), lr=0.01)
+            m(x).pow(2).sum().backward()
+            opt.step()
+            ck = ckptd.torch.Checkpointer(self.client("tp", rank=r, world_size=2), m, opt,
+                                          shard_fn=shard_fn_for(r))
+            ck.save(1)
+            ck.fence()
+            if r == 1:
+                ck.client.wait(1, "committed", timeout=30)
+            halves[r] = (m, opt)
+
+        # One rank loads everything, with a fresh optimizer: state tensors come from metadata.
+        whole = torch.nn.Linear(6, 8)
+        opt = torch.optim.Adam(whole.parameters(), lr=0.5)
+        ck = ckptd.torch.Checkpointer(self.client("tp"), whole, opt)
+        self.assertEqual(ck.load(), 1)
+        self.assertEqual(opt.param_groups[0]["lr"], 0.01)
+        self.assertTrue(torch.equal(whole.weight, torch.cat([halves[0][0].weight,
+                                                             halves[1][0].weight])))
+        st = opt.state[whole.weight]
+        self.assertTrue(torch.equal(st["exp_avg"], torch.cat(
+            [halves[r][1].state[halves[r][0].weight]["exp_avg"] for r in range(2)])))
+        self.assertTrue(torch.equal(opt.state[whole.bias]["exp_avg_sq"], torch.cat(
+            [halves[r][1].state[halves[r][0].bias]["exp_avg_sq"] for r in range(2)])))
+
+    def test_context_manager(self):
+        with self.daemon.client("ctx") as c:
+            self.assertIsNone(c.latest())
+        e = self.assertError("CANCELLED", c.latest)
+        self.assertIn("closed", str(e))
+        c.close()  # idempotent
+
+    def test_gil_released_while_waiting(self):
+        c = self.client("gil", rank=0, world_size=2)
+        c.save(7, {"t": torch.ones(8)})  # rank 1 never saves: step 7 cannot commit
+        done = []
+
+        def waiter():
+            try:
+                c.wait(7, "committed", timeout=1)
+            except ckptd.Error as e:
+                done.append(e.code)
+
+        th = threading.Thread(target=waiter)
+        th.start()
+        # The main thread keeps running Python (and the same client answers) meanwhile.
+        self.assertIsNone(c.latest())
+        c.wait(7, "captured", timeout=30)
+        counted = sum(range(10000))
+        self.assertTrue(th.is_alive())
+        th.join(10)
+        self.assertFalse(th.is_alive())
+        self.assertEqual(done, ["DEADLINE_EXCEEDED"])
+        self.assertEqual(counted, 49995000)
+
+
+class DeadDaemonTest(unittest.TestCase):
+    def test_daemon_killed(self):
+        d = util.Daemon().start()
+        self.addCleanup(d.cleanup)
+        c = d.client("dies", rank=0, world_size=2)
+        self.addCleanup(c.close)
+        t = torch.ones(1024)
+        c.save(1, {"t": t})
+        c.wait(1, "captured", timeout=30)
+        errors = []
+
+        def blocked():
+            try:
+                c.wait(1, "committed")  # rank 1 never saves, no timeout: only the daemon's
+            except ckptd.Error as e:  # death ends this call
+                errors.append(e)
+
+        th = threading.Thread(target=blocked)
+        th.start()
+        self.assertIsNone(c.wait(1, "captured", timeout=10))  # the connection works meanwhile
+        d.kill()
+        th.join(10)
+        self.assertFalse(th.is_alive(), "a call hung on a dead daemon")
+        self.assertEqual(len(errors), 1)
+        self.assertEqual(errors[0].code, "UNAVAILABLE", str(errors[0]))
+        t0 = time.monotonic()
+        with self.assertRaises(ckptd.Error) as cm:
+            c.save(2, {"t": t})
+        self.assertEqual(cm.exception.code, "UNAVAILABLE")
+        self.assertIn("lost", str(cm.exception))
+        with self.assertRaises(ckptd.Error) as cm:
+            c.latest()
+        self.assertEqual(cm.exception.code, "UNAVAILABLE")
+        self.assertLess(time.monotonic() - t0, 5)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

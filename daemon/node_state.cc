@@ -45,6 +45,28 @@ NodeState::Step* NodeState::FindStep(const std::string& job, uint64_t step) {
   return s == j->second.steps.end() ? nullptr : &s->second;
 }
 
+size_t NodeState::ActiveSteps(const Job& job) {
+  size_t n = 0;
+  for (const auto& [step, s] : job.steps) n += !Terminal(s.state) && !s.deferred ? 1 : 0;
+  return n;
+}
+
+void NodeState::StartDeferred(const std::string& job_name) {
+  auto j = jobs_.find(job_name);
+  if (j == jobs_.end()) return;
+  for (auto& [n, s] : j->second.steps) {
+    if (ActiveSteps(j->second) >= config_.max_steps_in_flight) return;
+    if (!s.deferred) continue;
+    s.deferred = false;
+    if (Terminal(s.state)) continue;  // aborted while waiting
+    if (!s.deferred_captures.empty() && s.state == ckptd::v1::STEP_STATE_PENDING) {
+      SetState(s, ckptd::v1::STEP_STATE_CAPTURING);
+    }
+    for (auto& c : s.deferred_captures) capture_->Submit(std::move(c));
+    s.deferred_captures.clear();
+  }
+}
+
 Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
   const std::string ctx = "job '" + req.job + "' step " + std::to_string(req.step) + " rank " +
                           std::to_string(req.rank);
@@ -55,26 +77,28 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
   Job& job = jobs_[req.job];
   auto it = job.steps.find(req.step);
   if (it == job.steps.end()) {
-    size_t in_flight = 0;
     uint64_t newest = 0;
     for (const auto& [n, s] : job.steps) {
-      if (!Terminal(s.state)) ++in_flight;
       if (s.state == ckptd::v1::STEP_STATE_COMMITTED) newest = std::max(newest, n);
-    }
-    if (in_flight >= config_.max_steps_in_flight) {
-      return ResourceExhausted(ctx + ": " + std::to_string(in_flight) +
-                               " steps of this job are already in flight (limit " +
-                               std::to_string(config_.max_steps_in_flight) +
-                               "); call wait_snapshot before saving again");
     }
     if (newest != 0 && req.step <= newest) {
       return FailedPrecondition(ctx + ": step is not newer than committed step " +
                                 std::to_string(newest));
     }
+    size_t deferred = 0;
+    for (const auto& [n, s] : job.steps) deferred += s.deferred ? 1 : 0;
+    if (deferred >= config_.max_steps_deferred) {
+      return ResourceExhausted(ctx + ": " + std::to_string(deferred) +
+                               " saves of this job are already waiting for older steps to "
+                               "commit; call wait_snapshot before saving again");
+    }
     Step fresh;
     fresh.job = req.job;
     fresh.step = req.step;
     fresh.world_size = req.world_size;
+    // Beyond max_steps_in_flight the step is accepted but its captures wait (the trainer feels
+    // it in wait_snapshot, like pool backpressure) until an older step ends.
+    fresh.deferred = ActiveSteps(job) >= config_.max_steps_in_flight;
     it = job.steps.emplace(req.step, std::move(fresh)).first;
     Step& s = it->second;
     s.timeout = std::make_unique<boost::asio::steady_timer>(io_, config_.step_timeout);
@@ -138,6 +162,10 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
     post([this, j, n, r, st] { OnRankPersisted(j, n, r, st); });
   };
   s.ranks[req.rank] = RankSave{req.session_id, req.pid, capture, std::move(req.extra)};
+  if (s.deferred) {
+    s.deferred_captures.push_back(std::move(capture));
+    return SaveOutcome{};
+  }
   if (s.state == ckptd::v1::STEP_STATE_PENDING) SetState(s, ckptd::v1::STEP_STATE_CAPTURING);
   capture_->Submit(std::move(capture));
   return SaveOutcome{};
@@ -210,6 +238,17 @@ void NodeState::SetState(Step& s, StepState state) {
   if (Terminal(state) && s.timeout) s.timeout->cancel();
   Publish(s);
   ResolveWaiters(s);
+  if (Terminal(state)) {
+    // Deferred captures of a failed step never started: they hold no files, nothing to wait for.
+    for (auto& c : s.deferred_captures) {
+      auto it = s.ranks.find(c->rank);
+      if (it != s.ranks.end()) it->second.finished = true;
+    }
+    s.deferred_captures.clear();
+    boost::asio::post(io_, [this, alive = alive_, job = s.job] {
+      if (*alive) StartDeferred(job);
+    });
+  }
 }
 
 void NodeState::FailStep(Step& s, StepState state, const std::string& reason) {

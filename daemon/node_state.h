@@ -12,6 +12,8 @@
 //   * a rank whose session ends before its capture completed aborts the step, naming the rank;
 //     a rank that already captured is persisted and committed without its trainer;
 //   * a step some rank never saves is aborted after step_timeout, naming the missing ranks;
+//   * at most max_steps_in_flight steps per job capture or persist at once; a newer save is
+//     accepted but its capture waits until an older step ends (felt in wait_snapshot);
 //   * a failed or aborted step is never committed: its captures are cancelled and, once every
 //     capture job has let go of its files, its directory is removed; older steps are untouched.
 #pragma once
@@ -52,7 +54,8 @@ class NodeState {
     std::string storage_root;
     std::chrono::milliseconds step_timeout{std::chrono::minutes(10)};
     uint64_t capture_throttle_bytes_per_second = 0;
-    uint32_t max_steps_in_flight = 16;  // per job
+    uint32_t max_steps_in_flight = 4;   // per job, capturing or persisting; more wait
+    uint32_t max_steps_deferred = 64;   // per job, waiting to start; more are refused
     size_t finished_steps_kept = 64;    // per job, for late waits
   };
   using Done = std::function<void(Status)>;
@@ -121,11 +124,15 @@ class NodeState {
     std::unique_ptr<boost::asio::steady_timer> timeout;
     bool committing = false;
     bool cleanup_posted = false;
+    bool deferred = false;  // accepted, captures not started: too many older steps in flight
+    std::vector<std::shared_ptr<CaptureJob>> deferred_captures;
   };
   struct Job {
     std::map<uint64_t, Step> steps;  // in flight and recently finished
     std::vector<std::weak_ptr<EventSink>> sinks;
   };
+  static size_t ActiveSteps(const Job& job);
+  void StartDeferred(const std::string& job);
 
   static bool Terminal(ckptd::v1::StepState s);
   Step* FindStep(const std::string& job, uint64_t step);

@@ -135,6 +135,7 @@ class Checkpointer:
         self.copy_buffers = copy_buffers
         self._staging = {}              # buffer name -> its shared staging copy
         self.loaded_extra_state = None
+        self.last_restore = None        # {step, bytes_from_memory, bytes_from_storage} of load()
         self.last_error = None          # the last wait_snapshot failure the hook swallowed
         self._snapshot_pending = False
         self._hook_handle = None
@@ -319,6 +320,8 @@ class Checkpointer:
         # this also brings back the rank's extra blob.
         tensors, _ = self._model_state()
         extra = self.client.load(self._shard(tensors), step=step, strict=strict)
+        from_memory = self.client.last_load.bytes_from_memory
+        from_storage = self.client.last_load.bytes_from_storage
         try:
             meta = pickle.loads(extra)
         except Exception as e:  # noqa: BLE001 - anything unpicklable is the same problem
@@ -333,6 +336,11 @@ class Checkpointer:
         opt_tensors = self._restore_optimizer(meta["optimizer"])
         if opt_tensors:
             self.client.load(self._shard(opt_tensors), step=step, strict=strict)
+            from_memory += self.client.last_load.bytes_from_memory
+            from_storage += self.client.last_load.bytes_from_storage
+        # Where the restore came from: the daemon's memory (hot) or storage.
+        self.last_restore = {"step": step, "bytes_from_memory": from_memory,
+                             "bytes_from_storage": from_storage}
         self.loaded_extra_state = meta["extra_state"]
         es = self.extra_state
         if es is not None and hasattr(es, "load") and callable(es.load):

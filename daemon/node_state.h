@@ -54,7 +54,7 @@ class NodeState {
     std::string storage_root;
     std::chrono::milliseconds step_timeout{std::chrono::minutes(10)};
     uint64_t capture_throttle_bytes_per_second = 0;
-    uint32_t max_steps_in_flight = 4;   // per job, capturing or persisting; more wait
+    uint32_t max_steps_in_flight = 32;  // per job, capturing or persisting; more wait
     uint32_t max_steps_deferred = 64;   // per job, waiting to start; more are refused
     size_t finished_steps_kept = 64;    // per job, for late waits
   };

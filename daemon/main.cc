@@ -23,6 +23,7 @@
 #include "daemon/load_service.h"
 #include "daemon/local_server.h"
 #include "daemon/node_state.h"
+#include "daemon/systemd_notify.h"
 #include "daemon/task_pool.h"
 #include "daemon/version.h"
 
@@ -78,6 +79,10 @@ int RunDaemon(const DaemonConfig& config) {
                   "omit --coordinator",
                   config.coordinator);
     return 2;
+  }
+  if (!config.admin.empty()) {
+    spdlog::warn("--admin {}: the gRPC admin endpoint is not served by this version of ckptd",
+                 config.admin);
   }
   RaiseFileLimit();
   auto faults = FaultsFromEnv();
@@ -153,6 +158,7 @@ int RunDaemon(const DaemonConfig& config) {
     return 1;
   }
   spdlog::info("ready");
+  NotifySystemd("READY=1\nSTATUS=serving on " + config.socket);
 
   boost::asio::signal_set signals(io, SIGTERM, SIGINT);
   boost::asio::steady_timer deadline(io);
@@ -162,6 +168,7 @@ int RunDaemon(const DaemonConfig& config) {
     stopping = true;
     spdlog::info("signal {}: draining (stop accepting, finish in-flight steps within {} ms)",
                  signo, config.shutdown_timeout.count());
+    NotifySystemd("STOPPING=1\nSTATUS=draining in-flight steps");
     server.Stop(false);
     node.Drain([&] {
       spdlog::info("drained: no step in flight");

@@ -126,13 +126,12 @@ void Session::HandleHello(uint64_t id, const ckptd::v1::Hello& hello) {
     SendError(id, FailedPrecondition("Hello sent twice on one connection"));
     return;
   }
-  Status st;
+  Status st = ValidateJobName(hello.job());
   if (hello.protocol_version() != kProtocolVersion) {
     st = FailedPrecondition("client speaks protocol version " +
                             std::to_string(hello.protocol_version()) + "; this daemon speaks " +
                             std::to_string(kProtocolVersion));
-  } else if (st = ValidateJobName(hello.job()); !st.ok()) {
-  } else if (hello.world_size() == 0 || hello.rank() >= hello.world_size()) {
+  } else if (st.ok() && (hello.world_size() == 0 || hello.rank() >= hello.world_size())) {
     st = InvalidArgument("rank " + std::to_string(hello.rank()) + " is not below world size " +
                          std::to_string(hello.world_size()));
   }

@@ -28,4 +28,12 @@ Result<DTypeInfo> LookupDType(std::string_view name) {
   return InvalidArgument("unknown dtype '" + std::string(name) + "' (known: " + known + ")");
 }
 
+Result<uint64_t> ByteSize(uint64_t numel, const DTypeInfo& dtype) {
+  if (numel > UINT64_MAX / dtype.element_size) {
+    return InvalidArgument(std::to_string(numel) + " elements of " + std::string(dtype.name) +
+                           " do not fit in 64-bit byte offsets");
+  }
+  return numel * dtype.element_size;
+}
+
 }  // namespace ckpt

@@ -22,4 +22,7 @@ std::span<const DTypeInfo> AllDTypes();
 // Looks a dtype up by its PyTorch name; kInvalidArgument naming the bad name otherwise.
 Result<DTypeInfo> LookupDType(std::string_view name);
 
+// numel × element size; kInvalidArgument when it does not fit in 64 bits.
+Result<uint64_t> ByteSize(uint64_t numel, const DTypeInfo& dtype);
+
 }  // namespace ckpt

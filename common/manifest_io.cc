@@ -90,7 +90,7 @@ Status ValidateTensor(const ckptd::v1::TensorEntry& t, uint32_t world_size) {
     const auto& s = t.shards(i);
     const std::string sctx = ctx + " shard " + std::to_string(i);
     ASSIGN_OR_RETURN(ShardGeometry g, GeometryFromProto(s.geometry(), shape), sctx);
-    const uint64_t expect = g.numel() * dtype.element_size;
+    ASSIGN_OR_RETURN(const uint64_t expect, ByteSize(g.numel(), dtype), sctx);
     if (s.length() != expect) {
       return InvalidArgument(sctx + ": length " + std::to_string(s.length()) + " but " +
                              g.ToString() + " of " + std::string(dtype.name) + " is " +

@@ -1,5 +1,6 @@
 #include "common/names.h"
 
+#include <cstdint>
 #include <cstdio>
 
 namespace ckpt {
@@ -30,7 +31,8 @@ Status ValidatePathComponent(std::string_view what, std::string_view s, size_t m
 
 std::string EscapeForLog(std::string_view s) {
   std::string out;
-  for (size_t i = 0; i < s.size() && out.size() < 80; ++i) {
+  size_t i = 0;
+  for (; i < s.size() && out.size() < 80; ++i) {
     unsigned char c = static_cast<unsigned char>(s[i]);
     if (c < 0x20 || c >= 0x7f || c == '\\') {
       char buf[8];
@@ -40,7 +42,7 @@ std::string EscapeForLog(std::string_view s) {
       out += static_cast<char>(c);
     }
   }
-  if (out.size() >= 80 && s.size() > 80) out += "...";
+  if (i < s.size()) out += "...";
   return out;
 }
 
@@ -59,12 +61,36 @@ Status ValidateTensorName(std::string_view name) {
                            std::to_string(name.size()) + " bytes; the limit is " +
                            std::to_string(kMaxTensorNameLength));
   }
-  for (char ch : name) {
-    unsigned char c = static_cast<unsigned char>(ch);
-    if (c < 0x20 || c == 0x7f) {
+  // Printable UTF-8: well-formed sequences (no overlongs, surrogates or code points past
+  // U+10FFFF), and no C0/C1 control characters or DEL.
+  const auto* p = reinterpret_cast<const unsigned char*>(name.data());
+  const auto* end = p + name.size();
+  while (p < end) {
+    uint32_t cp;
+    int extra;
+    if (*p < 0x80) cp = *p, extra = 0;
+    else if ((*p & 0xe0) == 0xc0) cp = *p & 0x1f, extra = 1;
+    else if ((*p & 0xf0) == 0xe0) cp = *p & 0x0f, extra = 2;
+    else if ((*p & 0xf8) == 0xf0) cp = *p & 0x07, extra = 3;
+    else return InvalidArgument("tensor name '" + EscapeForLog(name) + "' is not valid UTF-8");
+    if (end - p <= extra) {
+      return InvalidArgument("tensor name '" + EscapeForLog(name) + "' is not valid UTF-8");
+    }
+    for (int k = 1; k <= extra; ++k) {
+      if ((p[k] & 0xc0) != 0x80) {
+        return InvalidArgument("tensor name '" + EscapeForLog(name) + "' is not valid UTF-8");
+      }
+      cp = (cp << 6) | (p[k] & 0x3f);
+    }
+    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[extra] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) {
+      return InvalidArgument("tensor name '" + EscapeForLog(name) + "' is not valid UTF-8");
+    }
+    if (cp < 0x20 || (cp >= 0x7f && cp <= 0x9f)) {
       return InvalidArgument("tensor name '" + EscapeForLog(name) +
                              "' contains a control character");
     }
+    p += extra + 1;
   }
   return Status::Ok();
 }

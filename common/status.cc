@@ -1,6 +1,7 @@
 #include "common/status.h"
 
 #include <cstring>
+#include <string>
 
 namespace ckpt {
 
@@ -42,6 +43,9 @@ std::string Status::ToString() const {
   std::string s(StatusCodeName(code_));
   s += ": ";
   s += message_;
+  if (errno_ != 0 && message_.find("errno " + std::to_string(errno_)) == std::string::npos) {
+    s += " (errno " + std::to_string(errno_) + ", " + std::strerror(errno_) + ")";
+  }
   return s;
 }
 

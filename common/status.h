@@ -60,7 +60,8 @@ class [[nodiscard]] Status {
   Status WithContext(std::string_view context) const&;
   Status WithContext(std::string_view context) &&;
 
-  // "INVALID_ARGUMENT: message (errno 28, No space left on device)".
+  // "INVALID_ARGUMENT: message", plus " (errno N, strerror)" when the status carries an errno
+  // that its message does not already name (ErrnoStatus messages do).
   std::string ToString() const;
 
   void IgnoreError() const {}
@@ -71,9 +72,10 @@ class [[nodiscard]] Status {
   int errno_ = 0;
 };
 
-// Status for a failed system call: the code follows errno (ENOSPC/EDQUOT/EMFILE →
-// kResourceExhausted, ENOENT → kNotFound, EACCES/EPERM → kPermissionDenied, others →
-// kInternal); the message is "what: strerror(err)"; the errno is kept.
+// Status for a failed system call: the code follows errno (ENOSPC/EDQUOT/EMFILE/ENFILE/ENOMEM →
+// kResourceExhausted, ENOENT → kNotFound, EACCES/EPERM → kPermissionDenied, EEXIST →
+// kAlreadyExists, EINVAL → kInvalidArgument, ETIMEDOUT → kDeadlineExceeded, others →
+// kInternal); the message is "what: strerror(err) (errno N at file:line)"; the errno is kept.
 Status ErrnoStatus(int err, std::string_view what, const char* file = __builtin_FILE(),
                    int line = __builtin_LINE());
 

@@ -38,12 +38,16 @@ Result<uint64_t> ParseByteSize(std::string_view text) {
       {"M", 1048576.0}, {"MiB", 1048576.0}, {"MB", 1e6},
       {"G", 1073741824.0}, {"GiB", 1073741824.0}, {"GB", 1e9},
       {"T", 1099511627776.0}, {"TiB", 1099511627776.0}, {"TB", 1e12},
+      {"P", 1125899906842624.0}, {"PiB", 1125899906842624.0}, {"PB", 1e15},
   };
   for (const auto& u : kUnits) {
     if (suffix == u.name) {
-      double bytes = n * u.factor;
-      if (bytes > 1.8e19) return InvalidArgument("size '" + std::string(text) + "' is too large");
-      return static_cast<uint64_t>(std::llround(bytes));
+      const double bytes = std::round(n * u.factor);
+      // 2^64 is exactly representable; anything at or above it does not fit.
+      if (bytes >= 18446744073709551616.0) {
+        return InvalidArgument("size '" + std::string(text) + "' is too large");
+      }
+      return static_cast<uint64_t>(bytes);
     }
   }
   return InvalidArgument("unknown size unit '" + suffix + "' in '" + std::string(text) +
@@ -61,7 +65,9 @@ Result<std::chrono::milliseconds> ParseDuration(std::string_view text) {
   else if (suffix == "s" || suffix.empty()) ms = n * 1e3;
   else if (suffix == "m" || suffix == "min") ms = n * 60e3;
   else if (suffix == "h") ms = n * 3600e3;
-  else return InvalidArgument("unknown duration unit '" + suffix + "' (use ms, s, m, h)");
+  else return InvalidArgument("unknown duration unit '" + suffix + "' in '" + std::string(text) +
+                              "' (use ms, s, m, h)");
+  if (ms >= 9.2e18) return InvalidArgument("duration '" + std::string(text) + "' is too long");
   return std::chrono::milliseconds(static_cast<int64_t>(std::llround(ms)));
 }
 

@@ -61,7 +61,7 @@ Result<std::shared_ptr<const CapturePlan>> BuildCapturePlan(
     ASSIGN_OR_RETURN(DTypeInfo dtype, LookupDType(spec.dtype()), ctx);
     Shape shape(spec.global_shape().begin(), spec.global_shape().end());
     ASSIGN_OR_RETURN(ShardGeometry geometry, GeometryFromProto(spec.geometry(), shape), ctx);
-    const uint64_t expect = geometry.numel() * dtype.element_size;
+    ASSIGN_OR_RETURN(const uint64_t expect, ByteSize(geometry.numel(), dtype), ctx);
     if (!spec.has_host()) {
       return Unimplemented(ctx + ": only host memory is supported by this daemon build");
     }

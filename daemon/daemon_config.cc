@@ -94,6 +94,9 @@ std::vector<Option> Options() {
          while (std::getline(ss, item, ',')) {
            if (item.empty()) continue;
            ASSIGN_OR_RETURN(uint64_t uid, ParseUint("allowed-uids", item));
+           if (uid >= UINT32_MAX) {  // uid_t is 32 bits; (uid_t)-1 means "no uid"
+             return InvalidArgument("allowed-uids: " + item + " is not a valid uid");
+           }
            c.allowed_uids.push_back(static_cast<uint32_t>(uid));
          }
          return Status::Ok();
@@ -143,6 +146,17 @@ Status Validate(DaemonConfig& c) {
   return Status::Ok();
 }
 
+// A size that reads back exactly: "8GiB" when it is a whole number of a binary unit, else bytes.
+std::string ExactSize(uint64_t bytes) {
+  static constexpr std::pair<uint64_t, const char*> kUnits[] = {
+      {1ull << 40, "TiB"}, {1ull << 30, "GiB"}, {1ull << 20, "MiB"}, {1ull << 10, "KiB"}};
+  if (bytes == 0) return "0";
+  for (const auto& [unit, name] : kUnits) {
+    if (bytes % unit == 0) return std::to_string(bytes / unit) + name;
+  }
+  return std::to_string(bytes);
+}
+
 }  // namespace
 
 std::string DaemonConfig::ToYaml() const {
@@ -152,18 +166,18 @@ std::string DaemonConfig::ToYaml() const {
   out << YAML::Key << "socket-mode" << YAML::Value << socket_mode;
   out << YAML::Key << "admin" << YAML::Value << admin;
   out << YAML::Key << "storage-root" << YAML::Value << storage_root;
-  out << YAML::Key << "host-pool" << YAML::Value << FormatBytes(host_pool);
+  out << YAML::Key << "host-pool" << YAML::Value << ExactSize(host_pool);
   out << YAML::Key << "node-id" << YAML::Value << node_id;
   out << YAML::Key << "coordinator" << YAML::Value << coordinator;
   out << YAML::Key << "keep" << YAML::Value << keep;
-  out << YAML::Key << "slot-size" << YAML::Value << FormatBytes(slot_size);
-  out << YAML::Key << "checksum-chunk" << YAML::Value << FormatBytes(checksum_chunk);
+  out << YAML::Key << "slot-size" << YAML::Value << ExactSize(slot_size);
+  out << YAML::Key << "checksum-chunk" << YAML::Value << ExactSize(checksum_chunk);
   out << YAML::Key << "capture-threads" << YAML::Value << capture_threads;
   out << YAML::Key << "flush-threads" << YAML::Value << flush_threads;
   out << YAML::Key << "step-timeout" << YAML::Value << std::to_string(step_timeout.count()) + "ms";
   out << YAML::Key << "shutdown-timeout" << YAML::Value
       << std::to_string(shutdown_timeout.count()) + "ms";
-  out << YAML::Key << "capture-throttle" << YAML::Value << capture_throttle;
+  out << YAML::Key << "capture-throttle" << YAML::Value << ExactSize(capture_throttle);
   std::string uids;
   for (uint32_t u : allowed_uids) uids += (uids.empty() ? "" : ",") + std::to_string(u);
   out << YAML::Key << "allowed-uids" << YAML::Value << uids;

@@ -77,16 +77,26 @@ void HotCache::InsertRead(const std::string& job, uint64_t step, const std::stri
   std::lock_guard lock(mu_);
   auto newer = steps_.upper_bound({job, step});
   if (newer != steps_.end() && newer->first.first == job) return;
-  StepEntry& e = steps_[{job, step}];
-  e.last_use = ++clock_;
-  auto& windows = e.files[file];
-  auto it = windows.find(start);
-  if (it == windows.end()) {
+  Window* window = nullptr;
+  auto existing = steps_.find({job, step});
+  if (existing != steps_.end()) {
+    auto f = existing->second.files.find(file);
+    if (f != existing->second.files.end()) {
+      auto w = f->second.find(start);
+      if (w != f->second.end()) window = &w->second;
+    }
+  }
+  if (window == nullptr) {
+    // Take a slot first, so that a full pool leaves no empty entry behind.
     auto slots = pool_->TryAcquireMany(1, /*reclaim=*/false);
     if (!slots) return;  // no room right now: the load still succeeds, just uncached
-    it = windows.emplace(start, Window{(*slots)[0], {}}).first;
+    DropOlderLocked(job, step);
+    window = &steps_[{job, step}].files[file].emplace(start, Window{(*slots)[0], {}}).first->second;
     ++resident_slots_;
   }
+  StepEntry& e = steps_[{job, step}];
+  e.last_use = ++clock_;
+  auto it = e.files[file].find(start);
   std::memcpy(pool_->slot_data(it->second.slot) + (offset - start), data, length);
   AddValid(it->second, offset - start, offset - start + length);
 }

@@ -4,7 +4,6 @@
 #include <cstring>
 #include <thread>
 
-#include "common/checksum.h"
 #include "common/logging.h"
 
 namespace ckpt {
@@ -51,15 +50,27 @@ void CaptureEngine::Run() {
 }
 
 Status CaptureEngine::CaptureSlot(CaptureJob& job, const Slot& slot, std::byte* dst) {
+  // Consecutive pieces of one shard are contiguous in both the trainer's memory and the slot:
+  // copy each such run with one call (one memcpy of up to a slot). Checksums are computed by
+  // the flush thread, off the path that wait_snapshot waits for.
   uint64_t cursor = 0;
-  for (const SlotPiece& piece : slot.pieces) {
-    if (piece.slot_offset > cursor) std::memset(dst + cursor, 0, piece.slot_offset - cursor);
-    const RegisteredTensor& tensor = job.plan->tensors[piece.shard];
-    std::byte* out = dst + piece.slot_offset;
-    Status s = tensor.memory->CopyOut(piece.shard_offset, out, piece.length);
+  const auto& pieces = slot.pieces;
+  for (size_t i = 0; i < pieces.size();) {
+    const SlotPiece& first = pieces[i];
+    uint64_t length = first.length;
+    size_t j = i + 1;
+    while (j < pieces.size() && pieces[j].shard == first.shard &&
+           pieces[j].shard_offset == first.shard_offset + length &&
+           pieces[j].slot_offset == first.slot_offset + length) {
+      length += pieces[j].length;
+      ++j;
+    }
+    if (first.slot_offset > cursor) std::memset(dst + cursor, 0, first.slot_offset - cursor);
+    const RegisteredTensor& tensor = job.plan->tensors[first.shard];
+    Status s = tensor.memory->CopyOut(first.shard_offset, dst + first.slot_offset, length);
     if (!s.ok()) return s.WithContext("tensor '" + tensor.name + "'");
-    job.checksums[piece.shard][piece.chunk_index] = Xxh3(out, piece.length);
-    cursor = piece.slot_offset + piece.length;
+    cursor = first.slot_offset + length;
+    i = j;
   }
   if (slot.length > cursor) std::memset(dst + cursor, 0, slot.length - cursor);
   return Status::Ok();

@@ -3,8 +3,10 @@
 //
 // A job is captured slot by slot in file order by one thread (a single-thread memcpy already
 // outruns storage ~10×, and several ranks are captured in parallel by the pool of threads).
-// Each slot is checksummed in the same pass and handed to the FlushEngine at once, so capture
-// and write overlap; a shard larger than the pool simply streams through it. When the pool is
+// Each slot is handed to the FlushEngine as soon as it is copied, so capture and write overlap;
+// a shard larger than the pool simply streams through it. The copy is the only work on the
+// path wait_snapshot waits for: checksums are computed by the flush threads (measured: copy +
+// XXH3 in one pass ran at 0.38–0.57 of memcpy on the 2-core machines, copy alone 0.65–0.79). When the pool is
 // full the thread waits in HostPool::Acquire — that wait is the backpressure that reaches
 // wait_snapshot — unless the job is cancelled (trainer died, step aborted).
 //

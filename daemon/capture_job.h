@@ -2,11 +2,12 @@
 //
 //   capture thread:  for each slot of the plan's layout: take a pool slot (waiting for space
 //                    — the backpressure), copy the slot's pieces out of trainer memory,
-//                    checksum them, hand the slot to the flush engine.
-//   flush threads:   write the slot with one aligned pwrite, give the pool slot back.
+//                    hand the slot to the flush engine.
+//   flush threads:   checksum the slot's pieces, write the slot with one aligned pwrite, hand
+//                    the slot to the hot cache (or back to the pool).
 //   whoever finishes last: fdatasync the data file and report the rank persisted.
 //
-// Completion is counted, not polled: `pending_` holds one token for the capture pass and one per
+// Completion is counted, not polled: `pending` holds one token for the capture pass and one per
 // slot in flight to the flush engine; the thread that drops it to zero finalizes. The job's
 // callbacks run on engine threads; the node state posts them onto its own loop.
 #pragma once

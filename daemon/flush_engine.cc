@@ -1,5 +1,6 @@
 #include "daemon/flush_engine.h"
 
+#include "common/checksum.h"
 #include "common/logging.h"
 
 namespace ckpt {
@@ -60,6 +61,12 @@ void FlushEngine::Run() {
     bool adopted = false;
     if (!job.cancelled.load()) {
       const Slot& slot = job.plan->layout.slots[item.slot_index];
+      const std::byte* data = pool_->slot_data(item.pool_slot);
+      // Checksum each piece here rather than during capture: the slot is immutable now, and the
+      // writers wait on storage anyway, so this costs the trainer nothing.
+      for (const SlotPiece& piece : slot.pieces) {
+        job.checksums[piece.shard][piece.chunk_index] = Xxh3(data + piece.slot_offset, piece.length);
+      }
       Status s = job.writer->WriteAt(slot.file_offset, pool_->slot_data(item.pool_slot),
                                      slot.length);
       if (s.ok()) {

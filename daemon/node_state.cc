@@ -167,7 +167,11 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
     return SaveOutcome{};
   }
   if (s.state == ckptd::v1::STEP_STATE_PENDING) SetState(s, ckptd::v1::STEP_STATE_CAPTURING);
-  capture_->Submit(std::move(capture));
+  // Start the capture after this handler returns, i.e. after the session has sent the Save
+  // reply: waking a CPU-bound capture thread first delays the reply on a busy machine.
+  boost::asio::post(io_, [this, alive = alive_, capture = std::move(capture)]() mutable {
+    if (*alive) capture_->Submit(std::move(capture));
+  });
   return SaveOutcome{};
 }
 
@@ -388,17 +392,30 @@ void NodeState::OnSessionClosed(uint64_t session_id, const std::string& job, uin
   }
 }
 
-Result<ckptd::v1::NodeManifest> NodeState::BuildNodeManifest(const Step& s) const {
+namespace {
+
+struct PersistedRank {
+  uint32_t rank;
+  std::shared_ptr<CaptureJob> capture;
+  std::string extra;
+};
+
+// The node manifest of a persisted step. Runs on the storage thread: its cost grows with the
+// number of tensors (tens of ms for 10,000), which must not hold up the loop's replies.
+Result<ckptd::v1::NodeManifest> BuildNodeManifest(const std::string& job_name, uint64_t step,
+                                                  uint32_t world_size, const std::string& node_id,
+                                                  const std::vector<PersistedRank>& ranks) {
   ckptd::v1::NodeManifest m;
   m.set_format_version(kFormatVersion);
-  m.set_job(s.job);
-  m.set_step(s.step);
-  m.set_world_size(s.world_size);
-  m.set_node_id(config_.node_id);
+  m.set_job(job_name);
+  m.set_step(step);
+  m.set_world_size(world_size);
+  m.set_node_id(node_id);
   std::map<std::string, ckptd::v1::TensorEntry*> by_name;
   std::map<std::string, uint32_t> first_rank;
-  for (const auto& [rank, rs] : s.ranks) {
-    const CaptureJob& job = *rs.capture;
+  for (const PersistedRank& pr : ranks) {
+    const uint32_t rank = pr.rank;
+    const CaptureJob& job = *pr.capture;
     const CapturePlan& plan = *job.plan;
     for (size_t i = 0; i < plan.tensors.size(); ++i) {
       const RegisteredTensor& t = plan.tensors[i];
@@ -433,11 +450,13 @@ Result<ckptd::v1::NodeManifest> NodeState::BuildNodeManifest(const Step& s) cons
     }
     auto* r = m.add_ranks();
     r->set_rank(rank);
-    r->set_extra(rs.extra);
-    r->set_node_id(config_.node_id);
+    r->set_extra(pr.extra);
+    r->set_node_id(node_id);
   }
   return m;
 }
+
+}  // namespace
 
 void NodeState::TryCommit(const std::string& job_name) {
   auto j = jobs_.find(job_name);
@@ -446,19 +465,21 @@ void NodeState::TryCommit(const std::string& job_name) {
     if (Terminal(s.state)) continue;
     // The oldest step still in flight decides: later ones wait for it.
     if (s.state != ckptd::v1::STEP_STATE_PERSISTED || s.committing) break;
-    auto manifest = BuildNodeManifest(s);
-    if (!manifest.ok()) {
-      FailStep(s, ckptd::v1::STEP_STATE_FAILED, manifest.status().message());
-      return;  // FailStep re-enters TryCommit
-    }
+    std::vector<PersistedRank> ranks;
+    ranks.reserve(s.ranks.size());
+    for (const auto& [rank, rs] : s.ranks) ranks.push_back({rank, rs.capture, rs.extra});
     s.committing = true;
-    storage_->Post([this, alive = alive_, job = s.job, step = s.step,
-                    node = std::move(manifest).value()] {
+    storage_->Post([this, alive = alive_, job = s.job, step = s.step, world_size = s.world_size,
+                    ranks = std::move(ranks)] {
       const std::string step_dir = StepDir(commit_->config().storage_root, job, step);
-      Status st = WriteFileAtomically(
-          fs_, JoinPath(step_dir, NodeManifestFileName(node.node_id())), EncodeNodeManifest(node));
-      if (st.ok()) st = commit_->Commit(std::span(&node, 1)).status();
-      if (!st.ok()) {
+      auto node = BuildNodeManifest(job, step, world_size, config_.node_id, ranks);
+      Status st = node.status();
+      if (st.ok()) {
+        st = WriteFileAtomically(fs_, JoinPath(step_dir, NodeManifestFileName(node->node_id())),
+                                 EncodeNodeManifest(*node));
+      }
+      if (st.ok()) st = commit_->Commit(std::span(&*node, 1)).status();
+      if (!st.ok() && node.ok()) {
         // A failure after the MANIFEST rename still leaves a committed step: report the truth.
         auto exists = fs_->Exists(JoinPath(step_dir, std::string(kManifestFileName)));
         if (exists.ok() && *exists) {

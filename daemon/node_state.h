@@ -144,7 +144,6 @@ class NodeState {
   void ResolveWaiters(Step& s);
   void MaybeCleanup(Step& s);
   void TryCommit(const std::string& job);
-  Result<ckptd::v1::NodeManifest> BuildNodeManifest(const Step& s) const;
   void OnCommitted(const std::string& job, uint64_t step, Status status);
   void Publish(const Step& s);
   void Prune(Job& j);

@@ -323,7 +323,7 @@ TEST_CASE("unknown flags are rejected; --help prints usage and returns nullopt",
   CHECK_THAT(captured.str(), Contains("CKPTD_HOST_POOL"));
 }
 
-TEST_CASE("--print-config is recorded", "[daemon_config]") {
+TEST_CASE("daemon config: --print-config is recorded", "[daemon_config]") {
   ScopedEnv env;
   CHECK(LoadOk({"--print-config"}).print_config);
 }
@@ -353,7 +353,7 @@ DaemonConfig NonDefaultConfig() {
                  "warn"});
 }
 
-TEST_CASE("--print-config output is YAML with the same values", "[daemon_config]") {
+TEST_CASE("daemon config: --print-config output is YAML with the same values", "[daemon_config]") {
   const DaemonConfig c = NonDefaultConfig();
   const std::string yaml = c.ToYaml();
   INFO(yaml);
@@ -393,7 +393,7 @@ TEST_CASE("--print-config output is YAML with the same values", "[daemon_config]
   CHECK(str("log-level") == c.log_level);
 }
 
-TEST_CASE("--print-config output fed back as --config gives the same configuration",
+TEST_CASE("daemon config: --print-config output fed back as --config gives the same configuration",
           "[daemon_config]") {
   const DaemonConfig c = NonDefaultConfig();
   ScopedEnv env;
@@ -410,7 +410,7 @@ TEST_CASE("--print-config output fed back as --config gives the same configurati
 // Regression: ToYaml prints sizes through FormatBytes, which keeps one decimal, so any size
 // that is not a multiple of 0.1 of a binary unit does not survive --print-config: host-pool
 // "10GB" (10,000,000,000 bytes) prints as "9.3 GiB" and reads back as 9,985,798,963 bytes.
-TEST_CASE("--print-config keeps sizes that are not round binary units exact",
+TEST_CASE("daemon config: --print-config keeps sizes that are not round binary units exact",
           "[daemon_config]") {
   ScopedEnv env;
   const DaemonConfig c = LoadOk({"--host-pool", "10GB", "--capture-throttle", "1500000000"});

@@ -10,16 +10,17 @@
 //   a. save latency   Register once, then per iteration Save(step) → WaitSnapshot →
 //                     Wait(committed), timing only Save. States of 64 MiB, 256 MiB, 1 GiB
 //                     (4 GiB with --large) in 8 tensors, and 256 MiB in 10, 1,000, 10,000
-//                     tensors (one memfd, many offsets). Baseline: an empty request (Wait on a
-//                     step already committed) — the socket round trip Save cannot beat.
-//                     Goal: p99 < 1 ms, flat in size.
+//                     tensors (one memfd, many offsets). Baseline: an empty request (Wait on the
+//                     step just committed), timed right before each Save — the socket round
+//                     trip Save cannot beat, under the same load. Goal: p99 < 1 ms, flat in size.
 //   b. capture        bytes / (Save → WaitSnapshot) of a 1 GiB state, pool larger than the state
 //                     (no backpressure), vs one single-thread memcpy of the same bytes from the
 //                     same mapping into touched memory, alternated round by round. Goal ≥ 0.8.
 //   c. flush          bytes / (Save → Wait(persisted)) of a 2 GiB state vs fio writing the same
 //                     size into the same directory: O_DIRECT, bs=16M, libaio, iodepth 8,
-//                     end_fsync=1 (bench/storage's invocation; fio preallocates its file), and
-//                     also with --fallocate=none (how ckptd's writer creates files). Goal ≥ 0.9.
+//                     end_fsync=1 (bench/storage's invocation; fio preallocates its file, as
+//                     ckptd's writer does), and for information with --fallocate=none; the
+//                     order alternates round by round. Goal ≥ 0.9.
 //   d. training loop  ≥ 1 GiB of state in one memfd; per step a "forward/backward" of a fixed
 //                     number of FMA passes over a separate 64 MiB buffer (calibrated to
 //                     --compute-ms), the WaitSnapshot fence, an "optimizer step" (8 bytes written
@@ -387,6 +388,13 @@ class ChildProcess {
     return status;
   }
   pid_t pid() const { return pid_; }
+  // True (and reaped) when the child has exited; `status` gets its wait status.
+  bool Exited(int* status) {
+    if (pid_ <= 0) return true;
+    if (::waitpid(pid_, status, WNOHANG) != pid_) return false;
+    pid_ = -1;
+    return true;
+  }
 
  private:
   pid_t pid_ = -1;
@@ -441,21 +449,42 @@ class Daemon {
   Daemon(const Daemon&) = delete;
   Daemon& operator=(const Daemon&) = delete;
 
-  // Connects a rank (the client retries until the daemon listens: the pool is populated first).
+  // Connects a rank. The daemon listens once its pool is populated; until then (at most two
+  // minutes) the client retries, and a daemon that exits instead is reported at once.
   std::unique_ptr<Client> Connect(const std::string& job) {
     ClientOptions options;
     options.socket = socket_;
     options.job = job;
-    options.connect_timeout = std::chrono::milliseconds(120'000);
-    auto client = Client::Connect(options);
-    if (!client.ok()) {
-      throw BenchError("connecting to ckptd at " + socket_ + ": " + client.status().ToString() +
-                       "\n  daemon log " + log_ + ":\n" + FileTail(log_, 20));
+    options.connect_timeout = std::chrono::milliseconds(500);
+    const auto deadline = Clock::now() + std::chrono::minutes(2);
+    while (true) {
+      auto client = Client::Connect(options);
+      if (client.ok()) return std::move(client).value();
+      int status = 0;
+      const bool exited = process_->Exited(&status);
+      if (exited || Clock::now() > deadline) {
+        throw BenchError("connecting to ckptd at " + socket_ + ": " + client.status().ToString() +
+                         (exited ? " (ckptd exited, wait status " + std::to_string(status) + ")"
+                                 : "") +
+                         "\n  daemon log " + log_ + ":\n" + FileTail(log_, 20));
+      }
     }
-    return std::move(client).value();
   }
   const std::string& root() const { return root_; }
   const std::string& log() const { return log_; }
+  // CPU time (user + system) the daemon has used so far, from /proc/PID/stat.
+  double CpuSeconds() const {
+    std::ifstream in("/proc/" + std::to_string(process_->pid()) + "/stat");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t close = text.rfind(')');  // the command name may hold spaces
+    if (close == std::string::npos) return 0;
+    std::istringstream fields(text.substr(close + 2));
+    std::string skip;
+    for (int i = 3; i < 14; ++i) fields >> skip;  // fields 3..13
+    uint64_t utime = 0, stime = 0;
+    fields >> utime >> stime;
+    return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+  }
 
  private:
   std::string socket_, root_, log_;
@@ -743,11 +772,14 @@ void FlushSection(const DaemonOptions& options, uint64_t bytes, int rounds, Repo
   };
   persist_once();  // untimed: maps the state into the daemon
 
+  // The order alternates round by round (the disk is virtual and shared, deletes are discarded
+  // on this mount, so whoever runs first in a round may see a different disk).
   std::vector<double> ck, fio, fio_noalloc;
   for (int r = 0; r < rounds; ++r) {
+    if (r % 2 == 1) ck.push_back(persist_once());
     fio.push_back(FioWriteBytesPerSecond(fio_dir, total, 8, ""));
     fio_noalloc.push_back(FioWriteBytesPerSecond(fio_dir, total, 8, "--fallocate=none"));
-    ck.push_back(persist_once());
+    if (r % 2 == 0) ck.push_back(persist_once());
     std::printf("  round %d: fio %.0f MB/s, fio --fallocate=none %.0f MB/s, ckptd %.0f MB/s\n",
                 r + 1, fio.back() / 1e6, fio_noalloc.back() / 1e6, ck.back() / 1e6);
     std::fflush(stdout);
@@ -795,8 +827,12 @@ class Compute {
   int Calibrate(double target) {
     Pass();
     const auto t0 = Clock::now();
-    Run(3);
-    const double per_pass = SecondsSince(t0) / 3;
+    int passes = 0;
+    while (SecondsSince(t0) < 0.3) {
+      Pass();
+      ++passes;
+    }
+    const double per_pass = SecondsSince(t0) / passes;
     return std::max(1, static_cast<int>(std::lround(target / per_pass)));
   }
   float checksum() const { return data_[12345]; }
@@ -836,23 +872,29 @@ void SyncCheckpoint(const SharedState& state, const std::string& dir, uint64_t s
 enum class Checkpointer { kNone, kCkptd, kSync };
 
 struct LoopResult {
-  double step_s = 0;      // mean step time over the timed steps
-  double stall_s = 0;     // ckptd: total time in WaitSnapshot; sync: total time writing
-  double save_s = 0;      // ckptd: total time in Save
+  double step_s = 0;         // mean step time over the timed steps
+  double compute_s = 0;      // mean time of the compute pass per step
+  double optimizer_s = 0;    // mean time of the optimizer step per step
+  double stall_s = 0;        // ckptd: total time in WaitSnapshot; sync: total time writing
+  double save_s = 0;         // ckptd: total time in Save
+  double save_max_s = 0;     // ckptd: the longest Save
+  double daemon_cpu_s = 0;   // CPU the daemon used during the run
+  int checkpoints = 0;
 };
 
-void TrainingSection(const DaemonOptions& options, uint64_t bytes, double compute_s, int steps,
-                     int every, Report& report) {
-  std::printf("\n== d. synthetic training loop: %s state, compute ~%.0f ms/step, %d steps per "
-              "run; checkpoint every step and every %d steps\n",
-              FormatBytes(bytes).c_str(), compute_s * 1e3, steps, every);
+void TrainingSection(const DaemonOptions& options, uint64_t bytes, uint32_t tensors,
+                     double compute_s, int steps, int every, Report& report) {
+  std::printf("\n== d. synthetic training loop: %s state in %u tensors, compute ~%.0f ms/step; "
+              "checkpoint every step and every %d steps, vs no checkpoint and a synchronous "
+              "save\n",
+              FormatBytes(bytes).c_str(), tensors, compute_s * 1e3, every);
   LoadProbe probe;
   SharedState state(bytes);
   Compute compute;
   const int passes = compute.Calibrate(compute_s);
   Daemon daemon(options, "train", options.host_pool);
   auto client = daemon.Connect("train");
-  Require(client->Register(state.Tensors(8)), "register", daemon);
+  Require(client->Register(state.Tensors(tensors)), "register", daemon);
   const std::string sync_dir = options.work_dir + "/sync";
   std::filesystem::create_directories(sync_dir);
   uint64_t ckpt_step = 0;
@@ -863,29 +905,36 @@ void TrainingSection(const DaemonOptions& options, uint64_t bytes, double comput
   }
   uint64_t sync_step = 0;
 
-  auto run = [&](Checkpointer kind, int interval) {
+  auto run = [&](Checkpointer kind, int interval, int count) {
     LoopResult r;
     bool pending = false;
-    // One untimed step warms caches; then `steps` timed ones. Checkpoints are taken after the
+    const double cpu0 = daemon.CpuSeconds();
+    // One untimed step warms caches; then `count` timed ones. Checkpoints are taken after the
     // optimizer step of steps 0, interval, 2·interval, ... so that each has `interval` steps of
     // compute to hide behind; the fence after the loop (the next optimizer step's) is timed.
     compute.Run(passes);
     OptimizerStep(state, 0);
     const auto t0 = Clock::now();
-    for (int i = 0; i < steps; ++i) {
+    for (int i = 0; i < count; ++i) {
+      const auto c0 = Clock::now();
       compute.Run(passes);  // forward/backward: reads parameters, may overlap the capture
+      r.compute_s += SecondsSince(c0);
       if (pending) {
         const auto w0 = Clock::now();
         Require(client->WaitSnapshot(), "wait_snapshot", daemon);
         r.stall_s += SecondsSince(w0);
         pending = false;
       }
+      const auto o0 = Clock::now();
       OptimizerStep(state, static_cast<uint64_t>(i) + 1);
+      r.optimizer_s += SecondsSince(o0);
       if (kind != Checkpointer::kNone && i % interval == 0) {
+        ++r.checkpoints;
         const auto s0 = Clock::now();
         if (kind == Checkpointer::kCkptd) {
           Require(client->Save(++ckpt_step), "save", daemon);
           r.save_s += SecondsSince(s0);
+          r.save_max_s = std::max(r.save_max_s, SecondsSince(s0));
           pending = true;
         } else {
           SyncCheckpoint(state, sync_dir, ++sync_step);
@@ -898,16 +947,22 @@ void TrainingSection(const DaemonOptions& options, uint64_t bytes, double comput
       Require(client->WaitSnapshot(), "wait_snapshot", daemon);
       r.stall_s += SecondsSince(w0);
     }
-    r.step_s = SecondsSince(t0) / steps;
+    r.step_s = SecondsSince(t0) / count;
+    r.compute_s /= count;
+    r.optimizer_s /= count;
+    r.daemon_cpu_s = daemon.CpuSeconds() - cpu0;  // before the drain below: what overlapped
     if (kind == Checkpointer::kCkptd) {
       Require(client->Wait(ckpt_step, WaitState::kCommitted), "wait committed", daemon);
     }
     return r;
   };
 
-  const LoopResult none1 = run(Checkpointer::kNone, 1);
-  std::printf("  compute: %d FMA passes over 64 MiB; no checkpoint: %.1f ms/step\n", passes,
-              none1.step_s * 1e3);
+  // Every step checkpointed: `steps` steps; every `every` steps: at least 3 checkpoints.
+  const int paced_steps = std::max(steps, 3 * every);
+  const LoopResult none1 = run(Checkpointer::kNone, 1, paced_steps);
+  std::printf("  no checkpoint: %.1f ms/step (compute: %d passes over 64 MiB, %.1f ms; optimizer "
+              "step %.1f ms)\n",
+              none1.step_s * 1e3, passes, none1.compute_s * 1e3, none1.optimizer_s * 1e3);
   std::fflush(stdout);
   struct Variant {
     int interval;
@@ -916,25 +971,37 @@ void TrainingSection(const DaemonOptions& options, uint64_t bytes, double comput
   std::vector<Variant> variants;
   for (int interval : {1, every}) {
     if (!variants.empty() && interval == variants.back().interval) continue;
-    Variant v{interval, run(Checkpointer::kCkptd, interval), run(Checkpointer::kSync, interval)};
-    std::printf("  every %d: ckptd %.1f ms/step (Save %.2f ms total, WaitSnapshot %.0f ms total), "
-                "sync %.1f ms/step (writing %.0f ms total)\n",
-                interval, v.ckptd.step_s * 1e3, v.ckptd.save_s * 1e3, v.ckptd.stall_s * 1e3,
-                v.sync.step_s * 1e3, v.sync.stall_s * 1e3);
+    const int n = interval == 1 ? steps : paced_steps;
+    Variant v{interval, run(Checkpointer::kCkptd, interval, n),
+              run(Checkpointer::kSync, interval, n)};
+    std::printf("  every %d, %d steps, %d checkpoints:\n"
+                "    ckptd %.1f ms/step (compute %.1f ms, optimizer %.1f ms; per checkpoint: Save "
+                "%.2f ms (max %.2f), WaitSnapshot %.1f ms, daemon CPU %.0f ms)\n"
+                "    sync  %.1f ms/step (compute %.1f ms, optimizer %.1f ms; per checkpoint: "
+                "writing %.0f ms)\n",
+                interval, n, v.ckptd.checkpoints, v.ckptd.step_s * 1e3, v.ckptd.compute_s * 1e3,
+                v.ckptd.optimizer_s * 1e3, v.ckptd.save_s * 1e3 / v.ckptd.checkpoints,
+                v.ckptd.save_max_s * 1e3,
+                v.ckptd.stall_s * 1e3 / v.ckptd.checkpoints,
+                v.ckptd.daemon_cpu_s * 1e3 / v.ckptd.checkpoints, v.sync.step_s * 1e3,
+                v.sync.compute_s * 1e3, v.sync.optimizer_s * 1e3,
+                v.sync.stall_s * 1e3 / v.sync.checkpoints);
     std::fflush(stdout);
     variants.push_back(v);
   }
-  const LoopResult none2 = run(Checkpointer::kNone, 1);
+  const LoopResult none2 = run(Checkpointer::kNone, 1, paced_steps);
   std::filesystem::remove_all(sync_dir);
   const double none = (none1.step_s + none2.step_s) / 2;
-  std::printf("  no checkpoint again: %.1f ms/step; baseline = mean %.1f ms/step (spread %.1f%%)\n",
-              none2.step_s * 1e3, none * 1e3,
+  std::printf("  no checkpoint again: %.1f ms/step (compute %.1f ms); baseline = mean %.1f "
+              "ms/step (the two differ by %.1f%%: the machine's noise)\n",
+              none2.step_s * 1e3, none2.compute_s * 1e3, none * 1e3,
               100 * std::abs(none1.step_s - none2.step_s) / none);
   report.Set("train.bytes", static_cast<double>(bytes));
   report.Set("train.compute_passes", passes);
   report.Set("train.none_step_s", none);
   report.Set("train.none_step_s_first", none1.step_s);
   report.Set("train.none_step_s_last", none2.step_s);
+  report.Set("train.none_compute_s", (none1.compute_s + none2.compute_s) / 2);
   for (const Variant& v : variants) {
     const std::string key = "train.every" + std::to_string(v.interval);
     const double ck_over = v.ckptd.step_s / none - 1, sync_over = v.sync.step_s / none - 1;
@@ -943,6 +1010,10 @@ void TrainingSection(const DaemonOptions& options, uint64_t bytes, double comput
     report.Set(key + ".ckptd_step_s", v.ckptd.step_s);
     report.Set(key + ".ckptd_wait_snapshot_s", v.ckptd.stall_s);
     report.Set(key + ".ckptd_save_s", v.ckptd.save_s);
+    report.Set(key + ".ckptd_save_max_s", v.ckptd.save_max_s);
+    report.Set(key + ".ckptd_compute_s", v.ckptd.compute_s);
+    report.Set(key + ".ckptd_daemon_cpu_s", v.ckptd.daemon_cpu_s);
+    report.Set(key + ".checkpoints", v.ckptd.checkpoints);
     report.Set(key + ".sync_step_s", v.sync.step_s);
     report.Set(key + ".ckptd_overhead", ck_over);
     report.Set(key + ".sync_overhead", sync_over);
@@ -999,10 +1070,11 @@ struct Args {
   std::string train_size = "1GiB";
   int save_samples = 100;
   int rounds = 5;
-  int flush_rounds = 3;
+  int flush_rounds = 4;
   double compute_ms = 200;
   int train_steps = 8;
   int train_every = 4;
+  uint32_t train_tensors = 8;
   bool large = false;
   std::vector<std::string> save_configs;
   bool keep = false;
@@ -1086,7 +1158,8 @@ int Run(Args& args) {
   if (wanted("capture")) CaptureSection(args.daemon, capture_size, args.rounds, report);
   if (wanted("flush")) FlushSection(args.daemon, flush_size, args.flush_rounds, report);
   if (wanted("train")) {
-    TrainingSection(args.daemon, train_size, args.compute_ms / 1e3, args.train_steps,
+    TrainingSection(args.daemon, train_size, args.train_tensors, args.compute_ms / 1e3,
+                    args.train_steps,
                     args.train_every, report);
   }
   const double total_s = SecondsSince(t0);
@@ -1147,6 +1220,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
   app.add_option("--train-size", args.train_size, "d: state size")->capture_default_str();
+  app.add_option("--train-tensors", args.train_tensors, "d: tensors the state is cut into")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 1'000'000u));
   app.add_option("--compute-ms", args.compute_ms, "d: target compute time per step")
       ->capture_default_str()
       ->check(CLI::Range(1.0, 100000.0));
@@ -1159,13 +1235,21 @@ int main(int argc, char** argv) {
   app.add_option("--ckptd-arg", args.daemon.extra_args,
                  "extra ckptd argument, repeatable (e.g. --ckptd-arg=--capture-throttle=1GiB)");
   app.add_flag("--keep", args.keep, "keep the work directory (daemon logs)");
+  // A repeated scalar flag takes its last value, so run.sh's defaults can be overridden.
+  for (CLI::Option* option : app.get_options()) {
+    if (option->get_items_expected_max() == 1) {
+      option->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    }
+  }
   CLI11_PARSE(app, argc, argv);
   try {
     return ckpt::bench::Run(args);
   } catch (const ckpt::bench::BenchError& e) {
+    std::fflush(stdout);
     std::fprintf(stderr, "bench_daemon: %s\n", e.what());
     return 1;
   } catch (const std::exception& e) {
+    std::fflush(stdout);
     std::fprintf(stderr, "bench_daemon: %s\n", e.what());
     return 1;
   }

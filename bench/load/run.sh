@@ -4,7 +4,8 @@
 # each), loaded hot (from the daemon's memory, right after the save) and cold (daemon restarted,
 # page cache dropped) in the same layout, by 3 ranks column-sharded and by 1 rank whole; fio
 # O_DIRECT sequential read of the same size in the same directory as the cold baseline.
-# About 3 minutes; needs ~7 GiB of memory (state, destinations, the daemon's 2.5 GiB pool).
+# About 2 minutes (more on a loaded machine); ~7 GiB of memory (state, destinations, the
+# daemon's 2.5 GiB pool).
 #
 #   bench/load/run.sh [--bin build/bin] [--dir /tmp] [any bench_load option, e.g. --json out.json]
 #
@@ -20,7 +21,7 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
     --dir) dir=$2; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) args+=("$1"); shift ;;
   esac
 done

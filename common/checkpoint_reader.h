@@ -35,7 +35,7 @@ class CheckpointReader {
  public:
   struct Options {
     uint64_t max_read_bytes = 16ull << 20;
-    int io_threads = 4;
+    int io_threads = 8;
     bool try_direct = true;
   };
 

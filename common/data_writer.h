@@ -66,6 +66,6 @@ struct WrittenShard {
 Result<std::vector<WrittenShard>> WriteShardsToFile(FileSystem* fs, const std::string& path,
                                                     std::span<const ShardSource> shards,
                                                     const LayoutOptions& layout,
-                                                    int io_threads = 4);
+                                                    int io_threads = 8);
 
 }  // namespace ckpt

@@ -26,7 +26,7 @@ struct DaemonConfig {
   uint64_t slot_size = 16ull << 20;
   uint64_t checksum_chunk = 1ull << 20;
   int capture_threads = 2;
-  int flush_threads = 4;
+  int flush_threads = 8;
   std::chrono::milliseconds step_timeout{std::chrono::minutes(10)};
   std::chrono::milliseconds shutdown_timeout{std::chrono::minutes(5)};
   uint64_t capture_throttle = 0;  // bytes/s, 0 = unthrottled

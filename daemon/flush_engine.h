@@ -24,7 +24,7 @@ namespace ckpt {
 class FlushEngine {
  public:
   struct Config {
-    int threads = 4;
+    int threads = 8;
   };
   // `hot` (may be null) adopts written slots so the newest step stays resident.
   FlushEngine(const Config& config, HostPool* pool, HotCache* hot);

@@ -418,7 +418,7 @@ struct DaemonOptions {
   std::string slot_size = "16MiB";
   std::string checksum_chunk = "1MiB";
   int capture_threads = 2;
-  int flush_threads = 4;
+  int flush_threads = 8;
   std::vector<std::string> extra_args;  // appended to every ckptd command line
 };
 

@@ -7,7 +7,7 @@
 # Sizes below fit a CI machine (2 cores, 24 GiB RAM, local disk) in about 3 minutes and ~8 GiB
 # of memory at the peak (2 GiB pool + 2 GiB state + fio); every flag can be overridden:
 #   --pool 2GiB               ckptd --host-pool of every section (>= --capture-size + one slot)
-#   --slot-size 16MiB --checksum-chunk 1MiB --capture-threads 2 --flush-threads 4
+#   --slot-size 16MiB --checksum-chunk 1MiB --capture-threads 2 --flush-threads 8
 #                             the daemon's defaults, passed explicitly
 #   --ckptd-arg=--X=Y         any other ckptd flag, repeatable
 #   --sections save capture flush train
@@ -45,7 +45,7 @@ if [[ $(stat -f -c %T "$dir") == tmpfs ]]; then
 fi
 
 args=(--bin "$bin" --dir "$dir"
-      --pool 2GiB --slot-size 16MiB --checksum-chunk 1MiB --capture-threads 2 --flush-threads 4
+      --pool 2GiB --slot-size 16MiB --checksum-chunk 1MiB --capture-threads 2 --flush-threads 8
       --save-samples 100
       --capture-size 1GiB --rounds 5
       --flush-size 2GiB --flush-rounds 4

@@ -232,7 +232,7 @@ int main(int argc, char** argv) {
   std::string dir = "/tmp";
   std::string size_text = "4GiB";
   std::string max_read_text = "16MiB";
-  int io_threads = 4;
+  int io_threads = 8;
   bool keep = false;
   bool preallocate = false;
   app.add_option("--dir", dir, "directory on the filesystem to measure")->capture_default_str();

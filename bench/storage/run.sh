@@ -2,7 +2,7 @@
 # ckptd's storage path against fio on the same directory, same size, same run.
 #
 #   bench/storage/run.sh [--size 4GiB] [--dir /tmp] [--bin build/bin] [--repeat 3]
-#                        [--io-threads 4]
+#                        [--io-threads 8]
 #
 # Each round runs, in this order and on the same directory:
 #   1. fio sequential write, O_DIRECT, bs=16M, libaio, iodepth 8 and iodepth 4, fsync at the end
@@ -22,7 +22,7 @@ size=4GiB
 dir=/tmp
 bin=build/bin
 repeat=3
-io_threads=4
+io_threads=8
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --size) size=$2; shift 2 ;;

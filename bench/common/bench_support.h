@@ -118,6 +118,15 @@ class Report {
     }
   }
 
+  // Writes Json() to `path` (nothing when empty) and says where.
+  void WriteJson(const std::string& path) const {
+    if (path.empty()) return;
+    std::ofstream out(path);
+    out << Json();
+    if (!out) throw BenchError("writing " + path);
+    std::printf("\nJSON: %s\n", path.c_str());
+  }
+
   std::string Json() const {
     std::string out = "{\n  \"results\": {\n";
     for (size_t i = 0; i < values_.size(); ++i) {

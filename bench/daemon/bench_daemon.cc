@@ -790,12 +790,7 @@ int Run(Args& args) {
               "average at end %s)\n\n",
               total_s, others, cores, LoadProbe::LoadAverage().c_str());
   report.PrintTable();
-  if (!args.json.empty()) {
-    std::ofstream out(args.json);
-    out << report.Json();
-    if (!out) throw BenchError("writing " + args.json);
-    std::printf("\nJSON: %s\n", args.json.c_str());
-  }
+  report.WriteJson(args.json);
   return 0;
 }
 

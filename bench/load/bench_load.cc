@@ -565,12 +565,7 @@ int Run(Args& args) {
               total_s, others, cores, LoadProbe::LoadAverage().c_str(),
               dropped_all ? "dropped before every cold read" : "NOT dropped (refused)");
   report.PrintTable();
-  if (!args.json.empty()) {
-    std::ofstream out(args.json);
-    out << report.Json();
-    if (!out) throw BenchError("writing " + args.json);
-    std::printf("\nJSON: %s\n", args.json.c_str());
-  }
+  report.WriteJson(args.json);
   return 0;
 }
 

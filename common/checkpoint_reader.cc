@@ -10,7 +10,10 @@
 //
 // Memory: each I/O thread owns one AlignedBuffer as long as the longest read of the call (at
 // most max_read_bytes, or one piece when a piece is longer), so a read of any size is bounded by
-// io_threads × that, plus the caller's destinations.
+// io_threads × that, plus the caller's destinations. Buffers outlive the call in a small
+// process-wide cache (ReadBufferCache): a daemon serving loads one after another would otherwise
+// fault in and zero io_threads fresh 16 MiB buffers per call — measured at 53k page faults for a
+// 256 MiB cold load — on the core it shares with capture.
 #include "common/checkpoint_reader.h"
 
 #include <algorithm>
@@ -166,6 +169,52 @@ std::vector<ReadOp> PlanReads(const std::vector<FilePieces>& files, uint64_t max
   return ops;
 }
 
+// Read buffers kept between calls. Bounded: at most kMaxRetained buffers of at most
+// kMaxRetainedBytes each (128 MiB at the defaults), so the cache is a fixed cost, never a leak
+// that grows with load size; larger buffers (a single piece longer than max_read_bytes) are freed.
+class ReadBufferCache {
+ public:
+  static ReadBufferCache& Get() {
+    static ReadBufferCache cache;
+    return cache;
+  }
+  ReadBufferCache() { free_.reserve(kMaxRetained); }  // Give never allocates
+  // A retained buffer of at least `size` bytes, or a new (zero-filled) one.
+  AlignedBuffer Take(size_t size) {
+    {
+      std::lock_guard lock(mu_);
+      for (auto it = free_.begin(); it != free_.end(); ++it) {
+        if (it->size() >= size) {
+          AlignedBuffer b = std::move(*it);
+          free_.erase(it);
+          return b;
+        }
+      }
+    }
+    return AlignedBuffer(size);
+  }
+  void Give(AlignedBuffer b) {
+    if (b.size() == 0 || b.size() > kMaxRetainedBytes) return;
+    std::lock_guard lock(mu_);
+    if (free_.size() < kMaxRetained) free_.push_back(std::move(b));
+  }
+
+ private:
+  static constexpr size_t kMaxRetained = 8;
+  static constexpr size_t kMaxRetainedBytes = 16ull << 20;
+  std::mutex mu_;
+  std::vector<AlignedBuffer> free_;  // guarded by mu_
+};
+
+// One I/O thread's buffer for the length of a call, borrowed from and returned to the cache.
+struct BorrowedBuffer {
+  AlignedBuffer buffer;
+  BorrowedBuffer() = default;
+  BorrowedBuffer(const BorrowedBuffer&) = delete;
+  BorrowedBuffer& operator=(const BorrowedBuffer&) = delete;
+  ~BorrowedBuffer() { ReadBufferCache::Get().Give(std::move(buffer)); }
+};
+
 class PieceReader {
  public:
   PieceReader(const CheckpointReader::Options& options, std::atomic<uint64_t>* bytes_read)
@@ -177,22 +226,23 @@ class PieceReader {
     const uint64_t max_read = AlignUp(std::max<uint64_t>(options_.max_read_bytes, 1), kIoAlignment);
     const std::vector<ReadOp> ops = PlanReads(files, max_read);
     // A buffer as long as the longest read, not max_read_bytes: small reads stay cheap
-    // (AlignedBuffer zero-fills, and a fresh 16 MiB costs ~4k page faults).
+    // (a fresh 16 MiB costs ~4k page faults when the cache has none to lend).
     uint64_t buffer_size = 0;
     for (const ReadOp& op : ops) buffer_size = std::max(buffer_size, op.length);
-    return ParallelFor<AlignedBuffer>(
-        ops.size(), options_.io_threads, [&](AlignedBuffer& buffer, size_t i) -> Status {
+    return ParallelFor<BorrowedBuffer>(
+        ops.size(), options_.io_threads, [&](BorrowedBuffer& borrowed, size_t i) -> Status {
           const ReadOp& op = ops[i];
           if (handles[op.file] == nullptr) return Status::Ok();
-          if (buffer.size() < buffer_size) {
+          if (borrowed.buffer.size() < buffer_size) {
             try {
-              buffer = AlignedBuffer(buffer_size);
+              ReadBufferCache::Get().Give(std::move(borrowed.buffer));
+              borrowed.buffer = ReadBufferCache::Get().Take(buffer_size);
             } catch (const std::bad_alloc&) {
               return ResourceExhausted("cannot allocate a read buffer of " +
                                        std::to_string(buffer_size) + " bytes");
             }
           }
-          return RunOne(files[op.file], *handles[op.file], op, buffer, max_read, sink);
+          return RunOne(files[op.file], *handles[op.file], op, borrowed.buffer, max_read, sink);
         });
   }
 

@@ -5,9 +5,9 @@
 #                        [--io-threads 8] [--json FILE]
 #
 # Each round runs, in this order and on the same directory:
-#   1. fio sequential write, O_DIRECT, bs=16M, libaio, iodepth 8 and iodepth 4, fsync at the end
-#      (fio preallocates the file, its default); then the same at iodepth 8 without
-#      preallocation (--fallocate=none), which is how ckptd's writer creates its files;
+#   1. fio sequential write, O_DIRECT, bs=16M, libaio, iodepth 4 and iodepth 8, fsync at the end,
+#      each into a new file (fio preallocates it, its default); then the same at iodepth 8 without
+#      preallocation (--fallocate=none), for information (ckptd's writer preallocates);
 #   2. fio sequential read of that file, O_DIRECT, bs=16M, libaio, iodepth 8 and iodepth 4;
 #   3. bench_storage: WriteShardsToFile of realistic shards (fdatasync included), then
 #      CheckpointReader::Read of every tensor (XXH3 of every piece, copy out).
@@ -76,8 +76,12 @@ max() { if (( $1 > $2 )); then echo "$1"; else echo "$2"; fi; }
 
 fio_w=(); fio_w_noalloc=(); fio_r=(); ck_w=(); ck_r=(); ck_w_prealloc=()
 for ((round = 1; round <= repeat; round++)); do
+  # Every fio write creates its file anew, as ckptd's writer does: overwriting the blocks of a
+  # file written before skips the allocation and the unwritten-extent conversion at fsync, and
+  # measured 1.3-1.4x faster here (1 GiB, iodepth 8: 1452-1503 vs 1059-1099 MB/s).
   rm -f "$work/fio.dat"
   w4=$(fio_bw write 4 --end_fsync=1)
+  rm -f "$work/fio.dat"
   w8=$(fio_bw write 8 --end_fsync=1)
   r8=$(fio_bw read 8)
   r4=$(fio_bw read 4)

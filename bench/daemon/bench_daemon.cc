@@ -220,8 +220,11 @@ struct SaveLatency {
 // Per iteration, right before the timed Save, the same client times an empty request (Wait on
 // the step just committed, answered from the daemon's memory): the baseline, taken under the
 // same load at the same moment, so that the machine's scheduling noise shows in both.
+// With `idle_ms` > 0 the loop pauses that long after each commit before the next timed
+// request: an experiment separating the daemon's own work right after a commit (retention,
+// releasing the step) from the machine's scheduling noise (bench/README.md, save() p99).
 void SaveLatencySection(const DaemonOptions& options, const std::vector<SaveConfig>& configs,
-                        int max_samples, Report& report) {
+                        int max_samples, int idle_ms, Report& report) {
   std::printf("\n== a. save() latency: Register once, then Save → WaitSnapshot → "
               "Wait(committed); only Save is timed; baseline: an empty request just before it\n");
   LoadProbe probe;
@@ -247,6 +250,7 @@ void SaveLatencySection(const DaemonOptions& options, const std::vector<SaveConf
     for (int i = -2; i < samples; ++i) {
       const uint64_t step = static_cast<uint64_t>(i + 3);
       if (i >= 0) {
+        if (idle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(idle_ms));
         const auto w0 = Clock::now();
         Require(client->Wait(step - 1, WaitState::kCommitted), "wait on a committed step", daemon);
         rpcs.push_back(SecondsSince(w0));
@@ -687,6 +691,7 @@ struct Args {
   std::string flush_size = "2GiB";
   std::string train_size = "1GiB";
   int save_samples = 100;
+  int save_idle_ms = 0;
   int rounds = 5;
   int flush_rounds = 4;
   double compute_ms = 200;
@@ -771,7 +776,7 @@ int Run(Args& args) {
         configs.push_back({bytes("--save-configs", c.substr(0, colon)), static_cast<uint32_t>(n)});
       }
     }
-    SaveLatencySection(args.daemon, configs, args.save_samples, report);
+    SaveLatencySection(args.daemon, configs, args.save_samples, args.save_idle_ms, report);
   }
   if (wanted("capture")) CaptureSection(args.daemon, capture_size, args.rounds, report);
   if (wanted("flush")) FlushSection(args.daemon, flush_size, args.flush_rounds, report);
@@ -821,6 +826,10 @@ int main(int argc, char** argv) {
                  "a: most timed saves per configuration (about 8 GiB worth, at least 10)")
       ->capture_default_str()
       ->check(CLI::Range(10, 100000));
+  app.add_option("--save-idle-ms", args.save_idle_ms,
+                 "a: experiment: idle this long after each commit before the next timed request")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 10000));
   app.add_flag("--large", args.large, "a: also a 4 GiB state");
   app.add_option("--save-configs", args.save_configs,
                  "a: instead of the default states, these SIZE:TENSORS (e.g. 256MiB:10000)");

@@ -1,13 +1,13 @@
 #!/usr/bin/python3
 """bench/run's report: one table of ratios from the benchmarks' JSON, the plots, the README.
 
-Reads what bench/run left in --results (machine.json, storage.json, daemon.json, load.json,
-stall.json, pyload.json, rss.json; any may be missing when a benchmark was skipped or failed) and:
+Reads what bench/run left in --results (machine.json, storage.json, daemon.json,
+daemon_cache.json, load.json, stall.json, pyload.json, rss.json; any may be missing when a benchmark was skipped or failed) and:
   - prints one table: first the goals of the numbers page (each a ratio to a baseline measured
     in the same run), then every row of every benchmark's own table;
   - writes summary.json (the same rows) and summary.md (the table as Markdown);
-  - draws stall_vs_size.png, train_loop.png, throughput.png, save_latency_vs_tensors.png and
-    rss_vs_pool.png with matplotlib (Agg: no display needed);
+  - draws stall_vs_size.png, train_loop.png, train_loop_cache.png, throughput.png,
+    save_latency_vs_tensors.png and rss_vs_pool.png with matplotlib (Agg: no display needed);
   - with --readme, replaces the generated section of bench/README.md (between the two marker
     lines) with the table, where and when it was produced, and how busy the machine was.
 
@@ -76,6 +76,23 @@ def goal_rows(r):
                        "state)" % (daemon.get("train.bytes", 0) / MiB),
                        "%+.1f %%" % (over * 100), "%+.1f %% sync save" % (sync * 100),
                        max(over, 0) / sync if sync > 0 else 0, "<= 5 %", over <= 0.05))
+    for name, res in (("daemon", daemon),
+                      ("daemon_cache", (r.get("daemon_cache") or {}).get("results", {}))):
+        # Scheduling-proof view of the loop: the trainer's compute CPU time per step with ckptd
+        # checkpointing every step vs without; wall time above it is time spent off the CPU.
+        if "train.every1.ckptd_compute_cpu_s" in res and res.get("train.none_compute_cpu_s"):
+            c, n = res["train.every1.ckptd_compute_cpu_s"], res["train.none_compute_cpu_s"]
+            out.append(row(name, "trainer compute CPU time per step, every step vs never "
+                           "(wall: %.0f vs %.0f ms)" % (res["train.every1.ckptd_compute_s"] * 1e3,
+                                                        res["train.none_compute_s"] * 1e3),
+                           ms(c), ms(n), c / n, "(info)", None))
+    cache = (r.get("daemon_cache") or {}).get("results", {})
+    if "train.every1.ckptd_overhead" in cache:
+        over = cache["train.every1.ckptd_overhead"]
+        sync = cache.get("train.every1.sync_overhead", 0)
+        out.append(row("daemon_cache", "training loop overhead, checkpoint every step, compute "
+                       "in cache", "%+.1f %%" % (over * 100), "%+.1f %% sync save" % (sync * 100),
+                       max(over, 0) / sync if sync > 0 else 0, "(info)", None))
     if "flush.bytes_per_s" in daemon:
         c, f = daemon["flush.bytes_per_s"], daemon["flush.fio_bytes_per_s"]
         out.append(row("daemon", "GOAL flush (save -> persisted) vs fio O_DIRECT write", mbps(c),
@@ -96,7 +113,7 @@ def goal_rows(r):
 
 def all_rows(r):
     out = []
-    for bench in ("storage", "daemon", "load", "stall", "pyload", "rss"):
+    for bench in ("storage", "daemon", "daemon_cache", "load", "stall", "pyload", "rss"):
         for t in (r.get(bench) or {}).get("table", []):
             out.append(row(bench, t["metric"], t["ckptd"], t["baseline"], t["ratio"], t["goal"],
                            t["met"]))
@@ -177,8 +194,9 @@ def plots(r, out):
         ax.legend()
         save(fig, "stall_vs_size.png", "trainer-visible stall per checkpoint vs state size")
 
-    d = (r.get("daemon") or {}).get("results", {})
-    if "train.none_step_s" in d:
+    def train_plot(d, name, what):
+        if "train.none_step_s" not in d:
+            return
         bars = [("never", d["train.none_step_s"])]
         for key, label in (("every10", "every 10 steps"), ("every1", "every step")):
             for who in ("ckptd", "sync"):
@@ -196,10 +214,18 @@ def plots(r, out):
         ax.set_xticks(list(xs))
         ax.set_xticklabels([b[0] for b in bars], fontsize=8)
         ax.set_ylabel("end-to-end time of 100 steps, s")
-        ax.set_title("Synthetic training loop, %.0f MiB state, ~%.0f ms compute/step" % (
-            d.get("train.bytes", 0) / MiB, d.get("train.none_compute_s", 0) * 1e3))
-        save(fig, "train_loop.png", "end-to-end time of a training loop checkpointing every "
-             "step, every 10 steps, never")
+        buffer = d.get("train.compute_buffer_bytes", 64 * MiB)
+        ax.set_title("Training loop, %.0f MiB state, ~%.0f ms compute/step over %s" % (
+            d.get("train.bytes", 0) / MiB, d.get("train.none_compute_s", 0) * 1e3,
+            "%.0f MiB" % (buffer / MiB) if buffer >= MiB else "%.0f KiB (in cache)" % (
+                buffer / 1024)), fontsize=10)
+        save(fig, name, what)
+
+    d = (r.get("daemon") or {}).get("results", {})
+    train_plot(d, "train_loop.png", "end-to-end time of a training loop checkpointing every "
+               "step, every 10 steps, never (memory-bound compute)")
+    train_plot((r.get("daemon_cache") or {}).get("results", {}), "train_loop_cache.png",
+               "the same with the compute in cache")
 
     pairs = []  # (label, ckptd B/s, baseline B/s, baseline label)
     if "capture.bytes_per_s" in d:
@@ -349,7 +375,8 @@ def main():
     args = p.parse_args()
 
     r = {name: load_json(args.results, name)
-         for name in ("machine", "storage", "daemon", "load", "stall", "pyload", "rss")}
+         for name in ("machine", "storage", "daemon", "daemon_cache", "load", "stall", "pyload",
+                      "rss")}
     machine = r["machine"] or {}
     goals, rows = goal_rows(r), all_rows(r)
     print("== bench/run summary (%s run, %s, load average at start %s, at end %s)%s\n" % (

@@ -22,9 +22,10 @@
 //                     ckptd's writer does), and for information with --fallocate=none; the
 //                     order alternates round by round. Goal ≥ 0.9.
 //   d. training loop  ≥ 1 GiB of state in one memfd; per step a "forward/backward" of a fixed
-//                     number of FMA passes over a separate 64 MiB buffer (calibrated to
-//                     --compute-ms), the WaitSnapshot fence, an "optimizer step" (8 bytes written
-//                     in every 4 KiB page of the state) and, on checkpoint steps, Save. The same
+//                     number of FMA passes over a separate buffer (--compute-buffer; 64 MiB,
+//                     memory-bound, by default) calibrated to --compute-ms, the WaitSnapshot
+//                     fence, an "optimizer step" (8 bytes written in every 4 KiB page of
+//                     the state) and, on checkpoint steps, Save. The same
 //                     loop without checkpoints and with a synchronous checkpoint (buffered pwrite
 //                     of the whole state to a new file + fdatasync) are the baselines; overhead
 //                     = step time / step time without checkpoints − 1. Run with a checkpoint
@@ -220,8 +221,11 @@ struct SaveLatency {
 // Per iteration, right before the timed Save, the same client times an empty request (Wait on
 // the step just committed, answered from the daemon's memory): the baseline, taken under the
 // same load at the same moment, so that the machine's scheduling noise shows in both.
+// With `idle_ms` > 0 the loop pauses that long after each commit before the next timed
+// request: an experiment separating the daemon's own work right after a commit (retention,
+// releasing the step) from the machine's scheduling noise (bench/README.md, save() p99).
 void SaveLatencySection(const DaemonOptions& options, const std::vector<SaveConfig>& configs,
-                        int max_samples, Report& report) {
+                        int max_samples, int idle_ms, Report& report) {
   std::printf("\n== a. save() latency: Register once, then Save → WaitSnapshot → "
               "Wait(committed); only Save is timed; baseline: an empty request just before it\n");
   LoadProbe probe;
@@ -247,6 +251,7 @@ void SaveLatencySection(const DaemonOptions& options, const std::vector<SaveConf
     for (int i = -2; i < samples; ++i) {
       const uint64_t step = static_cast<uint64_t>(i + 3);
       if (i >= 0) {
+        if (idle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(idle_ms));
         const auto w0 = Clock::now();
         Require(client->Wait(step - 1, WaitState::kCommitted), "wait on a committed step", daemon);
         rpcs.push_back(SecondsSince(w0));
@@ -444,12 +449,14 @@ void FlushSection(const DaemonOptions& options, uint64_t bytes, int rounds, Repo
 
 // ---------------------------------------------------------------------------- d. training loop
 
-// The stand-in for forward/backward: `passes` fused multiply-adds over every float of a 64 MiB
-// buffer, 4 per element per pass (vectorised; memory-bound on most machines, as real training
-// is not, which makes it more sensitive to the capture's memory traffic, not less).
+// The stand-in for forward/backward: `passes` fused multiply-adds over every float of a buffer
+// (64 MiB by default), 4 per element per pass (vectorised). With the default buffer it is
+// memory-bound on most machines, as real training is not, which makes it more sensitive to the
+// capture's memory traffic, not less; --compute-buffer 256KiB keeps it in cache (compute-bound,
+// closer to a trainer whose forward/backward runs on a GPU or in cache-blocked kernels).
 class Compute {
  public:
-  Compute() : data_(16 * kMiB, 1.0f) {}
+  explicit Compute(uint64_t buffer_bytes) : data_(std::max<uint64_t>(buffer_bytes / 4, 1024), 1.0f) {}
   void Pass() {
     float* x = data_.data();
     const size_t n = data_.size();
@@ -482,6 +489,14 @@ class Compute {
  private:
   std::vector<float> data_;
 };
+
+// CPU time of the calling thread: unlike the wall clock, it does not grow while other processes
+// hold the core, so compute wall time minus this is time spent waiting for a CPU.
+double ThreadCpuSeconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
+}
 
 // 8 bytes written in every 4 KiB page of the state: the optimizer step's footprint.
 void OptimizerStep(SharedState& state, uint64_t step) {
@@ -516,6 +531,7 @@ enum class Checkpointer { kNone, kCkptd, kSync };
 struct LoopResult {
   double step_s = 0;         // mean step time over the timed steps
   double compute_s = 0;      // mean time of the compute pass per step
+  double compute_cpu_s = 0;  // its CPU time (this thread's): compute_s minus time off the CPU
   double optimizer_s = 0;    // mean time of the optimizer step per step
   double stall_s = 0;        // ckptd: total time in WaitSnapshot; sync: total time writing
   double save_s = 0;         // ckptd: total time in Save
@@ -525,6 +541,7 @@ struct LoopResult {
 };
 
 void TrainingSection(const DaemonOptions& options, uint64_t bytes, uint32_t tensors,
+                     uint64_t compute_buffer,
                      double compute_s, int steps, int every, Report& report) {
   std::printf("\n== d. synthetic training loop: %s state in %u tensors, compute ~%.0f ms/step; "
               "checkpoint every step and every %d steps, vs no checkpoint and a synchronous "
@@ -532,7 +549,7 @@ void TrainingSection(const DaemonOptions& options, uint64_t bytes, uint32_t tens
               FormatBytes(bytes).c_str(), tensors, compute_s * 1e3, every);
   LoadProbe probe;
   SharedState state(bytes);
-  Compute compute;
+  Compute compute(compute_buffer);
   const int passes = compute.Calibrate(compute_s);
   Daemon daemon(options, "train", "train-root", options.host_pool, /*remove_root=*/true);
   auto client = daemon.Connect("train");
@@ -559,8 +576,10 @@ void TrainingSection(const DaemonOptions& options, uint64_t bytes, uint32_t tens
     const auto t0 = Clock::now();
     for (int i = 0; i < count; ++i) {
       const auto c0 = Clock::now();
+      const double cpu_c0 = ThreadCpuSeconds();
       compute.Run(passes);  // forward/backward: reads parameters, may overlap the capture
       r.compute_s += SecondsSince(c0);
+      r.compute_cpu_s += ThreadCpuSeconds() - cpu_c0;
       if (pending) {
         const auto w0 = Clock::now();
         Require(client->WaitSnapshot(), "wait_snapshot", daemon);
@@ -591,6 +610,7 @@ void TrainingSection(const DaemonOptions& options, uint64_t bytes, uint32_t tens
     }
     r.step_s = SecondsSince(t0) / count;
     r.compute_s /= count;
+    r.compute_cpu_s /= count;
     r.optimizer_s /= count;
     r.daemon_cpu_s = daemon.CpuSeconds() - cpu0;  // before the drain below: what overlapped
     if (kind == Checkpointer::kCkptd) {
@@ -602,9 +622,10 @@ void TrainingSection(const DaemonOptions& options, uint64_t bytes, uint32_t tens
   // Every step checkpointed: `steps` steps; every `every` steps: at least 3 checkpoints.
   const int paced_steps = std::max(steps, 3 * every);
   const LoopResult none1 = run(Checkpointer::kNone, 1, paced_steps);
-  std::printf("  no checkpoint: %.1f ms/step (compute: %d passes over 64 MiB, %.1f ms; optimizer "
-              "step %.1f ms)\n",
-              none1.step_s * 1e3, passes, none1.compute_s * 1e3, none1.optimizer_s * 1e3);
+  std::printf("  no checkpoint: %.1f ms/step (compute: %d passes over %s, %.1f ms, of which on "
+              "the CPU %.1f; optimizer step %.1f ms)\n",
+              none1.step_s * 1e3, passes, FormatBytes(compute_buffer).c_str(),
+              none1.compute_s * 1e3, none1.compute_cpu_s * 1e3, none1.optimizer_s * 1e3);
   std::fflush(stdout);
   struct Variant {
     int interval;
@@ -617,12 +638,12 @@ void TrainingSection(const DaemonOptions& options, uint64_t bytes, uint32_t tens
     Variant v{interval, run(Checkpointer::kCkptd, interval, n),
               run(Checkpointer::kSync, interval, n)};
     std::printf("  every %d, %d steps, %d checkpoints:\n"
-                "    ckptd %.1f ms/step (compute %.1f ms, optimizer %.1f ms; per checkpoint: Save "
+                "    ckptd %.1f ms/step (compute %.1f ms of which on the CPU %.1f, optimizer %.1f ms; per checkpoint: Save "
                 "%.2f ms (max %.2f), WaitSnapshot %.1f ms, daemon CPU %.0f ms)\n"
                 "    sync  %.1f ms/step (compute %.1f ms, optimizer %.1f ms; per checkpoint: "
                 "writing %.0f ms)\n",
                 interval, n, v.ckptd.checkpoints, v.ckptd.step_s * 1e3, v.ckptd.compute_s * 1e3,
-                v.ckptd.optimizer_s * 1e3, v.ckptd.save_s * 1e3 / v.ckptd.checkpoints,
+                v.ckptd.compute_cpu_s * 1e3, v.ckptd.optimizer_s * 1e3, v.ckptd.save_s * 1e3 / v.ckptd.checkpoints,
                 v.ckptd.save_max_s * 1e3,
                 v.ckptd.stall_s * 1e3 / v.ckptd.checkpoints,
                 v.ckptd.daemon_cpu_s * 1e3 / v.ckptd.checkpoints, v.sync.step_s * 1e3,
@@ -640,10 +661,12 @@ void TrainingSection(const DaemonOptions& options, uint64_t bytes, uint32_t tens
               100 * std::abs(none1.step_s - none2.step_s) / none);
   report.Set("train.bytes", static_cast<double>(bytes));
   report.Set("train.compute_passes", passes);
+  report.Set("train.compute_buffer_bytes", static_cast<double>(compute_buffer));
   report.Set("train.none_step_s", none);
   report.Set("train.none_step_s_first", none1.step_s);
   report.Set("train.none_step_s_last", none2.step_s);
   report.Set("train.none_compute_s", (none1.compute_s + none2.compute_s) / 2);
+  report.Set("train.none_compute_cpu_s", (none1.compute_cpu_s + none2.compute_cpu_s) / 2);
   for (const Variant& v : variants) {
     const std::string key = "train.every" + std::to_string(v.interval);
     const double ck_over = v.ckptd.step_s / none - 1, sync_over = v.sync.step_s / none - 1;
@@ -654,6 +677,7 @@ void TrainingSection(const DaemonOptions& options, uint64_t bytes, uint32_t tens
     report.Set(key + ".ckptd_save_s", v.ckptd.save_s);
     report.Set(key + ".ckptd_save_max_s", v.ckptd.save_max_s);
     report.Set(key + ".ckptd_compute_s", v.ckptd.compute_s);
+    report.Set(key + ".ckptd_compute_cpu_s", v.ckptd.compute_cpu_s);
     report.Set(key + ".ckptd_daemon_cpu_s", v.ckptd.daemon_cpu_s);
     report.Set(key + ".checkpoints", v.ckptd.checkpoints);
     report.Set(key + ".sync_step_s", v.sync.step_s);
@@ -687,9 +711,11 @@ struct Args {
   std::string flush_size = "2GiB";
   std::string train_size = "1GiB";
   int save_samples = 100;
+  int save_idle_ms = 0;
   int rounds = 5;
   int flush_rounds = 4;
   double compute_ms = 200;
+  std::string compute_buffer = "64MiB";
   int train_steps = 8;
   int train_every = 4;
   uint32_t train_tensors = 8;
@@ -771,12 +797,13 @@ int Run(Args& args) {
         configs.push_back({bytes("--save-configs", c.substr(0, colon)), static_cast<uint32_t>(n)});
       }
     }
-    SaveLatencySection(args.daemon, configs, args.save_samples, report);
+    SaveLatencySection(args.daemon, configs, args.save_samples, args.save_idle_ms, report);
   }
   if (wanted("capture")) CaptureSection(args.daemon, capture_size, args.rounds, report);
   if (wanted("flush")) FlushSection(args.daemon, flush_size, args.flush_rounds, report);
   if (wanted("train")) {
-    TrainingSection(args.daemon, train_size, args.train_tensors, args.compute_ms / 1e3,
+    TrainingSection(args.daemon, train_size, args.train_tensors,
+                    bytes("--compute-buffer", args.compute_buffer), args.compute_ms / 1e3,
                     args.train_steps,
                     args.train_every, report);
   }
@@ -821,6 +848,10 @@ int main(int argc, char** argv) {
                  "a: most timed saves per configuration (about 8 GiB worth, at least 10)")
       ->capture_default_str()
       ->check(CLI::Range(10, 100000));
+  app.add_option("--save-idle-ms", args.save_idle_ms,
+                 "a: experiment: idle this long after each commit before the next timed request")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 10000));
   app.add_flag("--large", args.large, "a: also a 4 GiB state");
   app.add_option("--save-configs", args.save_configs,
                  "a: instead of the default states, these SIZE:TENSORS (e.g. 256MiB:10000)");
@@ -836,6 +867,9 @@ int main(int argc, char** argv) {
   app.add_option("--train-tensors", args.train_tensors, "d: tensors the state is cut into")
       ->capture_default_str()
       ->check(CLI::Range(1u, 1'000'000u));
+  app.add_option("--compute-buffer", args.compute_buffer,
+                 "d: the compute stand-in's buffer (64MiB: memory-bound; 256KiB: in cache)")
+      ->capture_default_str();
   app.add_option("--compute-ms", args.compute_ms, "d: target compute time per step")
       ->capture_default_str()
       ->check(CLI::Range(1.0, 100000.0));

@@ -140,7 +140,18 @@ void CaptureEngine::Capture(const std::shared_ptr<CaptureJob>& job) {
     if (reserved_used < job->reserved_slots.size()) {
       slot = job->reserved_slots[reserved_used++];
     } else {
-      slot = pool_->Acquire(&job->cancelled);
+      // Never block for space while holding slots of our own whose copies may be done: they are
+      // what frees the pool (a shard larger than the pool streams through it this way).
+      while (!slot && !in_flight.empty() && status.ok()) {
+        auto got = pool_->TryAcquireMany(1);
+        if (got) {
+          slot = (*got)[0];
+        } else {
+          complete_oldest();
+        }
+      }
+      if (!status.ok()) break;
+      if (!slot) slot = pool_->Acquire(&job->cancelled);
       if (!slot) break;  // cancelled while waiting for space
     }
     const Slot& s = layout.slots[i];

@@ -215,7 +215,7 @@ def _describe(name, value):
         raise _error("tensor '%s': the shard's tensor is a %s, not a torch.Tensor"
                      % (name, type(t).__name__))
     if t.device.type not in ("cpu", "cuda"):
-        raise _error("tensor '%s': tensors on %s are not supported (CPU or CUDA only)"
+        raise _error("tensor '%s': tensors on %s are not supported (CPU only, or CUDA)"
                      % (name, t.device))
     if t.is_sparse or t.layout != torch.strided:
         raise _error("tensor '%s': only dense (strided) tensors can be checkpointed" % name)

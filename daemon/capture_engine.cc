@@ -1,5 +1,6 @@
 #include "daemon/capture_engine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -49,7 +50,8 @@ void CaptureEngine::Run() {
   }
 }
 
-Status CaptureEngine::CaptureSlot(CaptureJob& job, const Slot& slot, std::byte* dst) {
+Status CaptureEngine::CaptureSlot(CaptureJob& job, const Slot& slot, std::byte* dst,
+                                  std::vector<CopyQueue*>& queues) {
   // Consecutive pieces of one shard are contiguous in both the trainer's memory and the slot:
   // copy each such run with one call (one memcpy of up to a slot). Checksums are computed by
   // the flush thread, off the path that wait_snapshot waits for.
@@ -67,13 +69,26 @@ Status CaptureEngine::CaptureSlot(CaptureJob& job, const Slot& slot, std::byte* 
     }
     if (first.slot_offset > cursor) std::memset(dst + cursor, 0, first.slot_offset - cursor);
     const RegisteredTensor& tensor = job.plan->tensors[first.shard];
-    Status s = tensor.memory->CopyOut(first.shard_offset, dst + first.slot_offset, length);
+    CopyQueue* queue = tensor.memory->copy_queue();
+    Status s = queue == nullptr
+                   ? tensor.memory->CopyOut(first.shard_offset, dst + first.slot_offset, length)
+                   : tensor.memory->CopyOutAsync(first.shard_offset, dst + first.slot_offset, length);
+    if (queue != nullptr && std::find(queues.begin(), queues.end(), queue) == queues.end()) {
+      queues.push_back(queue);
+    }
     if (!s.ok()) return s.WithContext("tensor '" + tensor.name + "'");
     cursor = first.slot_offset + length;
     i = j;
   }
   if (slot.length > cursor) std::memset(dst + cursor, 0, slot.length - cursor);
   return Status::Ok();
+}
+
+void CaptureEngine::Handoff(const std::shared_ptr<CaptureJob>& job, uint32_t index,
+                            HostPool::SlotId slot) {
+  job->bytes_captured.fetch_add(job->plan->layout.slots[index].length, std::memory_order_relaxed);
+  job->pending.fetch_add(1);
+  flush_->Submit(FlushEngine::Item{job, index, slot});
 }
 
 void CaptureEngine::Capture(const std::shared_ptr<CaptureJob>& job) {
@@ -95,28 +110,77 @@ void CaptureEngine::Capture(const std::shared_ptr<CaptureJob>& job) {
     }
   }
 
+  // Slots whose device copies are enqueued but not known to be done, oldest first.
+  struct InFlight {
+    uint32_t index;
+    HostPool::SlotId slot;
+    std::vector<std::unique_ptr<CopyFence>> fences;
+  };
+  std::deque<InFlight> in_flight;
+  // Waits for the oldest slot's fences, then hands it on (or releases it after a failure).
+  auto complete_oldest = [&] {
+    InFlight f = std::move(in_flight.front());
+    in_flight.pop_front();
+    Status done;
+    for (auto& fence : f.fences) {
+      Status s = fence->Wait();
+      if (done.ok() && !s.ok()) done = std::move(s);
+    }
+    if (!done.ok() && status.ok()) status = std::move(done);
+    if (!status.ok() || job->cancelled.load()) {
+      pool_->Release(f.slot);
+      return;
+    }
+    Handoff(job, f.index, f.slot);
+  };
+
   for (uint32_t i = 0; status.ok() && i < layout.slots.size(); ++i) {
     if (job->cancelled.load()) break;
     std::optional<HostPool::SlotId> slot;
     if (reserved_used < job->reserved_slots.size()) {
       slot = job->reserved_slots[reserved_used++];
     } else {
-      slot = pool_->Acquire(&job->cancelled);
+      // Never block for space while holding slots of our own whose copies may be done: they are
+      // what frees the pool (a shard larger than the pool streams through it this way).
+      while (!slot && !in_flight.empty() && status.ok()) {
+        auto got = pool_->TryAcquireMany(1);
+        if (got) {
+          slot = (*got)[0];
+        } else {
+          complete_oldest();
+        }
+      }
+      if (!status.ok()) break;
+      if (!slot) slot = pool_->Acquire(&job->cancelled);
       if (!slot) break;  // cancelled while waiting for space
     }
     const Slot& s = layout.slots[i];
-    status = CaptureSlot(*job, s, pool_->slot_data(*slot));
-    if (!status.ok()) {
+    std::vector<CopyQueue*> queues;
+    status = CaptureSlot(*job, s, pool_->slot_data(*slot), queues);
+    InFlight f{i, *slot, {}};
+    for (CopyQueue* q : queues) {
+      auto fence = q->Record();
+      if (!fence.ok()) {
+        if (status.ok()) status = fence.status();
+        continue;
+      }
+      f.fences.push_back(std::move(fence).value());
+    }
+    if (f.fences.empty() && !status.ok()) {
       pool_->Release(*slot);
       break;
     }
-    job->bytes_captured.fetch_add(s.length, std::memory_order_relaxed);
-    job->pending.fetch_add(1);
-    flush_->Submit(FlushEngine::Item{job, i, *slot});
+    if (f.fences.empty()) {
+      Handoff(job, i, *slot);  // host memory: copied already
+    } else {
+      in_flight.push_back(std::move(f));
+      if (!status.ok()) break;  // the fences are waited below before the slot is released
+      while (in_flight.size() > kSlotsInFlight) complete_oldest();
+    }
 
     if (job->throttle_bytes_per_second > 0) {
       // Keep the average copy rate at or below the throttle (so checkpoint traffic cannot
-      // starve training of memory bandwidth): sleep until the bytes so far are due.
+      // starve training of memory or PCIe bandwidth): sleep until the bytes so far are due.
       const double due_s = static_cast<double>(job->bytes_captured.load()) /
                            static_cast<double>(job->throttle_bytes_per_second);
       const auto due = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -128,6 +192,8 @@ void CaptureEngine::Capture(const std::shared_ptr<CaptureJob>& job) {
       }
     }
   }
+  // Every enqueued copy must be done before its slot is flushed or reused.
+  while (!in_flight.empty()) complete_oldest();
   // Unused reserved slots go back.
   for (; reserved_used < job->reserved_slots.size(); ++reserved_used) {
     pool_->Release(job->reserved_slots[reserved_used]);

@@ -10,6 +10,14 @@
 // full the thread waits in HostPool::Acquire — that wait is the backpressure that reaches
 // wait_snapshot — unless the job is cancelled (trainer died, step aborted).
 //
+// Device memory (CUDA) goes the same way, asynchronously: the slot's copies are enqueued on each
+// GPU's copy stream (which already waits for the trainer's event of this save, see
+// daemon/device/cuda_backend.h), a fence is recorded after the slot, and the slot is handed to
+// the FlushEngine once its fences are done. Up to kSlotsInFlight slots of one job are copying at
+// once, so the DMA engine always has the next chunk queued while the thread waits for one. A
+// slot is never released or flushed before its fences completed — not even on failure — because
+// the DMA may still be writing into it.
+//
 // Thread safety: Submit from any thread.
 #pragma once
 
@@ -31,6 +39,8 @@ class CaptureEngine {
   struct Config {
     int threads = 2;
   };
+  // Slots of one job whose device copies may be in flight at once.
+  static constexpr size_t kSlotsInFlight = 4;
   CaptureEngine(const Config& config, HostPool* pool, FlushEngine* flush);
   ~CaptureEngine();
 
@@ -42,7 +52,12 @@ class CaptureEngine {
  private:
   void Run();
   void Capture(const std::shared_ptr<CaptureJob>& job);
-  Status CaptureSlot(CaptureJob& job, const Slot& slot, std::byte* dst);
+  // A captured slot goes to the flush engine (counted in bytes_captured, one pending token).
+  void Handoff(const std::shared_ptr<CaptureJob>& job, uint32_t index, HostPool::SlotId slot);
+  // Copies (host) or enqueues (device) the slot's pieces; the queues it enqueued on are added
+  // to `queues`.
+  Status CaptureSlot(CaptureJob& job, const Slot& slot, std::byte* dst,
+                     std::vector<CopyQueue*>& queues);
 
   Config config_;
   HostPool* pool_;

@@ -13,6 +13,7 @@
 #include "common/dtype.h"
 #include "common/frame_io.h"
 #include "common/geometry.h"
+#include "daemon/device/device_backend.h"
 #include "daemon/host_memory.h"
 #include "daemon/shard_memory.h"
 
@@ -37,10 +38,22 @@ struct CapturePlan {
 inline constexpr size_t kMaxTensorsPerRegistration = 1'000'000;
 inline constexpr size_t kMaxFdsPerRegistration = 65'536;
 
+// The backends that open each kind of memory of one session; a null backend means that kind is
+// not supported by this daemon (kUnimplemented naming the tensor).
+struct MemoryBackends {
+  DeviceBackend* host = nullptr;
+  DeviceBackend* cuda = nullptr;
+};
+
 // Validates every spec (name, dtype, geometry inside the global shape, length = numel × element
-// size, the byte range inside its descriptor, duplicate names) and maps the descriptors through
-// `cache`. Errors name the tensor. `fds` are the descriptors received with the registration,
-// indexed by HostMemory.fd_index.
+// size, duplicate names) and opens its memory through the backend of its kind (which checks the
+// byte range against the descriptor or allocation). Errors name the tensor. `fds` are the
+// descriptors received with the registration, indexed by HostMemory.fd_index and
+// CudaMemory.vmm_fd_index.
+Result<std::shared_ptr<const CapturePlan>> BuildCapturePlan(
+    std::span<const ckptd::v1::TensorSpec> specs, std::span<const UniqueFd> fds,
+    const MemoryBackends& backends, const LayoutOptions& layout);
+// Host memory only, mapped through `cache`.
 Result<std::shared_ptr<const CapturePlan>> BuildCapturePlan(
     std::span<const ckptd::v1::TensorSpec> specs, std::span<const UniqueFd> fds,
     MappingCache& cache, const LayoutOptions& layout);

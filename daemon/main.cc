@@ -17,6 +17,7 @@
 #include "daemon/capture_engine.h"
 #include "daemon/coordinator/commit_engine.h"
 #include "daemon/daemon_config.h"
+#include "daemon/device/cuda_devices.h"
 #include "daemon/flush_engine.h"
 #include "daemon/host_pool.h"
 #include "daemon/hot_cache.h"
@@ -115,6 +116,25 @@ int RunDaemon(const DaemonConfig& config) {
                (*pool)->slot_count(), FormatBytes(config.slot_size),
                (*pool)->locked() ? "pinned" : "not pinned");
 
+  // ---- CUDA backend (daemon/device/). Enumerates GPUs only: contexts, copy streams and the
+  // host pool's cudaHostRegister come with the first client of a GPU. No driver or no GPU: runs
+  // host memory only. Declared before the io_context: sessions and plans refer to it.
+  auto cuda = device::CudaDevices::Create(device::CreateCudaRuntimeApi(), pool->get());
+  if (!cuda.ok()) {
+    spdlog::warn("CUDA backend disabled: {}", cuda.status().ToString());
+    cuda = std::unique_ptr<device::CudaDevices>();
+  }
+  if (*cuda != nullptr) {
+    std::string uuids;
+    for (const auto& u : (*cuda)->uuids()) uuids += (uuids.empty() ? "" : ", ") + u;
+    spdlog::info("CUDA backend: {} GPU(s): {}", (*cuda)->device_count(), uuids);
+  } else {
+    spdlog::info("CUDA backend: {}", device::CudaBackendCompiledIn()
+                                         ? "no GPU or driver on this machine; host memory only"
+                                         : "not built; host memory only");
+  }
+  // ---- end CUDA backend
+
   boost::asio::io_context io;
   TaskPool storage;
   HotCache hot(pool->get());
@@ -135,6 +155,7 @@ int RunDaemon(const DaemonConfig& config) {
   SessionServices services;
   services.node = &node;
   services.loads = &loads;
+  services.cuda = cuda->get();  // CUDA backend (null: none)
   services.layout = LayoutOptions{config.checksum_chunk, config.slot_size};
   services.node_id = config.node_id;
   services.version = kVersion;

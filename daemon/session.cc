@@ -172,15 +172,21 @@ void Session::HandleRegister(uint64_t id, const ckptd::v1::Register& reg,
       for (const auto& spec : reg.tensors()) {
         pending_specs_.push_back(spec);
         auto& added = pending_specs_.back();
-        if (added.has_host()) {
-          if (added.host().fd_index() >= fds.size()) {
+        const bool host = added.has_host();
+        const bool vmm = added.has_cuda() && added.cuda().has_vmm_fd_index();
+        if (host || vmm) {
+          const uint32_t index = host ? added.host().fd_index() : added.cuda().vmm_fd_index();
+          if (index >= fds.size()) {
             pending_error_ = InvalidArgument(
                 "tensor '" + EscapeForLog(spec.name()) + "' names descriptor " +
-                std::to_string(added.host().fd_index()) + " but its frame carried " +
-                std::to_string(fds.size()));
+                std::to_string(index) + " but its frame carried " + std::to_string(fds.size()));
             break;
           }
-          added.mutable_host()->set_fd_index(base + added.host().fd_index());
+          if (host) {
+            added.mutable_host()->set_fd_index(base + index);
+          } else {
+            added.mutable_cuda()->set_vmm_fd_index(base + index);
+          }
         }
       }
       for (auto& f : fds) pending_fds_.push_back(std::move(f));
@@ -211,23 +217,58 @@ void Session::HandleRegister(uint64_t id, const ckptd::v1::Register& reg,
       return;
     }
   }
-  auto plan = BuildCapturePlan(specs, received, mappings_, services_->layout);
+  if (cuda_memory_ == nullptr && services_->cuda != nullptr) {
+    for (const auto& spec : specs) {
+      if (spec.has_cuda()) {
+        cuda_memory_ = std::make_unique<device::CudaBackend>(services_->cuda);
+        break;
+      }
+    }
+  }
+  auto plan = BuildCapturePlan(specs, received, MemoryBackends{&host_memory_, cuda_memory_.get()},
+                               services_->layout);
+  auto drop_unused = [this] {
+    host_memory_.DropUnused();
+    if (cuda_memory_ != nullptr) cuda_memory_->DropUnused();
+  };
   if (!plan.ok()) {
     SendError(id, plan.status().WithContext("register (job '" + job_ + "' rank " +
                                             std::to_string(rank_) + ")"));
-    mappings_.DropUnused();
+    drop_unused();
     return;
   }
+  // The old plan goes first, so that mappings only it used are closed now (re-registration).
   plan_ = std::move(plan).value();
-  mappings_.DropUnused();
+  drop_unused();
   r->set_tensors(static_cast<uint32_t>(plan_->tensors.size()));
   r->set_bytes(plan_->total_bytes);
   spdlog::info("session {}: job '{}' rank {} registered {} tensors, {} bytes, {} mappings", id_,
-               job_, rank_, plan_->tensors.size(), plan_->total_bytes, mappings_.size());
+               job_, rank_, plan_->tensors.size(), plan_->total_bytes,
+               host_memory_.cached() + (cuda_memory_ ? cuda_memory_->cached() : 0));
   Send(reply);
 }
 
 void Session::HandleSave(uint64_t id, const ckptd::v1::Save& save) {
+  // The client recorded these events before sending the Save: make each GPU's copy stream wait
+  // for them now, before any copy of this step can be enqueued (cuda_backend.h).
+  if (save.cuda_events_size() > 0) {
+    if (cuda_memory_ == nullptr) {
+      SendError(id, FailedPrecondition("save of step " + std::to_string(save.step()) +
+                                       " carries CUDA events but no CUDA memory is registered" +
+                                       (services_->cuda == nullptr
+                                            ? " (and this daemon has no CUDA backend)"
+                                            : "")));
+      return;
+    }
+    for (const auto& event : save.cuda_events()) {
+      Status st = cuda_memory_->WaitForClientEvent(event);
+      if (!st.ok()) {
+        SendError(id, st.WithContext("save of step " + std::to_string(save.step()) +
+                                     " (job '" + job_ + "' rank " + std::to_string(rank_) + ")"));
+        return;
+      }
+    }
+  }
   NodeState::SaveRequest req;
   req.job = job_;
   req.step = save.step();
@@ -293,19 +334,32 @@ void Session::HandleLoad(uint64_t id, const ckptd::v1::Load& load) {
   req.strict = load.strict();
   req.rank = rank_;
   req.plan = plan_;
-  auto start = [self = shared_from_this(), id, req = std::move(req)](Status captured) mutable {
+  auto start = [self = shared_from_this(), id, plan = plan_,
+                req = std::move(req)](Status captured) mutable {
     if (self->closed_) return;
     if (!captured.ok()) {
       // The previous save failed; its capture no longer reads the memory, so loading is safe.
       spdlog::debug("session {}: load after a failed save: {}", self->id_, captured.ToString());
     }
-    self->services_->loads->Load(std::move(req), [self, id](Result<LoadService::Outcome> out) {
+    self->services_->loads->Load(std::move(req), [self, id, plan](Result<LoadService::Outcome> out) {
       if (self->closed_) return;
       if (!out.ok()) {
         self->SendError(id, out.status());
         return;
       }
       ckptd::v1::DaemonMessage reply;
+      if (self->cuda_memory_ != nullptr && plan != nullptr) {
+        // Every H2D copy of the load is done; the events let the client's stream order after
+        // them without a host synchronize of its own.
+        std::vector<const ShardMemory*> memories;
+        for (const auto& t : plan->tensors) memories.push_back(t.memory.get());
+        auto events = device::CudaBackend::SignalLoaded(memories);
+        if (!events.ok()) {
+          self->SendError(id, events.status().WithContext("load into GPU memory"));
+          return;
+        }
+        for (auto& e : *events) *reply.mutable_load()->add_cuda_events() = std::move(e);
+      }
       reply.set_request_id(id);
       auto* r = reply.mutable_load();
       r->set_step(out->step);
@@ -396,7 +450,8 @@ void Session::Close(const std::string& why) {
                hello_ ? " job '" + job_ + "' rank " + std::to_string(rank_) : std::string());
   if (hello_) services_->node->OnSessionClosed(id_, job_, rank_, peer_pid_);
   plan_.reset();
-  mappings_.Clear();
+  host_memory_.Clear();
+  if (cuda_memory_ != nullptr) cuda_memory_->Clear();
 }
 
 }  // namespace ckpt

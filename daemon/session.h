@@ -11,6 +11,11 @@
 // stream (oversized frame, unparseable payload, descriptors mid-frame, no Hello) is answered
 // with an Error and the connection is closed. The connection is the lease: on close, steps this
 // rank had not finished capturing are aborted; captured ones go on without it.
+//
+// CUDA (daemon/device/cuda_backend.h): CUDA tensors are opened through the session's CudaBackend
+// (cached per handle, closed on re-registration and disconnect); a Save carrying CUDA events
+// makes each GPU's copy stream wait on them before the step's capture is started, and a Load
+// into CUDA memory answers with each GPU's "loaded" event.
 #pragma once
 
 #include <boost/asio/local/stream_protocol.hpp>
@@ -25,7 +30,8 @@
 #include "common/data_layout.h"
 #include "common/frame_io.h"
 #include "daemon/capture_plan.h"
-#include "daemon/host_memory.h"
+#include "daemon/device/cuda_backend.h"
+#include "daemon/device/host_fd_backend.h"
 #include "daemon/node_state.h"
 
 namespace ckpt {
@@ -36,6 +42,7 @@ class LoadService;
 struct SessionServices {
   NodeState* node = nullptr;
   LoadService* loads = nullptr;  // may be null: loads unsupported
+  device::CudaDevices* cuda = nullptr;  // may be null: no GPU on this machine / no CUDA build
   LayoutOptions layout;
   std::string node_id;
   std::string version;
@@ -90,7 +97,9 @@ class Session : public EventSink, public std::enable_shared_from_this<Session> {
   std::vector<ckptd::v1::TensorSpec> pending_specs_;
   std::vector<UniqueFd> pending_fds_;
   Status pending_error_;
-  MappingCache mappings_;
+  // Open handles of this client, by kind (daemon/device/device_backend.h).
+  HostFdBackend host_memory_;
+  std::unique_ptr<device::CudaBackend> cuda_memory_;  // created with the first CUDA tensor
   std::shared_ptr<const CapturePlan> plan_;
   std::optional<uint64_t> last_saved_step_;
 

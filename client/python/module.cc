@@ -82,10 +82,18 @@ ckpt::OnFull ParseOnFull(const std::string& on_full) {
 }
 
 // One registered shard as the Python layer hands it over:
-//   (name, dtype, global_shape, flat, offsets, lengths, flat_offset, numel, fd, fd_offset, nbytes)
+//   (name, dtype, global_shape, flat, offsets, lengths, flat_offset, numel, fd, fd_offset, nbytes,
+//    device_ptr)
+// device_ptr != 0: the shard is CUDA memory at that address (Tensor.data_ptr()) and fd/fd_offset
+// are ignored; the C++ client exports it (never PyTorch's private IPC bytes).
 using TensorTuple =
     std::tuple<std::string, std::string, std::vector<uint64_t>, bool, std::vector<uint64_t>,
-               std::vector<uint64_t>, uint64_t, uint64_t, int, uint64_t, uint64_t>;
+               std::vector<uint64_t>, uint64_t, uint64_t, int, uint64_t, uint64_t, uint64_t>;
+
+// A CUDA stream handle passed from Python as an int (torch.cuda.Stream.cuda_stream); 0 = default.
+ckpt::CudaStream ToStream(uint64_t stream) {
+  return reinterpret_cast<ckpt::CudaStream>(static_cast<uintptr_t>(stream));
+}
 
 // Owns the C++ client. Close() keeps the object (other threads may still be inside a call: they
 // return CANCELLED); the client itself is destroyed with the Python object.
@@ -129,28 +137,46 @@ class PyClient {
 
   void Register(const std::vector<TensorTuple>& tensors) {
     std::vector<ckpt::HostTensor> specs;
+    std::vector<ckpt::CudaTensor> cuda;
     specs.reserve(tensors.size());
     for (const TensorTuple& t : tensors) {
       ckpt::HostTensor h;
+      uint64_t device_ptr = 0;
       std::tie(h.name, h.dtype, h.global_shape, h.flat, h.offsets, h.lengths, h.flat_offset,
-               h.numel, h.fd, h.fd_offset, h.nbytes) = t;
-      specs.push_back(std::move(h));
+               h.numel, h.fd, h.fd_offset, h.nbytes, device_ptr) = t;
+      if (device_ptr == 0) {
+        specs.push_back(std::move(h));
+        continue;
+      }
+      ckpt::CudaTensor c;
+      c.name = std::move(h.name);
+      c.dtype = std::move(h.dtype);
+      c.global_shape = std::move(h.global_shape);
+      c.flat = h.flat;
+      c.offsets = std::move(h.offsets);
+      c.lengths = std::move(h.lengths);
+      c.flat_offset = h.flat_offset;
+      c.numel = h.numel;
+      c.device_ptr = reinterpret_cast<const void*>(static_cast<uintptr_t>(device_ptr));
+      c.nbytes = h.nbytes;
+      cuda.push_back(std::move(c));
     }
     ckpt::Status st;
     {
       py::gil_scoped_release release;
-      st = client_->Register(specs);
+      st = client_->Register(specs, cuda);
     }
     ThrowIfError(st);
   }
 
-  void Save(uint64_t step, const py::bytes& extra, const std::string& on_full) {
+  void Save(uint64_t step, const py::bytes& extra, const std::string& on_full,
+            uint64_t cuda_stream) {
     const ckpt::OnFull policy = ParseOnFull(on_full);
     std::string blob = extra;  // copied with the GIL held
     ckpt::Status st;
     {
       py::gil_scoped_release release;
-      st = client_->Save(step, blob, policy);
+      st = client_->Save(step, blob, policy, ToStream(cuda_stream));
     }
     ThrowIfError(st);
   }
@@ -186,10 +212,10 @@ class PyClient {
   }
 
   // (step, extra, bytes_from_memory, bytes_from_storage, missing)
-  py::tuple Load(std::optional<uint64_t> step, bool strict) {
+  py::tuple Load(std::optional<uint64_t> step, bool strict, uint64_t cuda_stream) {
     auto result = [&] {
       py::gil_scoped_release release;
-      return client_->Load(step, strict);
+      return client_->Load(step, strict, ToStream(cuda_stream));
     }();
     ThrowIfError(result.status());
     py::list missing;
@@ -242,12 +268,17 @@ PYBIND11_MODULE(_ckptd, m) {
            "Connects to the daemon (retrying for connect_timeout seconds) and says hello.")
       .def("register", &PyClient::Register, py::arg("tensors"),
            "Registers shards given as tuples (name, dtype, global_shape, flat, offsets, lengths, "
-           "flat_offset, numel, fd, fd_offset, nbytes). The fds stay the caller's.")
-      .def("save", &PyClient::Save, py::arg("step"), py::arg("extra"), py::arg("on_full"))
+           "flat_offset, numel, fd, fd_offset, nbytes, device_ptr). The fds stay the caller's; "
+           "device_ptr != 0 marks CUDA memory.")
+      .def("save", &PyClient::Save, py::arg("step"), py::arg("extra"), py::arg("on_full"),
+           py::arg("cuda_stream") = 0,
+           "cuda_stream: the trainer's current stream (int handle) when CUDA tensors are "
+           "registered; an event is recorded on it before the request is sent.")
       .def("wait_snapshot", &PyClient::WaitSnapshot, py::arg("timeout"))
       .def("wait", &PyClient::Wait, py::arg("step"), py::arg("state"), py::arg("timeout"))
       .def("latest", &PyClient::Latest)
       .def("load", &PyClient::Load, py::arg("step"), py::arg("strict"),
+           py::arg("cuda_stream") = 0,
            "Returns (step, extra, bytes_from_memory, bytes_from_storage, missing).")
       .def("close", &PyClient::Close)
       .def_property_readonly("node_id", &PyClient::node_id);

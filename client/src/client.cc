@@ -45,6 +45,7 @@
 #include "common/dtype.h"
 #include "common/frame_io.h"
 #include "common/names.h"
+#include "client/src/cuda_export.h"
 
 #ifndef CKPT_CLIENT_VERSION
 #define CKPT_CLIENT_VERSION "0.0.0"
@@ -145,6 +146,7 @@ struct RegisteredTensor {
   dev_t dev;
   ino_t ino;
   uint64_t fd_offset, nbytes;
+  std::string cuda_handle;  // CUDA: the legacy IPC handle; "vmm" rows never compare equal
   bool operator==(const RegisteredTensor&) const = default;
 };
 
@@ -152,7 +154,8 @@ bool MulOverflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul_
 
 // Elements of the shard `t` describes; kInvalidArgument naming the tensor when the geometry's
 // ranks do not match the shape or the count overflows.
-Result<uint64_t> ShardElements(const HostTensor& t) {
+template <typename Tensor>
+Result<uint64_t> ShardElements(const Tensor& t) {
   if (t.flat) return t.numel;
   const bool whole = t.offsets.empty() && t.lengths.empty();
   if (!whole && (t.offsets.size() != t.global_shape.size() ||
@@ -182,12 +185,12 @@ class Client::Impl {
   ~Impl() { Close(); }
 
   Status Hello(Clock::time_point deadline);
-  Status Register(std::span<const HostTensor> tensors);
-  Status Save(uint64_t step, std::string_view extra, OnFull on_full);
+  Status Register(std::span<const HostTensor> tensors, std::span<const CudaTensor> cuda);
+  Status Save(uint64_t step, std::string_view extra, OnFull on_full, CudaStream stream);
   Status WaitSnapshot(std::optional<milliseconds> timeout);
   Status Wait(uint64_t step, WaitState state, std::optional<milliseconds> timeout);
   Result<std::optional<uint64_t>> Latest();
-  Result<LoadResult> Load(std::optional<uint64_t> step, bool strict);
+  Result<LoadResult> Load(std::optional<uint64_t> step, bool strict, CudaStream stream);
   void Close();
   const std::string& node_id() const { return node_id_; }
 
@@ -243,6 +246,8 @@ class Client::Impl {
 
   std::mutex register_mu_;  // serializes Register
   std::optional<std::vector<RegisteredTensor>> registered_;  // guarded by register_mu_
+  // GPUs (ordinal → UUID) holding the registered CUDA tensors; Save records an event on each.
+  std::map<int, std::string> cuda_devices_;  // guarded by mu_
 
   std::mutex close_mu_;
   bool closed_ = false;  // guarded by close_mu_
@@ -439,7 +444,8 @@ Status Client::Impl::Hello(Clock::time_point deadline) {
   return Status::Ok();
 }
 
-Status Client::Impl::Register(std::span<const HostTensor> tensors) {
+Status Client::Impl::Register(std::span<const HostTensor> tensors,
+                              std::span<const CudaTensor> cuda) {
   std::lock_guard register_lock(register_mu_);
   {
     std::lock_guard lock(mu_);
@@ -484,23 +490,51 @@ Status Client::Impl::Register(std::span<const HostTensor> tensors) {
     }
     identity.push_back(RegisteredTensor{t.name, t.dtype, t.global_shape, t.flat, t.offsets,
                                         t.lengths, t.flat_offset, t.numel, st->second.st_dev,
-                                        st->second.st_ino, t.fd_offset, t.nbytes});
+                                        st->second.st_ino, t.fd_offset, t.nbytes, {}});
   }
-  if (registered_ && *registered_ == identity) return Status::Ok();  // the daemon has this set
+  // CUDA tensors: exported on every call — an address says nothing about which allocation is
+  // there now (a freed and re-allocated address gets a new handle).
+  std::vector<detail::CudaExport> exports;
+  exports.reserve(cuda.size());
+  std::map<int, std::string> devices;
+  if (!cuda.empty()) {
+    ASSIGN_OR_RETURN(detail::CudaExporter* exporter, detail::CudaExporter::Get(), "register");
+    for (const CudaTensor& t : cuda) {
+      RETURN_IF_ERROR(ValidateTensorName(t.name), "register");
+      const std::string label = "register: tensor '" + EscapeForLog(t.name) + "'";
+      ASSIGN_OR_RETURN(DTypeInfo dtype, LookupDType(t.dtype), label);
+      ASSIGN_OR_RETURN(uint64_t elements, ShardElements(t), "register");
+      uint64_t expected_bytes = 0;
+      if (MulOverflows(elements, dtype.element_size, &expected_bytes) ||
+          t.nbytes != expected_bytes) {
+        return InvalidArgument(label + ": nbytes is " + std::to_string(t.nbytes) + " but its " +
+                               std::to_string(elements) + " " + std::string(dtype.name) +
+                               " elements take " + std::to_string(expected_bytes));
+      }
+      if (t.device_ptr == nullptr) return InvalidArgument(label + ": no device pointer");
+      ASSIGN_OR_RETURN(detail::CudaExport e, exporter->Export(t.device_ptr, t.nbytes), label);
+      devices[e.device] = e.device_uuid;
+      identity.push_back(RegisteredTensor{t.name, t.dtype, t.global_shape, t.flat, t.offsets,
+                                          t.lengths, t.flat_offset, t.numel, 0, 0, e.offset,
+                                          t.nbytes,
+                                          e.vmm ? "vmm:" + std::to_string(identity.size())
+                                                : e.device_uuid + e.ipc_handle});
+      exports.push_back(std::move(e));
+    }
+  }
+  bool has_vmm = false;
+  for (const auto& e : exports) has_vmm |= e.vmm;
+  // The daemon has this set (VMM fds are fresh objects each time: always sent).
+  if (!has_vmm && registered_ && *registered_ == identity) return Status::Ok();
 
-  // Build the frames: ≤ kMaxFdsPerFrame fds (each fd once per frame) and ~8 MiB each.
-  std::vector<OutgoingFrame> frames;
-  std::unordered_map<int, uint32_t> fd_index;  // of the frame being built
-  size_t payload = 0;
-  auto start_frame = [&] {
-    frames.emplace_back();
-    frames.back().message.mutable_register_();
-    fd_index.clear();
-    payload = 0;
-  };
-  start_frame();
-  for (const HostTensor& t : tensors) {
+  // One spec per tensor, with the descriptor it needs sent along (host fd or VMM fd).
+  struct Pending {
     pb::TensorSpec spec;
+    int fd = -1;
+  };
+  std::vector<Pending> pending;
+  pending.reserve(tensors.size() + cuda.size());
+  auto fill_geometry = [](pb::TensorSpec& spec, const auto& t) {
     spec.set_name(t.name);
     spec.set_dtype(t.dtype);
     for (uint64_t d : t.global_shape) spec.add_global_shape(d);
@@ -521,22 +555,66 @@ Status Client::Impl::Register(std::span<const HostTensor> tensors) {
         for (uint64_t l : t.lengths) box->add_lengths(l);
       }
     }
-    pb::HostMemory* host = spec.mutable_host();
+  };
+  for (const HostTensor& t : tensors) {
+    Pending p;
+    fill_geometry(p.spec, t);
+    pb::HostMemory* host = p.spec.mutable_host();
     host->set_offset(t.fd_offset);
     host->set_length(t.nbytes);
     host->set_fd_index(static_cast<uint32_t>(kMaxFdsPerFrame));  // sized like the real index
-    const size_t spec_bytes = spec.ByteSizeLong() + 16;  // + tag and length prefix
-    const bool new_fd = !fd_index.contains(t.fd);
+    p.fd = t.fd;
+    pending.push_back(std::move(p));
+  }
+  for (size_t i = 0; i < cuda.size(); ++i) {
+    const detail::CudaExport& e = exports[i];
+    Pending p;
+    fill_geometry(p.spec, cuda[i]);
+    pb::CudaMemory* m = p.spec.mutable_cuda();
+    m->set_device_uuid(e.device_uuid);
+    m->set_allocation_size(e.allocation_size);
+    m->set_offset(e.offset);
+    m->set_length(cuda[i].nbytes);
+    if (e.vmm) {
+      m->set_vmm_fd_index(static_cast<uint32_t>(kMaxFdsPerFrame));
+      p.fd = e.vmm_fd.get();
+    } else {
+      m->set_ipc_handle(e.ipc_handle);
+    }
+    pending.push_back(std::move(p));
+  }
+
+  // Build the frames: ≤ kMaxFdsPerFrame fds (each fd once per frame) and ~8 MiB each.
+  std::vector<OutgoingFrame> frames;
+  std::unordered_map<int, uint32_t> fd_index;  // of the frame being built
+  size_t payload = 0;
+  auto start_frame = [&] {
+    frames.emplace_back();
+    frames.back().message.mutable_register_();
+    fd_index.clear();
+    payload = 0;
+  };
+  start_frame();
+  for (Pending& p : pending) {
+    const size_t spec_bytes = p.spec.ByteSizeLong() + 16;  // + tag and length prefix
+    const bool new_fd = p.fd >= 0 && !fd_index.contains(p.fd);
     const bool frame_has_tensors = frames.back().message.register_().tensors_size() > 0;
     if (frame_has_tensors && ((new_fd && frames.back().fds.size() == kMaxFdsPerFrame) ||
                               payload + spec_bytes > kRegisterFramePayload)) {
       start_frame();
     }
-    auto [it, inserted] = fd_index.try_emplace(t.fd, static_cast<uint32_t>(frames.back().fds.size()));
-    if (inserted) frames.back().fds.push_back(t.fd);
-    host->set_fd_index(it->second);
+    if (p.fd >= 0) {
+      auto [it, inserted] =
+          fd_index.try_emplace(p.fd, static_cast<uint32_t>(frames.back().fds.size()));
+      if (inserted) frames.back().fds.push_back(p.fd);
+      if (p.spec.has_host()) {
+        p.spec.mutable_host()->set_fd_index(it->second);
+      } else {
+        p.spec.mutable_cuda()->set_vmm_fd_index(it->second);
+      }
+    }
     payload += spec_bytes;
-    *frames.back().message.mutable_register_()->add_tensors() = std::move(spec);
+    *frames.back().message.mutable_register_()->add_tensors() = std::move(p.spec);
   }
   for (size_t i = 0; i + 1 < frames.size(); ++i) {
     frames[i].message.mutable_register_()->set_more(true);
@@ -544,19 +622,43 @@ Status Client::Impl::Register(std::span<const HostTensor> tensors) {
   const size_t frame_count = frames.size();
   registered_.reset();  // until the daemon confirms the new set
   auto reply = Call(std::move(frames), pb::DaemonMessage::kRegister, std::nullopt,
-                    "register of " + std::to_string(tensors.size()) + " tensors");
+                    "register of " + std::to_string(tensors.size() + cuda.size()) + " tensors");
+  // (the exported VMM fds in `exports` were sent, duplicated by the kernel; they close here)
   if (!reply.ok()) return reply.status();
   registered_ = std::move(identity);
+  {
+    std::lock_guard lock(mu_);
+    cuda_devices_ = std::move(devices);
+  }
   spdlog::debug("ckpt client: registered {} tensors ({} bytes) in {} frames{}",
                 reply->register_().tensors(), reply->register_().bytes(), frame_count,
                 reply->register_().unchanged() ? "; unchanged" : "");
   return Status::Ok();
 }
 
-Status Client::Impl::Save(uint64_t step, std::string_view extra, OnFull on_full) {
+Status Client::Impl::Save(uint64_t step, std::string_view extra, OnFull on_full,
+                          CudaStream stream) {
   OutgoingFrame frame;
   pb::Save* save = frame.message.mutable_save();
   save->set_step(step);
+  std::map<int, std::string> devices;
+  {
+    std::lock_guard lock(mu_);
+    devices = cuda_devices_;
+  }
+  if (!devices.empty()) {
+    // Record first, send after: the daemon's wait must see this record (a wait on an event not
+    // yet recorded returns at once).
+    ASSIGN_OR_RETURN(detail::CudaExporter* exporter, detail::CudaExporter::Get(),
+                     "save of step " + std::to_string(step));
+    for (const auto& [ordinal, uuid] : devices) {
+      ASSIGN_OR_RETURN(std::string handle, exporter->RecordSaveEvent(ordinal, stream),
+                       "save of step " + std::to_string(step));
+      pb::CudaEvent* e = save->add_cuda_events();
+      e->set_device_uuid(uuid);
+      e->set_ipc_event_handle(std::move(handle));
+    }
+  }
   save->set_extra(std::string(extra));
   save->set_on_full(on_full == OnFull::kSkip ? pb::FULL_POLICY_SKIP : pb::FULL_POLICY_WAIT);
   std::vector<OutgoingFrame> frames;
@@ -655,7 +757,8 @@ Result<std::optional<uint64_t>> Client::Impl::Latest() {
   return std::optional<uint64_t>(reply->latest().step());
 }
 
-Result<LoadResult> Client::Impl::Load(std::optional<uint64_t> step, bool strict) {
+Result<LoadResult> Client::Impl::Load(std::optional<uint64_t> step, bool strict,
+                                      CudaStream stream) {
   OutgoingFrame frame;
   pb::Load* load = frame.message.mutable_load();
   load->set_has_step(step.has_value());
@@ -674,6 +777,13 @@ Result<LoadResult> Client::Impl::Load(std::optional<uint64_t> step, bool strict)
   result.bytes_from_memory = lr.bytes_from_memory();
   result.bytes_from_storage = lr.bytes_from_storage();
   result.missing.assign(lr.missing().begin(), lr.missing().end());
+  if (lr.cuda_events_size() > 0) {
+    ASSIGN_OR_RETURN(detail::CudaExporter* exporter, detail::CudaExporter::Get(), "load");
+    for (const auto& e : lr.cuda_events()) {
+      RETURN_IF_ERROR(exporter->WaitLoaded(e.device_uuid(), e.ipc_event_handle(), stream),
+                      "load of step " + std::to_string(lr.step()));
+    }
+  }
   return result;
 }
 
@@ -709,9 +819,17 @@ Result<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Client::~Client() { Close(); }
 
-Status Client::Register(std::span<const HostTensor> tensors) { return impl_->Register(tensors); }
+Status Client::Register(std::span<const HostTensor> tensors) {
+  return impl_->Register(tensors, {});
+}
+Status Client::Register(std::span<const HostTensor> host, std::span<const CudaTensor> cuda) {
+  return impl_->Register(host, cuda);
+}
 Status Client::Save(uint64_t step, std::string_view extra, OnFull on_full) {
-  return impl_->Save(step, extra, on_full);
+  return impl_->Save(step, extra, on_full, nullptr);
+}
+Status Client::Save(uint64_t step, std::string_view extra, OnFull on_full, CudaStream stream) {
+  return impl_->Save(step, extra, on_full, stream);
 }
 Status Client::WaitSnapshot(std::optional<milliseconds> timeout) {
   return impl_->WaitSnapshot(timeout);
@@ -721,7 +839,10 @@ Status Client::Wait(uint64_t step, WaitState state, std::optional<milliseconds> 
 }
 Result<std::optional<uint64_t>> Client::Latest() { return impl_->Latest(); }
 Result<LoadResult> Client::Load(std::optional<uint64_t> step, bool strict) {
-  return impl_->Load(step, strict);
+  return impl_->Load(step, strict, nullptr);
+}
+Result<LoadResult> Client::Load(std::optional<uint64_t> step, bool strict, CudaStream stream) {
+  return impl_->Load(step, strict, stream);
 }
 void Client::Close() { impl_->Close(); }
 const std::string& Client::node_id() const { return impl_->node_id(); }

@@ -12,6 +12,12 @@
 // Wait(step, kCommitted) blocks until the checkpoint is durable everywhere; Latest() and Load()
 // restore from the daemon's host memory or from storage.
 //
+// GPU tensors (CudaTensor) go the same way without a copy by the trainer: Register hands the
+// daemon CUDA IPC handles (or VMM fds), Save(step, extra, on_full, stream) records an event on the
+// trainer's stream first so the daemon's copies follow the pending writes without any host
+// synchronize, and Load(step, strict, stream) orders the stream after the daemon's H2D copies
+// (proto/README.md §3).
+//
 // The wire protocol is proto/ckptd/v1/local.proto; this header exposes none of its types.
 //
 // Thread safety: every method of Client may be called from any thread, concurrently, except the
@@ -75,6 +81,29 @@ struct HostTensor {
   uint64_t nbytes = 0;     // the shard's size: its element count times the dtype's size
 };
 
+// One shard of a tensor living in CUDA device memory of this process (DESIGN.md §3). Geometry
+// fields as in HostTensor. The client finds the allocation holding `device_ptr` and hands the
+// daemon a CUDA IPC handle of its base (cudaMalloc memory) or a VMM POSIX fd (cuMemCreate memory
+// exportable as a POSIX fd, e.g. PyTorch expandable segments), with the GPU's UUID; the daemon
+// copies from the GPU directly. No CUDA runtime is linked: the driver is loaded on first use.
+//
+// Lifetime: the allocation must stay alive and unmodified between Save and the end of the
+// following WaitSnapshot (as for host memory); re-register after freeing it.
+struct CudaTensor {
+  std::string name;
+  std::string dtype;
+  std::vector<uint64_t> global_shape;
+  bool flat = false;
+  std::vector<uint64_t> offsets, lengths;
+  uint64_t flat_offset = 0, numel = 0;
+  const void* device_ptr = nullptr;  // first byte of the shard in device memory
+  uint64_t nbytes = 0;
+};
+
+// A CUDA stream of the trainer (a CUstream / cudaStream_t, e.g. PyTorch's
+// torch.cuda.current_stream().cuda_stream), or nullptr for the legacy default stream.
+using CudaStream = void*;
+
 // States that Wait can wait for (DESIGN.md §2): this rank's bytes are in the daemon's host
 // memory; the node's data is durable in storage; the checkpoint is globally committed.
 enum class WaitState { kCaptured, kPersisted, kCommitted };
@@ -115,6 +144,13 @@ class Client {
   // and returns OK at once. Large sets travel as several frames; this is invisible here.
   // The caller keeps ownership of every fd; they may be closed once this returns.
   Status Register(std::span<const HostTensor> tensors);
+  // Host and CUDA tensors together (one registration replaces the previous one). CUDA tensors
+  // are exported on every call (cheap; the daemon's cache reuses what it already opened).
+  // Errors for CUDA tensors: kUnavailable without a usable driver, kInvalidArgument for memory
+  // that is not this process's device memory or cannot be shared, and the daemon's errors
+  // (kNotFound for a GPU the daemon cannot see, kFailedPrecondition for a stale handle,
+  // kResourceExhausted when the daemon runs out of GPU memory mapping it).
+  Status Register(std::span<const HostTensor> host, std::span<const CudaTensor> cuda);
 
   // Asks the daemon to checkpoint `step` from the registered memory. Returns once the request is
   // accepted — not when the bytes are copied. `extra` is this rank's opaque blob (RNG state,
@@ -123,6 +159,11 @@ class Client {
   // OnFull::kSkip, kResourceExhausted "…skipped…" when the daemon's pool had no room and the
   // step was skipped (the memory may be modified at once).
   Status Save(uint64_t step, std::string_view extra = {}, OnFull on_full = OnFull::kWait);
+  // With CUDA tensors registered: records an interprocess event on `stream` (on each GPU the
+  // registered tensors live on; a stream of another GPU is replaced by that GPU's legacy default
+  // stream) before sending the request, so the daemon's copies run after every write already
+  // enqueued there — no host synchronize. Without CUDA tensors, `stream` is ignored.
+  Status Save(uint64_t step, std::string_view extra, OnFull on_full, CudaStream stream);
 
   // Waits until this rank's most recent Save is captured: after OK the saved memory may be
   // modified again. Errors: the step's failure reason from the daemon (e.g. kAborted,
@@ -144,6 +185,9 @@ class Client {
   // step is an error (kNotFound naming it); otherwise it is left untouched and listed in
   // LoadResult::missing. The registered memory must not be used until this returns.
   Result<LoadResult> Load(std::optional<uint64_t> step = std::nullopt, bool strict = true);
+  // As above; when CUDA tensors were filled, `stream` is made to wait on the daemon's "loaded"
+  // events before this returns, so work enqueued on it afterwards sees the loaded bytes.
+  Result<LoadResult> Load(std::optional<uint64_t> step, bool strict, CudaStream stream);
 
   // Shuts the connection down and joins the reader thread. Calls waiting in other threads return
   // kCancelled promptly; later calls return kCancelled. Idempotent; safe to call concurrently

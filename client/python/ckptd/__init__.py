@@ -11,7 +11,11 @@
 CPU tensors are handed to the daemon as file descriptors of their shared memory: the first
 save()/load() of a tensor moves its storage into shared memory (``Tensor.share_memory_()``, in
 place — views and parameters see the same memory) and registers it; later calls with the same
-tensors send nothing but the step. Between save() and the end of the next wait_snapshot() the
+tensors send nothing but the step. CUDA tensors are handed over as CUDA IPC handles of their
+allocation (or VMM fds for expandable segments), exported by the native client from
+``Tensor.data_ptr()`` — never from PyTorch's private IPC bytes; save() records an event on the
+tensors' device's current stream, so the daemon copies after the pending writes without any
+host synchronize. Between save() and the end of the next wait_snapshot() the
 saved tensors must not be modified (``ckptd.torch.Checkpointer`` enforces this with an
 optimizer pre-step hook). Every failure raises :class:`ckptd.Error`.
 """
@@ -210,11 +214,9 @@ def _describe(name, value):
     if not isinstance(t, torch.Tensor):
         raise _error("tensor '%s': the shard's tensor is a %s, not a torch.Tensor"
                      % (name, type(t).__name__))
-    if t.device.type == "cuda":
-        raise _error("tensor '%s': CUDA tensors need the CUDA backend, not available in this build"
-                     % name, "UNIMPLEMENTED")
-    if t.device.type != "cpu":
-        raise _error("tensor '%s': tensors on %s are not supported (CPU only)" % (name, t.device))
+    if t.device.type not in ("cpu", "cuda"):
+        raise _error("tensor '%s': tensors on %s are not supported (CPU only, or CUDA)"
+                     % (name, t.device))
     if t.is_sparse or t.layout != torch.strided:
         raise _error("tensor '%s': only dense (strided) tensors can be checkpointed" % name)
     if not t.is_contiguous():
@@ -253,13 +255,24 @@ def _describe(name, value):
                          "global tensor" % (name, value.flat_offset, value.flat_offset + numel,
                                             total))
         flat, offsets, lengths, flat_offset = True, [], [], value.flat_offset
+    device_ptr = 0
     if nbytes == 0:
         fd, fd_offset = _empty_memory_fd(), 0
+    elif t.device.type == "cuda":
+        fd, fd_offset, device_ptr = -1, 0, t.data_ptr()
     else:
         fd, fd_offset = _storage_fd(t)
     spec = (name, dtype, global_shape, flat, offsets, lengths, flat_offset, numel, fd, fd_offset,
-            nbytes)
+            nbytes, device_ptr)
     return t, spec
+
+
+def _cuda_stream(tensors):
+    """The current stream (int handle) of the CUDA device of the registered tensors, or 0."""
+    for t in tensors:
+        if t.device.type == "cuda" and t.numel() > 0:
+            return _import_torch().cuda.current_stream(t.device).cuda_stream
+    return 0
 
 
 def _quick_key(name, value):
@@ -274,7 +287,7 @@ def _quick_key(name, value):
     else:
         t, geometry = value, None
     try:
-        return (name, id(t), t.data_ptr(), t.dtype, t.shape, t.stride(), geometry)
+        return (name, id(t), t.device, t.data_ptr(), t.dtype, t.shape, t.stride(), geometry)
     except AttributeError:
         return None  # not a tensor: _describe reports it
 
@@ -345,7 +358,7 @@ class Client:
         if on_full not in ("wait", "skip"):
             raise _error('on_full must be "wait" or "skip", not %r' % (on_full,))
         self._register(tensors)
-        self._c.save(step, extra, on_full)
+        self._c.save(step, extra, on_full, _cuda_stream(self._registered))
 
     def wait_snapshot(self, timeout=None):
         """Block until the last save's bytes are captured; afterwards the tensors may change.
@@ -366,7 +379,7 @@ class Client:
         return self._c.latest()
 
     def load(self, tensors, step=None, strict=True):
-        """Fill ``tensors`` ({name: torch.Tensor | Shard | FlatShard}, CPU, contiguous) in place
+        """Fill ``tensors`` ({name: torch.Tensor | Shard | FlatShard}, CPU or CUDA, contiguous) in place
         from ``step`` (None: the newest committed one), whatever sharding it was saved with.
         Returns this rank's ``extra`` bytes; details in ``self.last_load`` (a LoadInfo).
         strict=False leaves tensors missing from the step untouched (listed in
@@ -374,7 +387,8 @@ class Client:
         if step is not None:
             step = _as_uint(step, "step")
         self._register(tensors)
-        loaded, extra, from_memory, from_storage, missing = self._c.load(step, bool(strict))
+        loaded, extra, from_memory, from_storage, missing = self._c.load(
+            step, bool(strict), _cuda_stream(self._registered))
         self.last_load = LoadInfo(loaded, extra, from_memory, from_storage, list(missing))
         return extra
 

@@ -243,8 +243,10 @@ class Checkpointer:
 
     def _stage(self, name, buf):
         s = self._staging.get(name)
-        if s is None or s.dtype != buf.dtype or s.shape != buf.shape:
-            s = torch.empty(buf.shape, dtype=buf.dtype)
+        if s is None or s.dtype != buf.dtype or s.shape != buf.shape or s.device != buf.device:
+            # On the buffer's device: for CUDA, the copy below is enqueued on the current stream
+            # before save() records its event there, so the daemon copies the staged values.
+            s = torch.empty(buf.shape, dtype=buf.dtype, device=buf.device)
             self._staging[name] = s
         s.copy_(buf.detach())
         return s
@@ -393,9 +395,10 @@ class Checkpointer:
                 shape = tuple(p.shape) if like_param else tuple(shape)
                 t = prev.get(key)
                 if not (isinstance(t, torch.Tensor) and t.dtype == dtype
-                        and tuple(t.shape) == shape and t.device.type == "cpu"
+                        and tuple(t.shape) == shape and t.device == p.device
                         and t.is_contiguous()):
-                    t = torch.zeros(shape, dtype=dtype)
+                    # Where the parameter lives: CUDA state loads straight into GPU memory.
+                    t = torch.zeros(shape, dtype=dtype, device=p.device)
                 st[key] = t
                 tensors["optimizer.state.%s.%s" % (pname, key)] = t
             opt.state[p] = st

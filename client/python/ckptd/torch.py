@@ -246,7 +246,10 @@ class Checkpointer:
         if s is None or s.dtype != buf.dtype or s.shape != buf.shape or s.device != buf.device:
             # On the buffer's device: for CUDA, the copy below is enqueued on the current stream
             # before save() records its event there, so the daemon copies the staged values.
-            s = torch.empty(buf.shape, dtype=buf.dtype, device=buf.device)
+            if buf.device.type == "cpu":
+                s = ckptd._shared_empty(buf.shape, buf.dtype)  # registers without a copy
+            else:
+                s = torch.empty(buf.shape, dtype=buf.dtype, device=buf.device)
             self._staging[name] = s
         s.copy_(buf.detach())
         return s
@@ -398,7 +401,10 @@ class Checkpointer:
                         and tuple(t.shape) == shape and t.device == p.device
                         and t.is_contiguous()):
                     # Where the parameter lives: CUDA state loads straight into GPU memory.
-                    t = torch.zeros(shape, dtype=dtype, device=p.device)
+                    if p.device.type == "cpu":  # born shared: registering copies nothing
+                        t = ckptd._shared_empty(shape, dtype)
+                    else:
+                        t = torch.zeros(shape, dtype=dtype, device=p.device)
                 st[key] = t
                 tensors["optimizer.state.%s.%s" % (pname, key)] = t
             opt.state[p] = st

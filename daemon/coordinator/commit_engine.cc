@@ -37,7 +37,8 @@ Result<std::vector<std::string>> CommitEngine::RemoveUncommitted() {
   return removed;
 }
 
-Result<ckptd::v1::Manifest> CommitEngine::Commit(std::span<const ckptd::v1::NodeManifest> nodes) {
+Result<ckptd::v1::Manifest> CommitEngine::Commit(std::span<const ckptd::v1::NodeManifest> nodes,
+                                                 const ManifestCheck& check) {
   ASSIGN_OR_RETURN(ckptd::v1::Manifest manifest, MergeNodeManifests(nodes));
   const std::string job = manifest.job();
   const uint64_t step = manifest.step();
@@ -52,6 +53,7 @@ Result<ckptd::v1::Manifest> CommitEngine::Commit(std::span<const ckptd::v1::Node
           .count()));
   manifest.set_writer(config_.writer);
   RETURN_IF_ERROR(ValidateManifest(manifest), ctx);
+  if (check) RETURN_IF_ERROR(check(manifest), ctx);
 
   const std::string job_dir = JobDir(config_.storage_root, job);
   const std::string step_dir = StepDir(config_.storage_root, job, step);

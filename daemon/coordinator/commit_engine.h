@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -43,8 +44,12 @@ class CommitEngine {
   Result<std::vector<std::string>> RemoveUncommitted();
 
   // Writes MANIFEST merged from `nodes` (which must cover ranks 0..world_size-1), then LATEST,
-  // then applies retention. Returns the manifest written.
-  Result<ckptd::v1::Manifest> Commit(std::span<const ckptd::v1::NodeManifest> nodes);
+  // then applies retention. `check`, when given, may veto the merged manifest before anything
+  // is written (the coordinator checks that every registered shard has a writer). Returns the
+  // manifest written.
+  using ManifestCheck = std::function<Status(const ckptd::v1::Manifest&)>;
+  Result<ckptd::v1::Manifest> Commit(std::span<const ckptd::v1::NodeManifest> nodes,
+                                     const ManifestCheck& check = nullptr);
 
   // Deletes an uncommitted (aborted or failed) step's directory.
   Status RemoveStep(const std::string& job, uint64_t step);

@@ -217,7 +217,8 @@ Result<std::optional<DaemonConfig>> LoadDaemonConfig(int argc, char** argv) {
   for (const auto& o : options) {
     app.add_option_function<std::string>(
         "--" + o.key, [&from_flags, key = o.key](const std::string& v) { from_flags[key] = v; },
-        o.help + " [env " + EnvName(o.key) + "]");
+        o.help + " [env " + EnvName(o.key) + "]")
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a repeated flag: last wins
   }
   std::string config_file;
   bool print_config = false;

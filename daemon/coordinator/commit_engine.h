@@ -23,6 +23,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ckptd/v1/manifest.pb.h"
@@ -36,6 +37,9 @@ class CommitEngine {
     std::string storage_root;
     uint32_t keep = 0;  // committed steps kept per job; 0 = all
     std::string writer = "ckptd";
+    // Test hook: called at the named points of Commit ("before-manifest", "after-manifest",
+    // "after-latest"); the coordinator's crash tests make it kill the process there.
+    std::function<void(std::string_view point)> on_point;
   };
   CommitEngine(Config config, FileSystem* fs) : config_(std::move(config)), fs_(fs) {}
 

@@ -44,7 +44,7 @@ std::string ShardKeyOf(std::string_view name, std::string_view dtype,
 CoordinatorCore::CoordinatorCore(Config config, FileSystem* fs)
     : config_(std::move(config)),
       fs_(fs),
-      commit_({config_.storage_root, config_.keep, config_.writer}, fs) {}
+      commit_({config_.storage_root, config_.keep, config_.writer, config_.on_commit_point}, fs) {}
 
 CoordinatorCore::~CoordinatorCore() { Stop(); }
 

@@ -33,6 +33,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -66,6 +67,7 @@ class CoordinatorCore {
     std::chrono::milliseconds lease{std::chrono::seconds(10)};
     size_t finished_steps_kept = 64;  // per job, to answer late reports
     std::string writer = "ckpt-coordinator";
+    std::function<void(std::string_view point)> on_commit_point;  // CommitEngine::Config::on_point
   };
   CoordinatorCore(Config config, FileSystem* fs);
   ~CoordinatorCore();

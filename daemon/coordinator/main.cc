@@ -82,6 +82,24 @@ int main(int argc, char** argv) {
   config.step_timeout = *timeout;
   config.lease = *lease_ms;
   config.writer = std::string("ckpt-coordinator ") + ckpt::kVersion;
+  // CKPT_COORDINATOR_CRASH_AT=<point>[:<n>] kills this process (SIGKILL) at that point of its
+  // n-th commit (default 1st): how the crash tests stop it mid-commit. Never set in production.
+  if (const char* crash = std::getenv("CKPT_COORDINATOR_CRASH_AT"); crash && *crash) {
+    std::string spec = crash;
+    const auto colon = spec.find(':');
+    const std::string point = spec.substr(0, colon);
+    const int nth = colon == std::string::npos ? 1 : std::atoi(spec.c_str() + colon + 1);
+    spdlog::warn("CKPT_COORDINATOR_CRASH_AT={}: will kill itself at '{}' of commit {}", spec,
+                 point, nth);
+    config.on_commit_point = [point, nth, seen = std::make_shared<int>(0)](std::string_view p) {
+      if (p == "before-manifest") ++*seen;
+      if (p == point && *seen == nth) {
+        spdlog::warn("crash point '{}' reached: killing the process", point);
+        spdlog::default_logger()->flush();
+        ::raise(SIGKILL);
+      }
+    };
+  }
   ckpt::CoordinatorCore core(config, ckpt::PosixFileSystem());
   spdlog::info("ckpt-coordinator {} starting: storage root {}, keep {}, step timeout {} ms, "
                "lease {} ms",

@@ -420,12 +420,22 @@ Status CoordinatorCore::ReportRegistration(const ckptd::v1::ReportRegistrationRe
 }
 
 void CoordinatorCore::MaybePlan(const std::string& job, JobRecord& j) {
-  if (!j.plan_dirty || j.registrations.size() != j.world_size) return;
-  std::vector<RankRegistration> ranks;
+  if (!j.plan_dirty) return;
+  if (j.registrations.size() != j.world_size) {
+    // A registration changed and not every rank has re-registered: until they have, nobody
+    // skips anything (the old plan stays only to check steps already in flight under it).
+    if (j.plan && !j.plan_revoked) {
+      j.plan_revoked = true;
+      for (const auto& node : j.nodes) SendPlan(job, j, node);
+    }
+    return;
+  }
+  j.plan_revoked = false;
+  std::vector<const RankRegistration*> ranks;
   ranks.reserve(j.registrations.size());
-  for (const auto& [r, reg] : j.registrations) ranks.push_back(reg);
+  for (const auto& [r, reg] : j.registrations) ranks.push_back(&reg);
   const auto start = Clock::now();
-  j.plan = PlanWriters(ranks);
+  j.plan = std::make_shared<const WriterAssignment>(PlanWriters(ranks));
   j.plan_dirty = false;
   ++j.plan_version;
   spdlog::info("job '{}': writer plan v{} for {} ranks: {} of {} registered bytes written, in {} ms",
@@ -442,6 +452,7 @@ void CoordinatorCore::SendPlan(const std::string& job, JobRecord& j, const std::
   p->set_job(job);
   p->set_version(j.plan_version);
   for (const auto& [rank, reg] : j.registrations) {
+    if (j.plan_revoked) break;  // an empty plan: every rank writes everything
     if (reg.node_id != node) continue;
     auto* rs = p->add_ranks();
     rs->set_rank(rank);
@@ -454,22 +465,17 @@ void CoordinatorCore::SendPlan(const std::string& job, JobRecord& j, const std::
 }
 
 Status CoordinatorCore::CheckCoverage(const std::string& job, const ckptd::v1::Manifest& m) {
-  // Keys of every registered shard (a snapshot of the registrations, taken under the lock).
-  std::vector<std::pair<std::string, std::string>> wanted;  // key, tensor name
+  // The distinct shards of the current plan (shared, immutable: no copy under the lock).
+  std::shared_ptr<const WriterAssignment> plan;
   {
     std::lock_guard lock(mu_);
     auto j = jobs_.find(job);
-    if (j == jobs_.end() || j->second.world_size != m.world_size() ||
-        j->second.registrations.size() != m.world_size()) {
+    if (j == jobs_.end() || j->second.world_size != m.world_size() || !j->second.plan) {
       return Status::Ok();  // no plan was in force: every rank wrote everything
     }
-    std::unordered_set<std::string_view> seen;
-    for (const auto& [r, reg] : j->second.registrations) {
-      for (const auto& s : reg.shards) {
-        if (seen.insert(s.key).second) wanted.emplace_back(s.key, s.name);
-      }
-    }
+    plan = j->second.plan;
   }
+  const auto& wanted = plan->distinct;
   std::unordered_set<std::string> have;
   for (const auto& t : m.tensors()) {
     for (const auto& s : t.shards()) {
@@ -601,8 +607,8 @@ Result<std::vector<uint64_t>> CoordinatorCore::List(const std::string& job) {
 std::optional<WriterAssignment> CoordinatorCore::CurrentPlan(const std::string& job) {
   std::lock_guard lock(mu_);
   auto j = jobs_.find(job);
-  if (j == jobs_.end()) return std::nullopt;
-  return j->second.plan;
+  if (j == jobs_.end() || !j->second.plan) return std::nullopt;
+  return *j->second.plan;
 }
 
 void CoordinatorCore::WaitIdle() {

@@ -113,8 +113,9 @@ class CoordinatorCore {
     std::map<uint32_t, std::string> registration_keys;  // rank → fingerprint of its shards
     uint32_t world_size = 0;
     bool plan_dirty = false;
+    bool plan_revoked = false;  // nodes were told to write everything
     uint64_t plan_version = 0;
-    std::optional<WriterAssignment> plan;
+    std::shared_ptr<const WriterAssignment> plan;  // null until every rank registered
     std::set<uint64_t> recovered_aborted;
   };
   struct NodeRecord {

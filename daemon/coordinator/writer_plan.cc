@@ -1,11 +1,15 @@
 #include "daemon/coordinator/writer_plan.h"
 
 #include <algorithm>
+#include <functional>
 #include <unordered_map>
 
 namespace ckpt {
 
-WriterAssignment PlanWriters(const std::vector<RankRegistration>& ranks) {
+WriterAssignment PlanWriters(const std::vector<const RankRegistration*>& rank_ptrs) {
+  std::vector<std::reference_wrapper<const RankRegistration>> ranks;
+  ranks.reserve(rank_ptrs.size());
+  for (const RankRegistration* r : rank_ptrs) ranks.emplace_back(*r);
   struct Holder {
     uint32_t rank_index;
     uint32_t shard_index;
@@ -17,11 +21,11 @@ WriterAssignment PlanWriters(const std::vector<RankRegistration>& ranks) {
   WriterAssignment out;
   std::unordered_map<std::string_view, Group> groups;
   size_t total = 0;
-  for (const auto& r : ranks) total += r.shards.size();
+  for (const RankRegistration& r : ranks) total += r.shards.size();
   groups.reserve(total);
   for (uint32_t ri = 0; ri < ranks.size(); ++ri) {
-    for (uint32_t si = 0; si < ranks[ri].shards.size(); ++si) {
-      const PlannedShard& s = ranks[ri].shards[si];
+    for (uint32_t si = 0; si < ranks[ri].get().shards.size(); ++si) {
+      const PlannedShard& s = ranks[ri].get().shards[si];
       Group& g = groups[s.key];
       g.bytes = s.bytes;
       g.holders.push_back({ri, si});
@@ -30,12 +34,15 @@ WriterAssignment PlanWriters(const std::vector<RankRegistration>& ranks) {
   }
   std::map<std::string, uint64_t>& node_load = out.node_bytes;
   std::vector<uint64_t> rank_load(ranks.size(), 0);
-  for (const auto& r : ranks) node_load.try_emplace(r.node_id, 0);
+  for (const RankRegistration& r : ranks) node_load.try_emplace(r.node_id, 0);
   std::vector<const Group*> replicated;
+  out.distinct.reserve(groups.size());
   for (const auto& [key, g] : groups) {
     out.unique_bytes += g.bytes;
+    out.distinct.emplace_back(std::string(key),
+                              ranks[g.holders[0].rank_index].get().shards[g.holders[0].shard_index].name);
     if (g.holders.size() == 1) {
-      node_load[ranks[g.holders[0].rank_index].node_id] += g.bytes;
+      node_load[ranks[g.holders[0].rank_index].get().node_id] += g.bytes;
       rank_load[g.holders[0].rank_index] += g.bytes;
     } else {
       replicated.push_back(&g);
@@ -54,7 +61,7 @@ WriterAssignment PlanWriters(const std::vector<RankRegistration>& ranks) {
     uint64_t best_node = 0;
     const std::string* best_name = nullptr;
     for (const Holder& h : g->holders) {
-      const std::string& node = ranks[h.rank_index].node_id;
+      const std::string& node = ranks[h.rank_index].get().node_id;
       const uint64_t load = node_load[node];
       const bool better =
           best == nullptr || load < best_node ||
@@ -62,7 +69,7 @@ WriterAssignment PlanWriters(const std::vector<RankRegistration>& ranks) {
           (load == best_node && node == *best_name &&
            (rank_load[h.rank_index] < rank_load[best->rank_index] ||
             (rank_load[h.rank_index] == rank_load[best->rank_index] &&
-             ranks[h.rank_index].rank < ranks[best->rank_index].rank)));
+             ranks[h.rank_index].get().rank < ranks[best->rank_index].get().rank)));
       if (better) {
         best = &h;
         best_node = load;
@@ -73,7 +80,8 @@ WriterAssignment PlanWriters(const std::vector<RankRegistration>& ranks) {
     rank_load[best->rank_index] += g->bytes;
     for (const Holder& h : g->holders) {
       if (&h == best) continue;
-      out.skips[ranks[h.rank_index].rank].push_back(ranks[h.rank_index].shards[h.shard_index].name);
+      const RankRegistration& holder = ranks[h.rank_index];
+      out.skips[holder.rank].push_back(holder.shards[h.shard_index].name);
     }
   }
   return out;

@@ -36,8 +36,11 @@ struct WriterAssignment {
   std::map<std::string, uint64_t> node_bytes;           // bytes each node writes
   uint64_t unique_bytes = 0;                            // bytes written in all
   uint64_t registered_bytes = 0;                        // bytes registered in all
+  // One (key, tensor name) per distinct shard: what a committed step must hold.
+  std::vector<std::pair<std::string, std::string>> distinct;
 };
 
-WriterAssignment PlanWriters(const std::vector<RankRegistration>& ranks);
+// `ranks` point into storage the caller keeps alive during the call.
+WriterAssignment PlanWriters(const std::vector<const RankRegistration*>& ranks);
 
 }  // namespace ckpt

@@ -368,6 +368,13 @@ Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
     }
     case ckptd::v1::STEP_STATE_FAILED:
     case ckptd::v1::STEP_STATE_ABORTED:
+      if (s.persisted.size() == s.world_size) {
+        // Every rank is durable and the commit is under way: a node failing afterwards (e.g. a
+        // daemon shutting down) changes nothing on disk, so the step still commits.
+        spdlog::warn("{}: ignoring a late failure report ({}): every rank is persisted", ctx,
+                     req.reason());
+        break;
+      }
       Decide(req.job(), req.step(), s, req.state(),
              "node '" + req.node_id() + "': " + req.reason());
       break;

@@ -86,7 +86,10 @@ void CoordinatorLink::WatchLoop() {
     grpc::Status st;
     {
       grpc::ClientContext ctx;
-      Deadline(ctx);
+      // Short: Stop() waits for this call, and an unreachable coordinator is retried anyway.
+      ctx.set_deadline(std::chrono::system_clock::now() +
+                       std::min<std::chrono::milliseconds>(config_.rpc_deadline,
+                                                           std::chrono::seconds(3)));
       st = stub_->RegisterNode(&ctx, req, &resp);
     }
     if (st.ok()) {

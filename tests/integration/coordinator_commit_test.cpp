@@ -169,6 +169,9 @@ TEST_CASE("a daemon killed mid-step aborts the step on every node naming the mis
     for (auto& r : ranks) REQUIRE_OK(r->WaitCommitted(step));
   }
   CHECK(CommittedSteps(root, "lost") == std::vector<uint64_t>{1, 3, 4});
+  auto latest = ranks[5]->client().Latest();  // answered by the coordinator
+  REQUIRE_OK(latest);
+  CHECK(*latest == std::optional<uint64_t>(4));
   auto bad = ranks[9]->LoadAndCheck(4);
   REQUIRE_OK(bad);
   CHECK(*bad == 0);

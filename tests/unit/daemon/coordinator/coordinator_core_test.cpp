@@ -156,7 +156,7 @@ TEST_CASE("CoordinatorCore commits a step once every node persisted its ranks, i
   f.Persisted("b", 2, 4, {2, 3});  // step 2 complete, but step 1 is still in flight
   f.Persisted("a", 1, 4, {0, 1});
   f.Persisted("b", 1, 4, {2, 3});
-  auto d2 = f.sinks["a"]->WaitTerminal("j", 2);
+  auto d2 = f.sinks["b"]->WaitTerminal("j", 2);  // the sink whose order is checked next
   REQUIRE(d2);
   CHECK(d2->state() == pb::STEP_STATE_COMMITTED);
   CHECK(f.sinks["b"]->CommittedOrder("j") == std::vector<uint64_t>{1, 2});

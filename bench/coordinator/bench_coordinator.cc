@@ -55,8 +55,8 @@ class Sink final : public ckpt::NodeSink {
                                    it->second == pb::STEP_STATE_ABORTED);
     });
     if (last_[{job, step}] != state) {
-      std::fprintf(stderr, "bench_coordinator: job %s step %llu ended otherwise: %s\n",
-                   job.c_str(), static_cast<unsigned long long>(step), reason_.c_str());
+      std::fprintf(stderr, "bench_coordinator: job %s step %llu ended otherwise: %s\n", job.c_str(),
+                   static_cast<unsigned long long>(step), reason_.c_str());
       std::exit(1);
     }
     return at_;
@@ -74,7 +74,7 @@ struct Layout {
   uint32_t ranks, tensors, tp, per_node;
   uint64_t rows(uint32_t t) const { return 64ull * (1 + t % 16); }  // rows per TP slice
   static constexpr uint64_t kCols = 4096;
-  uint64_t bytes(uint32_t t) const { return rows(t) * kCols * 2; }   // bfloat16
+  uint64_t bytes(uint32_t t) const { return rows(t) * kCols * 2; }  // bfloat16
   std::string node(uint32_t rank) const { return "node" + std::to_string(rank / per_node); }
 };
 
@@ -85,8 +85,7 @@ M OverTheWire(const M& m) {
   return out;
 }
 
-pb::ReportRegistrationRequest Registration(const Layout& l, const std::string& job,
-                                           uint32_t rank) {
+pb::ReportRegistrationRequest Registration(const Layout& l, const std::string& job, uint32_t rank) {
   pb::ReportRegistrationRequest req;
   req.set_node_id(l.node(rank));
   req.set_job(job);
@@ -194,8 +193,7 @@ CommitResult Commit(ckpt::CoordinatorCore& core, Sink& sink, const Layout& l,
   if (!core.ReportRanks(OverTheWire(reports.back())).ok()) std::exit(1);
   const auto committed = sink.Wait(job, step, pb::STEP_STATE_COMMITTED);
   out.commit_ms = Ms(committed - last);
-  out.manifest_bytes =
-      std::filesystem::file_size(ckpt::StepDir(root, job, step) + "/MANIFEST");
+  out.manifest_bytes = std::filesystem::file_size(ckpt::StepDir(root, job, step) + "/MANIFEST");
   return out;
 }
 
@@ -250,8 +248,9 @@ int main(int argc, char** argv) {
   }
 
   auto median = [](std::vector<CommitResult> v) {
-    std::sort(v.begin(), v.end(),
-              [](const CommitResult& a, const CommitResult& b) { return a.commit_ms < b.commit_ms; });
+    std::sort(v.begin(), v.end(), [](const CommitResult& a, const CommitResult& b) {
+      return a.commit_ms < b.commit_ms;
+    });
     return v[v.size() / 2];
   };
   std::vector<CommitResult> with_plan, without_plan;
@@ -264,13 +263,13 @@ int main(int argc, char** argv) {
 
   std::printf("bench_coordinator: %u ranks (%u nodes x %u), %u tensors per rank, TP=%u x DP=%u\n",
               l.ranks, nodes, l.per_node, l.tensors, l.tp, l.ranks / l.tp);
-  std::printf("registration of %u ranks: %.1f ms; plan (the last registration): %.1f ms\n",
-              l.ranks, reg_ms, plan_ms);
+  std::printf("registration of %u ranks: %.1f ms; plan (the last registration): %.1f ms\n", l.ranks,
+              reg_ms, plan_ms);
   std::printf("plan: %.2f GiB registered, %.2f GiB written; node bytes max/min = %.4f\n",
               plan->registered_bytes / double(1ull << 30), plan->unique_bytes / double(1ull << 30),
               lo == 0 ? 0.0 : double(hi) / double(lo));
-  std::printf("%-22s %12s %14s %14s %12s\n", "variant", "shards in", "reports (ms)",
-              "commit (ms)", "MANIFEST");
+  std::printf("%-22s %12s %14s %14s %12s\n", "variant", "shards in", "reports (ms)", "commit (ms)",
+              "MANIFEST");
   std::printf("%-22s %12llu %14.1f %14.1f %9.2f MiB\n", "write-once plan",
               static_cast<unsigned long long>(p.shards), p.report_ms, p.commit_ms,
               p.manifest_bytes / double(1 << 20));

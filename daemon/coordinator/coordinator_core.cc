@@ -103,9 +103,9 @@ Result<std::vector<std::string>> CoordinatorCore::RecoverJob(const std::string& 
       if (ranks.size() == nodes[0].world_size()) {
         committed = commit_.Commit(nodes).status();
       } else {
-        committed = FailedPrecondition(std::to_string(ranks.size()) + " of " +
-                                       std::to_string(nodes[0].world_size()) +
-                                       " ranks were persisted");
+        committed =
+            FailedPrecondition(std::to_string(ranks.size()) + " of " +
+                               std::to_string(nodes[0].world_size()) + " ranks were persisted");
       }
     }
     if (committed.ok()) {
@@ -234,13 +234,13 @@ void CoordinatorCore::Decide(const std::string& job, uint64_t step, StepRecord& 
   s.state = state;
   s.reason = reason;
   if (Terminal(state)) {
-    spdlog::log(state == ckptd::v1::STEP_STATE_COMMITTED ? spdlog::level::info
-                                                         : spdlog::level::warn,
-                "{}: {}{}", StepName(job, step),
-                state == ckptd::v1::STEP_STATE_COMMITTED ? "committed"
-                : state == ckptd::v1::STEP_STATE_ABORTED ? "aborted"
-                                                         : "failed",
-                reason.empty() ? "" : ": " + reason);
+    spdlog::log(
+        state == ckptd::v1::STEP_STATE_COMMITTED ? spdlog::level::info : spdlog::level::warn,
+        "{}: {}{}", StepName(job, step),
+        state == ckptd::v1::STEP_STATE_COMMITTED ? "committed"
+        : state == ckptd::v1::STEP_STATE_ABORTED ? "aborted"
+                                                 : "failed",
+        reason.empty() ? "" : ": " + reason);
   }
   ckptd::v1::CoordinatorEvent e;
   auto* d = e.mutable_step();
@@ -266,8 +266,8 @@ void CoordinatorCore::Decide(const std::string& job, uint64_t step, StepRecord& 
 Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
     const ckptd::v1::ReportRanksRequest& req) {
   RETURN_IF_ERROR(ValidateJobName(req.job()));
-  const std::string ctx = StepName(req.job(), req.step()) + " from node '" +
-                          EscapeForLog(req.node_id()) + "'";
+  const std::string ctx =
+      StepName(req.job(), req.step()) + " from node '" + EscapeForLog(req.node_id()) + "'";
   if (req.world_size() == 0 || req.world_size() > (1u << 20)) {
     return InvalidArgument(ctx + ": world size " + std::to_string(req.world_size()));
   }
@@ -292,9 +292,8 @@ Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
       ended = ckptd::v1::STEP_STATE_ABORTED;
       why = "the coordinator restarted before every rank was persisted; the step was removed";
     } else {
-      auto committed = fs_->Exists(
-          JoinPath(StepDir(config_.storage_root, req.job(), req.step()),
-                   std::string(kManifestFileName)));
+      auto committed = fs_->Exists(JoinPath(StepDir(config_.storage_root, req.job(), req.step()),
+                                            std::string(kManifestFileName)));
       if (committed.ok() && *committed) ended = ckptd::v1::STEP_STATE_COMMITTED;
     }
     if (ended != ckptd::v1::STEP_STATE_PENDING) {
@@ -445,9 +444,10 @@ void CoordinatorCore::MaybePlan(const std::string& job, JobRecord& j) {
   j.plan = std::make_shared<const WriterAssignment>(PlanWriters(ranks));
   j.plan_dirty = false;
   ++j.plan_version;
-  spdlog::info("job '{}': writer plan v{} for {} ranks: {} of {} registered bytes written, in {} ms",
-               job, j.plan_version, ranks.size(), j.plan->unique_bytes, j.plan->registered_bytes,
-               std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count());
+  spdlog::info(
+      "job '{}': writer plan v{} for {} ranks: {} of {} registered bytes written, in {} ms", job,
+      j.plan_version, ranks.size(), j.plan->unique_bytes, j.plan->registered_bytes,
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count());
   for (const auto& node : j.nodes) SendPlan(job, j, node);
 }
 
@@ -514,11 +514,9 @@ void CoordinatorCore::TryCommit(const std::string& job) {
     ++commits_in_flight_;
     commit_thread_.Post([this, job, step = n, nodes = std::move(nodes)] {
       const std::string step_dir = StepDir(config_.storage_root, job, step);
-      Status st = commit_
-                      .Commit(nodes, [&](const ckptd::v1::Manifest& m) {
-                        return CheckCoverage(job, m);
-                      })
-                      .status();
+      Status st =
+          commit_.Commit(nodes, [&](const ckptd::v1::Manifest& m) { return CheckCoverage(job, m); })
+              .status();
       if (!st.ok()) {
         // A failure after the MANIFEST rename still leaves a committed step: report the truth.
         auto exists = fs_->Exists(JoinPath(step_dir, std::string(kManifestFileName)));

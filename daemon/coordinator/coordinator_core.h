@@ -126,14 +126,14 @@ class CoordinatorCore {
 
   static bool Terminal(ckptd::v1::StepState s);
   void Decide(const std::string& job, uint64_t step, StepRecord& s, ckptd::v1::StepState state,
-              const std::string& reason);  // REQUIRES(mu_)
+              const std::string& reason);                                        // REQUIRES(mu_)
   void Broadcast(const std::string& job, const ckptd::v1::CoordinatorEvent& e);  // REQUIRES(mu_)
   void SendPlan(const std::string& job, JobRecord& j, const std::string& only_node);
   void MaybePlan(const std::string& job, JobRecord& j);  // REQUIRES(mu_)
-  void TryCommit(const std::string& job);  // REQUIRES(mu_)
+  void TryCommit(const std::string& job);                // REQUIRES(mu_)
   void OnCommitted(const std::string& job, uint64_t step, Status st);
   void LoseNode(const std::string& node_id, const std::string& why);  // REQUIRES(mu_)
-  std::string MissingRanks(const StepRecord& s) const;  // REQUIRES(mu_)
+  std::string MissingRanks(const StepRecord& s) const;                // REQUIRES(mu_)
   Status CheckCoverage(const std::string& job, const ckptd::v1::Manifest& m);
   void Prune(JobRecord& j);
   void TimerLoop();

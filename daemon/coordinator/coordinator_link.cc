@@ -87,9 +87,9 @@ void CoordinatorLink::WatchLoop() {
     {
       grpc::ClientContext ctx;
       // Short: Stop() waits for this call, and an unreachable coordinator is retried anyway.
-      ctx.set_deadline(std::chrono::system_clock::now() +
-                       std::min<std::chrono::milliseconds>(config_.rpc_deadline,
-                                                           std::chrono::seconds(3)));
+      ctx.set_deadline(
+          std::chrono::system_clock::now() +
+          std::min<std::chrono::milliseconds>(config_.rpc_deadline, std::chrono::seconds(3)));
       st = stub_->RegisterNode(&ctx, req, &resp);
     }
     if (st.ok()) {
@@ -121,8 +121,8 @@ void CoordinatorLink::WatchLoop() {
       spdlog::warn("coordinator {}: event stream ended ({}); reconnecting", config_.address,
                    st.error_message().empty() ? "closed" : st.error_message());
     } else if (!warned) {
-      spdlog::warn("coordinator {}: cannot register: {}; retrying with backoff",
-                   config_.address, st.error_message());
+      spdlog::warn("coordinator {}: cannot register: {}; retrying with backoff", config_.address,
+                   st.error_message());
       warned = true;
     }
     std::unique_lock lock(mu_);
@@ -204,9 +204,9 @@ void CoordinatorLink::Latest(const std::string& job,
     Result<std::optional<uint64_t>> out =
         st.ok() ? Result<std::optional<uint64_t>>(
                       resp.has_step() ? std::optional<uint64_t>(resp.step()) : std::nullopt)
-                : Result<std::optional<uint64_t>>(
-                      Unavailable("coordinator " + config_.address + ": latest of job '" + job +
-                                  "': " + st.error_message()));
+                : Result<std::optional<uint64_t>>(Unavailable("coordinator " + config_.address +
+                                                              ": latest of job '" + job +
+                                                              "': " + st.error_message()));
     PostToLoop([done = std::move(done), out = std::move(out)]() mutable { done(std::move(out)); });
   });
 }

@@ -66,8 +66,7 @@ class CoordinatorLink {
 
   void ReportRanks(ckptd::v1::ReportRanksRequest request);
   void ReportRegistration(ckptd::v1::ReportRegistrationRequest request);
-  void Latest(const std::string& job,
-              std::function<void(Result<std::optional<uint64_t>>)> done);
+  void Latest(const std::string& job, std::function<void(Result<std::optional<uint64_t>>)> done);
 
   const Config& config() const { return config_; }
 
@@ -89,8 +88,8 @@ class CoordinatorLink {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;  // guarded by mu_
-  bool stopping_ = false;                    // guarded by mu_
+  std::deque<std::function<void()>> queue_;   // guarded by mu_
+  bool stopping_ = false;                     // guarded by mu_
   grpc::ClientContext* watch_ctx_ = nullptr;  // guarded by mu_; cancelled by Stop
   std::thread watch_thread_;
   std::thread send_thread_;

@@ -11,17 +11,38 @@ grpc::Status ToGrpcStatus(const Status& s) {
   if (s.ok()) return grpc::Status::OK;
   grpc::StatusCode code = grpc::StatusCode::INTERNAL;
   switch (s.code()) {
-    case StatusCode::kInvalidArgument: code = grpc::StatusCode::INVALID_ARGUMENT; break;
-    case StatusCode::kNotFound: code = grpc::StatusCode::NOT_FOUND; break;
-    case StatusCode::kFailedPrecondition: code = grpc::StatusCode::FAILED_PRECONDITION; break;
-    case StatusCode::kUnavailable: code = grpc::StatusCode::UNAVAILABLE; break;
-    case StatusCode::kAborted: code = grpc::StatusCode::ABORTED; break;
-    case StatusCode::kResourceExhausted: code = grpc::StatusCode::RESOURCE_EXHAUSTED; break;
-    case StatusCode::kDeadlineExceeded: code = grpc::StatusCode::DEADLINE_EXCEEDED; break;
-    case StatusCode::kPermissionDenied: code = grpc::StatusCode::PERMISSION_DENIED; break;
-    case StatusCode::kOutOfRange: code = grpc::StatusCode::OUT_OF_RANGE; break;
-    case StatusCode::kUnimplemented: code = grpc::StatusCode::UNIMPLEMENTED; break;
-    default: break;
+    case StatusCode::kInvalidArgument:
+      code = grpc::StatusCode::INVALID_ARGUMENT;
+      break;
+    case StatusCode::kNotFound:
+      code = grpc::StatusCode::NOT_FOUND;
+      break;
+    case StatusCode::kFailedPrecondition:
+      code = grpc::StatusCode::FAILED_PRECONDITION;
+      break;
+    case StatusCode::kUnavailable:
+      code = grpc::StatusCode::UNAVAILABLE;
+      break;
+    case StatusCode::kAborted:
+      code = grpc::StatusCode::ABORTED;
+      break;
+    case StatusCode::kResourceExhausted:
+      code = grpc::StatusCode::RESOURCE_EXHAUSTED;
+      break;
+    case StatusCode::kDeadlineExceeded:
+      code = grpc::StatusCode::DEADLINE_EXCEEDED;
+      break;
+    case StatusCode::kPermissionDenied:
+      code = grpc::StatusCode::PERMISSION_DENIED;
+      break;
+    case StatusCode::kOutOfRange:
+      code = grpc::StatusCode::OUT_OF_RANGE;
+      break;
+    case StatusCode::kUnimplemented:
+      code = grpc::StatusCode::UNIMPLEMENTED;
+      break;
+    default:
+      break;
   }
   return grpc::Status(code, s.message());
 }
@@ -140,9 +161,9 @@ grpc::ServerWriteReactor<ckptd::v1::CoordinatorEvent>* CoordinatorService::Watch
   return new WatchReactor(core_, req->node_id());
 }
 
-grpc::ServerUnaryReactor* CoordinatorService::ReportRanks(
-    grpc::CallbackServerContext* ctx, const ckptd::v1::ReportRanksRequest* req,
-    ckptd::v1::ReportRanksResponse* resp) {
+grpc::ServerUnaryReactor* CoordinatorService::ReportRanks(grpc::CallbackServerContext* ctx,
+                                                          const ckptd::v1::ReportRanksRequest* req,
+                                                          ckptd::v1::ReportRanksResponse* resp) {
   return FinishWith(ctx, core_->ReportRanks(*req), resp);
 }
 

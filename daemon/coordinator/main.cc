@@ -27,7 +27,8 @@ namespace {
 
 std::string RandomHex() {
   std::random_device rd;
-  std::mt19937_64 gen((static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(::getpid()));
+  std::mt19937_64 gen((static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+                      static_cast<uint64_t>(::getpid()));
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(gen()));
   return buf;
@@ -54,8 +55,7 @@ int main(int argc, char** argv) {
   app.add_option("--tls-cert", tls.cert, "PEM certificate chain (enables TLS)");
   app.add_option("--tls-key", tls.key, "PEM private key of --tls-cert");
   app.add_option("--tls-client-ca", tls.ca, "PEM CA; daemons must present a certificate it signed");
-  app.add_flag("--allow-plaintext", allow_plaintext,
-               "serve without TLS on a non-loopback address");
+  app.add_flag("--allow-plaintext", allow_plaintext, "serve without TLS on a non-loopback address");
   app.add_option("--log-level", log_level, "trace, debug, info, warn or error");
   try {
     app.parse(argc, argv);
@@ -89,8 +89,8 @@ int main(int argc, char** argv) {
     const auto colon = spec.find(':');
     const std::string point = spec.substr(0, colon);
     const int nth = colon == std::string::npos ? 1 : std::atoi(spec.c_str() + colon + 1);
-    spdlog::warn("CKPT_COORDINATOR_CRASH_AT={}: will kill itself at '{}' of commit {}", spec,
-                 point, nth);
+    spdlog::warn("CKPT_COORDINATOR_CRASH_AT={}: will kill itself at '{}' of commit {}", spec, point,
+                 nth);
     config.on_commit_point = [point, nth, seen = std::make_shared<int>(0)](std::string_view p) {
       if (p == "before-manifest") ++*seen;
       if (p == point && *seen == nth) {
@@ -101,9 +101,10 @@ int main(int argc, char** argv) {
     };
   }
   ckpt::CoordinatorCore core(config, ckpt::PosixFileSystem());
-  spdlog::info("ckpt-coordinator {} starting: storage root {}, keep {}, step timeout {} ms, "
-               "lease {} ms",
-               ckpt::kVersion, root, keep, timeout->count(), lease_ms->count());
+  spdlog::info(
+      "ckpt-coordinator {} starting: storage root {}, keep {}, step timeout {} ms, "
+      "lease {} ms",
+      ckpt::kVersion, root, keep, timeout->count(), lease_ms->count());
   auto recovered = core.Start();
   if (!recovered.ok()) {
     spdlog::error("recovery scan of {}: {}", root, recovered.status().ToString());

@@ -38,8 +38,9 @@ bool IsLoopbackAddress(const std::string& address) {
   return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
 
-Result<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
-    const std::string& listen, const TlsFiles& tls, bool allow_plaintext) {
+Result<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const std::string& listen,
+                                                                       const TlsFiles& tls,
+                                                                       bool allow_plaintext) {
   if (!tls.enabled()) {
     if (!IsLoopbackAddress(listen) && !allow_plaintext) {
       return FailedPrecondition("--listen " + listen +
@@ -64,8 +65,9 @@ Result<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   return grpc::SslServerCredentials(options);
 }
 
-Result<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
-    const std::string& target, const TlsFiles& tls, bool allow_plaintext) {
+Result<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(const std::string& target,
+                                                                         const TlsFiles& tls,
+                                                                         bool allow_plaintext) {
   if (!tls.enabled()) {
     if (!IsLoopbackAddress(target) && !allow_plaintext) {
       return FailedPrecondition("--coordinator " + target +
@@ -75,7 +77,8 @@ Result<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
     return grpc::InsecureChannelCredentials();
   }
   if (tls.cert.empty() != tls.key.empty()) {
-    return InvalidArgument("a client certificate needs both --coordinator-cert and --coordinator-key");
+    return InvalidArgument(
+        "a client certificate needs both --coordinator-cert and --coordinator-key");
   }
   grpc::SslCredentialsOptions options;
   if (!tls.ca.empty()) {

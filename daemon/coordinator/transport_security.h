@@ -19,9 +19,9 @@
 namespace ckpt {
 
 struct TlsFiles {
-  std::string cert;       // PEM certificate chain of this side
-  std::string key;        // PEM private key of this side
-  std::string ca;         // PEM CA: server side verifies clients; client side verifies the server
+  std::string cert;         // PEM certificate chain of this side
+  std::string key;          // PEM private key of this side
+  std::string ca;           // PEM CA: server side verifies clients; client side verifies the server
   std::string server_name;  // client side only: name to expect in the server's certificate
   bool enabled() const { return !cert.empty() || !key.empty() || !ca.empty(); }
 };
@@ -31,9 +31,11 @@ bool IsLoopbackAddress(const std::string& address);
 
 // Errors name the flag and file that is missing or unreadable, and refuse plaintext on a
 // non-loopback address unless `allow_plaintext`.
-Result<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
-    const std::string& listen, const TlsFiles& tls, bool allow_plaintext);
-Result<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
-    const std::string& target, const TlsFiles& tls, bool allow_plaintext);
+Result<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const std::string& listen,
+                                                                       const TlsFiles& tls,
+                                                                       bool allow_plaintext);
+Result<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(const std::string& target,
+                                                                         const TlsFiles& tls,
+                                                                         bool allow_plaintext);
 
 }  // namespace ckpt

@@ -39,8 +39,9 @@ WriterAssignment PlanWriters(const std::vector<const RankRegistration*>& rank_pt
   out.distinct.reserve(groups.size());
   for (const auto& [key, g] : groups) {
     out.unique_bytes += g.bytes;
-    out.distinct.emplace_back(std::string(key),
-                              ranks[g.holders[0].rank_index].get().shards[g.holders[0].shard_index].name);
+    out.distinct.emplace_back(
+        std::string(key),
+        ranks[g.holders[0].rank_index].get().shards[g.holders[0].shard_index].name);
     if (g.holders.size() == 1) {
       node_load[ranks[g.holders[0].rank_index].get().node_id] += g.bytes;
       rank_load[g.holders[0].rank_index] += g.bytes;
@@ -63,13 +64,12 @@ WriterAssignment PlanWriters(const std::vector<const RankRegistration*>& rank_pt
     for (const Holder& h : g->holders) {
       const std::string& node = ranks[h.rank_index].get().node_id;
       const uint64_t load = node_load[node];
-      const bool better =
-          best == nullptr || load < best_node ||
-          (load == best_node && node < *best_name) ||
-          (load == best_node && node == *best_name &&
-           (rank_load[h.rank_index] < rank_load[best->rank_index] ||
-            (rank_load[h.rank_index] == rank_load[best->rank_index] &&
-             ranks[h.rank_index].get().rank < ranks[best->rank_index].get().rank)));
+      const bool better = best == nullptr || load < best_node ||
+                          (load == best_node && node < *best_name) ||
+                          (load == best_node && node == *best_name &&
+                           (rank_load[h.rank_index] < rank_load[best->rank_index] ||
+                            (rank_load[h.rank_index] == rank_load[best->rank_index] &&
+                             ranks[h.rank_index].get().rank < ranks[best->rank_index].get().rank)));
       if (better) {
         best = &h;
         best_node = load;

@@ -32,10 +32,10 @@ struct RankRegistration {
 };
 
 struct WriterAssignment {
-  std::map<uint32_t, std::vector<std::string>> skips;   // rank → names it does not write
-  std::map<std::string, uint64_t> node_bytes;           // bytes each node writes
-  uint64_t unique_bytes = 0;                            // bytes written in all
-  uint64_t registered_bytes = 0;                        // bytes registered in all
+  std::map<uint32_t, std::vector<std::string>> skips;  // rank → names it does not write
+  std::map<std::string, uint64_t> node_bytes;          // bytes each node writes
+  uint64_t unique_bytes = 0;                           // bytes written in all
+  uint64_t registered_bytes = 0;                       // bytes registered in all
   // One (key, tensor name) per distinct shard: what a committed step must hold.
   std::vector<std::pair<std::string, std::string>> distinct;
 };

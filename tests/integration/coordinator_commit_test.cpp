@@ -2,8 +2,7 @@
 // one ckpt-coordinator, trainer ranks of a TP=2 × DP=6 model whose data-parallel replicas span
 // the nodes (coordinator_model.h). Multi-node commit, write-once and balance of replicas,
 // resharded load, and a node lost in the middle of a step.
-#include "tests/integration/daemon_harness.h"  // first: it configures Catch
-
+// coordinator_harness.h includes daemon_harness.h first (it configures Catch).
 #include "tests/integration/coordinator_harness.h"
 
 namespace {
@@ -36,9 +35,10 @@ CoordinatorProcess::Options CoordinatorIn(const TempDir& dir, std::vector<std::s
   return o;
 }
 
-TEST_CASE("three daemons commit a TP=2 x DP=6 job, replicas written once and balanced, and "
-          "it loads into 4 ranks",
-          "[coordinator]") {
+TEST_CASE(
+    "three daemons commit a TP=2 x DP=6 job, replicas written once and balanced, and "
+    "it loads into 4 ranks",
+    "[coordinator]") {
   TempDir dir;
   CoordinatorProcess coordinator(CoordinatorIn(dir, {}));
   auto nodes = StartNodes(dir, dir / "root", coordinator.address(), kNodes);
@@ -46,13 +46,13 @@ TEST_CASE("three daemons commit a TP=2 x DP=6 job, replicas written once and bal
 
   std::vector<ChildProcess> ranks;
   for (uint32_t r = 0; r < kWorld; ++r) {
-    ranks.emplace_back(rank_bin,
-                       std::vector<std::string>{"save", "--socket", nodes[NodeOf(r)]->socket(),
-                                                "--job", "tpdp", "--rank", std::to_string(r),
-                                                "--world-size", std::to_string(kWorld), "--tp",
-                                                std::to_string(kTp), "--tensors",
-                                                std::to_string(kTensors), "--steps", "1,2,3"},
-                       dir / ("rank" + std::to_string(r) + ".log"));
+    ranks.emplace_back(
+        rank_bin,
+        std::vector<std::string>{"save", "--socket", nodes[NodeOf(r)]->socket(), "--job", "tpdp",
+                                 "--rank", std::to_string(r), "--world-size",
+                                 std::to_string(kWorld), "--tp", std::to_string(kTp), "--tensors",
+                                 std::to_string(kTensors), "--steps", "1,2,3"},
+        dir / ("rank" + std::to_string(r) + ".log"));
   }
   for (uint32_t r = 0; r < kWorld; ++r) {
     const int status = ranks[r].Wait();
@@ -103,12 +103,12 @@ TEST_CASE("three daemons commit a TP=2 x DP=6 job, replicas written once and bal
   // 12 ranks (TP=2) → 4 ranks (TP=4), loaded through two of the daemons.
   std::vector<ChildProcess> loaders;
   for (uint32_t r = 0; r < 4; ++r) {
-    loaders.emplace_back(rank_bin,
-                         std::vector<std::string>{"load", "--socket", nodes[r % 2]->socket(),
-                                                  "--job", "tpdp", "--rank", std::to_string(r),
-                                                  "--world-size", "4", "--tp", "4", "--tensors",
-                                                  std::to_string(kTensors)},
-                         dir / ("loader" + std::to_string(r) + ".log"));
+    loaders.emplace_back(
+        rank_bin,
+        std::vector<std::string>{"load", "--socket", nodes[r % 2]->socket(), "--job", "tpdp",
+                                 "--rank", std::to_string(r), "--world-size", "4", "--tp", "4",
+                                 "--tensors", std::to_string(kTensors)},
+        dir / ("loader" + std::to_string(r) + ".log"));
   }
   for (uint32_t r = 0; r < 4; ++r) {
     const int status = loaders[r].Wait();
@@ -119,9 +119,10 @@ TEST_CASE("three daemons commit a TP=2 x DP=6 job, replicas written once and bal
   }
 }
 
-TEST_CASE("a daemon killed mid-step aborts the step on every node naming the missing ranks; "
-          "later steps commit once it returns",
-          "[coordinator]") {
+TEST_CASE(
+    "a daemon killed mid-step aborts the step on every node naming the missing ranks; "
+    "later steps commit once it returns",
+    "[coordinator]") {
   TempDir dir;
   CoordinatorProcess coordinator(CoordinatorIn(dir, {"--lease", "500ms"}));
   auto nodes = StartNodes(dir, dir / "root", coordinator.address(), kNodes);

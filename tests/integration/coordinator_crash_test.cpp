@@ -5,8 +5,7 @@
 // The crash points inside the commit are the coordinator's own (CKPT_COORDINATOR_CRASH_AT makes
 // it SIGKILL itself there: before the MANIFEST rename, after it, after LATEST), so each timing
 // is hit exactly rather than raced for.
-#include "tests/integration/daemon_harness.h"  // first: it configures Catch
-
+// coordinator_harness.h includes daemon_harness.h first (it configures Catch).
 #include "tests/integration/coordinator_harness.h"
 
 namespace {
@@ -51,8 +50,8 @@ void RunCrashCase(const std::string& crash_at) {
   auto nodes = StartNodes(dir, root, coordinator.address(), 2);
   std::vector<std::unique_ptr<ModelRank>> ranks;
   for (uint32_t r = 0; r < kWorld; ++r) {
-    ranks.push_back(std::make_unique<ModelRank>(nodes[r / 2]->socket(), "crash", r, kWorld, kTp,
-                                                kTensors));
+    ranks.push_back(
+        std::make_unique<ModelRank>(nodes[r / 2]->socket(), "crash", r, kWorld, kTp, kTensors));
   }
   for (auto& r : ranks) REQUIRE_OK(r->SaveStep(1));
   for (auto& r : ranks) REQUIRE_OK(r->WaitCommitted(1));
@@ -105,9 +104,10 @@ TEST_CASE("coordinator killed before the MANIFEST rename: the step commits after
   RunCrashCase("before-manifest");
 }
 
-TEST_CASE("coordinator killed after the MANIFEST rename, before LATEST: committed, LATEST "
-          "still names a committed step",
-          "[coordinator][crash]") {
+TEST_CASE(
+    "coordinator killed after the MANIFEST rename, before LATEST: committed, LATEST "
+    "still names a committed step",
+    "[coordinator][crash]") {
   RunCrashCase("after-manifest");
 }
 
@@ -115,9 +115,10 @@ TEST_CASE("coordinator killed after LATEST, before retention: committed", "[coor
   RunCrashCase("after-latest");
 }
 
-TEST_CASE("coordinator killed between capture and commit: the step is committed or absent, "
-          "never torn",
-          "[coordinator][crash]") {
+TEST_CASE(
+    "coordinator killed between capture and commit: the step is committed or absent, "
+    "never torn",
+    "[coordinator][crash]") {
   RunCrashCase("after-capture");
 }
 

@@ -5,7 +5,7 @@
 //
 // Readiness is an event, never a sleep: the coordinator is ready when its Unix socket accepts a
 // connection (retried while absent, failing at once if the process exits); daemons are ready as
-// in daemon_harness.h. Include daemon_harness.h first (it configures Catch), then this.
+// in daemon_harness.h. Test files include this header alone and first.
 #pragma once
 
 #include <sys/mman.h>
@@ -15,7 +15,7 @@
 #include <map>
 
 #include "tests/integration/coordinator_model.h"
-#include "tests/integration/daemon_harness.h"
+#include "tests/integration/daemon_harness.h"  // first: it configures Catch
 
 namespace ckpt::itest {
 
@@ -57,8 +57,8 @@ class CoordinatorProcess {
       std::ofstream log(options_.log_path, std::ios::app);
       log << "==== harness: starting ckpt-coordinator ====\n";
     }
-    std::vector<std::string> args = {"--listen", address(), "--storage-root",
-                                     options_.storage_root, "--log-level", "info"};
+    std::vector<std::string> args = {
+        "--listen", address(), "--storage-root", options_.storage_root, "--log-level", "info"};
     args.insert(args.end(), options_.flags.begin(), options_.flags.end());
     process_ = ChildProcess(binary, args, options_.log_path, options_.env);
     // Ready when the socket accepts; the retry interval grows, the deadline bounds it.
@@ -86,8 +86,8 @@ class CoordinatorProcess {
 
 // `n` daemons under `dir`, nodes "n0".."n<n-1>", pointed at `coordinator`, one shared root.
 inline std::vector<std::unique_ptr<DaemonProcess>> StartNodes(
-    const testing::TempDir& dir, const std::string& root, const std::string& coordinator,
-    int n, std::vector<std::string> extra_flags = {}) {
+    const testing::TempDir& dir, const std::string& root, const std::string& coordinator, int n,
+    std::vector<std::string> extra_flags = {}) {
   std::vector<std::unique_ptr<DaemonProcess>> out;
   for (int i = 0; i < n; ++i) out.push_back(nullptr);
   for (int i = 0; i < n; ++i) {
@@ -95,8 +95,9 @@ inline std::vector<std::unique_ptr<DaemonProcess>> StartNodes(
     o.socket = dir / ("n" + std::to_string(i) + ".sock");
     o.storage_root = root;
     o.log_path = dir / ("n" + std::to_string(i) + ".log");
-    o.flags = {"--node-id", "n" + std::to_string(i), "--coordinator", coordinator, "--admin",
-               "127.0.0.1:" + std::to_string(17460 + i)};
+    o.flags = {"--node-id",     "n" + std::to_string(i),
+               "--coordinator", coordinator,
+               "--admin",       "127.0.0.1:" + std::to_string(17460 + i)};
     o.flags.insert(o.flags.end(), extra_flags.begin(), extra_flags.end());
     out[i] = std::make_unique<DaemonProcess>(o);
   }
@@ -112,8 +113,8 @@ class ModelRank {
     fd_ = ::memfd_create("model-rank", MFD_CLOEXEC);
     REQUIRE(fd_ >= 0);
     REQUIRE(::ftruncate(fd_, static_cast<off_t>(model_.total_bytes())) == 0);
-    base_ = static_cast<std::byte*>(::mmap(nullptr, model_.total_bytes(),
-                                           PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0));
+    base_ = static_cast<std::byte*>(
+        ::mmap(nullptr, model_.total_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0));
     REQUIRE(base_ != MAP_FAILED);
     ClientOptions o;
     o.socket = socket;

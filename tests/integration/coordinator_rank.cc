@@ -90,11 +90,11 @@ int main(int argc, char** argv) {
     auto loaded = (*client)->Load(load_step);
     if (!loaded.ok()) return Fail("load", loaded.status());
     const uint64_t bad = model.CountMismatches(base, loaded->step);
-    std::printf("loaded step %llu bytes %llu mismatches %llu extra '%s'\n",
-                static_cast<unsigned long long>(loaded->step),
-                static_cast<unsigned long long>(loaded->bytes_from_storage +
-                                                loaded->bytes_from_memory),
-                static_cast<unsigned long long>(bad), loaded->extra.c_str());
+    std::printf(
+        "loaded step %llu bytes %llu mismatches %llu extra '%s'\n",
+        static_cast<unsigned long long>(loaded->step),
+        static_cast<unsigned long long>(loaded->bytes_from_storage + loaded->bytes_from_memory),
+        static_cast<unsigned long long>(bad), loaded->extra.c_str());
     return bad == 0 ? 0 : 3;
   }
   std::fprintf(stderr, "ckpt_coordinator_rank: unknown mode '%s'\n", mode.c_str());

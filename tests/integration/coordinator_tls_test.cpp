@@ -1,7 +1,6 @@
 // The coordinator link over mutual TLS with certificates made here by openssl; a daemon
 // without a client certificate is refused; plaintext on a non-loopback address is refused.
-#include "tests/integration/daemon_harness.h"  // first: it configures Catch
-
+// coordinator_harness.h includes daemon_harness.h first (it configures Catch).
 #include "tests/integration/coordinator_harness.h"
 
 namespace {
@@ -30,8 +29,8 @@ void MakeCertificates(const TempDir& dir) {
   REQUIRE(!ssl.empty());
   const std::string log = dir / "openssl.log";
   INFO(ckpt::itest::ReadWholeFile(log));
-  const std::vector<std::string> ec = {"-newkey", "ec", "-pkeyopt",
-                                       "ec_paramgen_curve:prime256v1", "-nodes"};
+  const std::vector<std::string> ec = {"-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                                       "-nodes"};
   auto req = [&](std::vector<std::string> extra) {
     std::vector<std::string> a = {ssl, "req"};
     a.insert(a.end(), ec.begin(), ec.end());
@@ -60,9 +59,10 @@ void MakeCertificates(const TempDir& dir) {
   }
 }
 
-TEST_CASE("daemons reach the coordinator over mutual TLS; one without a client certificate is "
-          "refused",
-          "[coordinator][tls]") {
+TEST_CASE(
+    "daemons reach the coordinator over mutual TLS; one without a client certificate is "
+    "refused",
+    "[coordinator][tls]") {
   TempDir dir;
   MakeCertificates(dir);
   const std::string root = dir / "root";
@@ -70,15 +70,14 @@ TEST_CASE("daemons reach the coordinator over mutual TLS; one without a client c
   co.socket = dir / "coord.sock";
   co.storage_root = root;
   co.log_path = dir / "coordinator.log";
-  co.flags = {"--tls-cert", dir / "server.pem", "--tls-key", dir / "server.key",
-              "--tls-client-ca", dir / "ca.pem"};
+  co.flags = {"--tls-cert",       dir / "server.pem", "--tls-key",
+              dir / "server.key", "--tls-client-ca",  dir / "ca.pem"};
   CoordinatorProcess coordinator(co);
   CHECK(coordinator.Log().find("(mutual TLS)") != std::string::npos);
 
-  const std::vector<std::string> tls = {"--coordinator-ca", dir / "ca.pem",
-                                        "--coordinator-cert", dir / "client.pem",
-                                        "--coordinator-key", dir / "client.key",
-                                        "--coordinator-server-name", "localhost"};
+  const std::vector<std::string> tls = {
+      "--coordinator-ca",  dir / "ca.pem",     "--coordinator-cert",        dir / "client.pem",
+      "--coordinator-key", dir / "client.key", "--coordinator-server-name", "localhost"};
   auto nodes = ckpt::itest::StartNodes(dir, root, coordinator.address(), 2, tls);
   std::vector<std::unique_ptr<ModelRank>> ranks;
   for (uint32_t r = 0; r < 2; ++r) {
@@ -95,8 +94,14 @@ TEST_CASE("daemons reach the coordinator over mutual TLS; one without a client c
   o.socket = dir / "stranger.sock";
   o.storage_root = root;
   o.log_path = dir / "stranger.log";
-  o.flags = {"--node-id", "stranger", "--coordinator", coordinator.address(), "--coordinator-ca",
-             dir / "ca.pem", "--coordinator-server-name", "localhost"};
+  o.flags = {"--node-id",
+             "stranger",
+             "--coordinator",
+             coordinator.address(),
+             "--coordinator-ca",
+             dir / "ca.pem",
+             "--coordinator-server-name",
+             "localhost"};
   ckpt::itest::DaemonProcess stranger(o);
   CHECK(ckpt::itest::PollUntil(
       [&] { return stranger.Log().find("cannot register") != std::string::npos; }));

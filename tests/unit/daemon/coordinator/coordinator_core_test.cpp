@@ -1,7 +1,6 @@
 #include "daemon/coordinator/coordinator_core.h"
 
 #include <catch2/catch.hpp>
-
 #include <condition_variable>
 #include <filesystem>
 #include <mutex>

@@ -1,8 +1,7 @@
 #include "daemon/coordinator/writer_plan.h"
 
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <map>
 #include <set>
 

@@ -15,7 +15,7 @@
 #include <map>
 
 #include "tests/integration/coordinator_model.h"
-#include "tests/integration/daemon_harness.h"  // first: it configures Catch
+#include "tests/integration/daemon_harness.h"  // configures Catch; nothing above includes it
 
 namespace ckpt::itest {
 

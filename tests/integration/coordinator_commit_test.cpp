@@ -120,7 +120,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "a daemon killed mid-step aborts the step on every node naming the missing ranks; "
+    "a daemon killed mid-step aborts the step on every node naming the missing ranks, and "
     "later steps commit once it returns",
     "[coordinator]") {
   TempDir dir;

@@ -60,7 +60,7 @@ void MakeCertificates(const TempDir& dir) {
 }
 
 TEST_CASE(
-    "daemons reach the coordinator over mutual TLS; one without a client certificate is "
+    "daemons reach the coordinator over mutual TLS, and one without a client certificate is "
     "refused",
     "[coordinator][tls]") {
   TempDir dir;

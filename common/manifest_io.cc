@@ -251,7 +251,25 @@ Result<ckptd::v1::Manifest> MergeNodeManifests(std::span<const ckptd::v1::NodeMa
       }
     }
   }
-  for (auto& [name, entry] : tensors) *out.add_tensors() = std::move(entry.first);
+  for (auto& [name, entry] : tensors) {
+    // Data-parallel replicas written by several ranks (no writer plan was in force yet, or the
+    // embedded coordinator, which writes everything): keep one copy, the lowest writer rank's.
+    auto& shards = *entry.first.mutable_shards();
+    if (shards.size() > 1) {
+      std::map<std::string, int> first;  // serialized geometry → index kept
+      google::protobuf::RepeatedPtrField<ckptd::v1::StoredShard> kept;
+      for (auto& s : shards) {
+        auto [it, inserted] = first.try_emplace(s.geometry().SerializeAsString(), kept.size());
+        if (inserted) {
+          *kept.Add() = std::move(s);
+        } else if (s.writer_rank() < kept[it->second].writer_rank()) {
+          kept[it->second] = std::move(s);
+        }
+      }
+      shards.Swap(&kept);
+    }
+    *out.add_tensors() = std::move(entry.first);
+  }
   for (auto& [rank, entry] : ranks) *out.add_ranks() = std::move(entry);
   return out;
 }

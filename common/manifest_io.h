@@ -40,6 +40,8 @@ ckptd::v1::ShardGeometry GeometryToProto(const ShardGeometry& g);
 
 // Tensors of all node manifests combined (shards of one tensor from several nodes are joined;
 // dtype or shape disagreements are errors naming both nodes), ranks combined and sorted.
+// Shards of one tensor with identical geometry (data-parallel replicas written more than once)
+// are kept once: the copy of the lowest writer rank.
 Result<ckptd::v1::Manifest> MergeNodeManifests(std::span<const ckptd::v1::NodeManifest> nodes);
 
 }  // namespace ckpt

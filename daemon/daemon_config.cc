@@ -102,6 +102,23 @@ std::vector<Option> Options() {
          return Status::Ok();
        }},
       {"log-level", "trace, debug, info, warn or error", str(&DaemonConfig::log_level)},
+      // ---- global coordinator link ----
+      {"coordinator-ca", "PEM CA of the coordinator's certificate (enables TLS)",
+       str(&DaemonConfig::coordinator_ca)},
+      {"coordinator-cert", "PEM client certificate for the coordinator (mutual TLS)",
+       str(&DaemonConfig::coordinator_cert)},
+      {"coordinator-key", "PEM private key of coordinator-cert",
+       str(&DaemonConfig::coordinator_key)},
+      {"coordinator-server-name", "name to expect in the coordinator's certificate",
+       str(&DaemonConfig::coordinator_server_name)},
+      {"coordinator-plaintext", "true: allow an unencrypted link to a non-loopback coordinator",
+       [](DaemonConfig& c, const std::string& v) -> Status {
+         if (v != "true" && v != "false") {
+           return InvalidArgument("coordinator-plaintext: '" + v + "' is not true or false");
+         }
+         c.coordinator_plaintext = v == "true";
+         return Status::Ok();
+       }},
   };
 }
 
@@ -182,6 +199,12 @@ std::string DaemonConfig::ToYaml() const {
   for (uint32_t u : allowed_uids) uids += (uids.empty() ? "" : ",") + std::to_string(u);
   out << YAML::Key << "allowed-uids" << YAML::Value << uids;
   out << YAML::Key << "log-level" << YAML::Value << log_level;
+  out << YAML::Key << "coordinator-ca" << YAML::Value << coordinator_ca;
+  out << YAML::Key << "coordinator-cert" << YAML::Value << coordinator_cert;
+  out << YAML::Key << "coordinator-key" << YAML::Value << coordinator_key;
+  out << YAML::Key << "coordinator-server-name" << YAML::Value << coordinator_server_name;
+  out << YAML::Key << "coordinator-plaintext" << YAML::Value
+      << (coordinator_plaintext ? "true" : "false");
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }
@@ -194,7 +217,8 @@ Result<std::optional<DaemonConfig>> LoadDaemonConfig(int argc, char** argv) {
   for (const auto& o : options) {
     app.add_option_function<std::string>(
         "--" + o.key, [&from_flags, key = o.key](const std::string& v) { from_flags[key] = v; },
-        o.help + " [env " + EnvName(o.key) + "]");
+        o.help + " [env " + EnvName(o.key) + "]")
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a repeated flag: last wins
   }
   std::string config_file;
   bool print_config = false;

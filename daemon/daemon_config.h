@@ -34,6 +34,13 @@ struct DaemonConfig {
   std::string log_level = "info";
   bool print_config = false;
 
+  // ---- global coordinator link (daemon/coordinator/coordinator_link.h) ----
+  std::string coordinator_ca;           // PEM CA that signed the coordinator's certificate
+  std::string coordinator_cert;         // PEM client certificate (mutual TLS)
+  std::string coordinator_key;          // its private key
+  std::string coordinator_server_name;  // name expected in the coordinator's certificate
+  bool coordinator_plaintext = false;   // allow plaintext to a non-loopback coordinator
+
   // YAML of the effective configuration (what --print-config prints).
   std::string ToYaml() const;
 };

@@ -16,6 +16,7 @@
 #include "common/units.h"
 #include "daemon/capture_engine.h"
 #include "daemon/coordinator/commit_engine.h"
+#include "daemon/coordinator/coordinator_link.h"
 #include "daemon/daemon_config.h"
 #include "daemon/device/cuda_devices.h"
 #include "daemon/flush_engine.h"
@@ -72,15 +73,29 @@ void RaiseFileLimit() {
   }
 }
 
+// ---- global coordinator (--coordinator ADDR and the coordinator-* keys) ----
+// Null when the embedded coordinator applies. Errors name the flag.
+Result<std::unique_ptr<CoordinatorLink>> MakeCoordinatorLink(const DaemonConfig& config,
+                                                             boost::asio::io_context& io) {
+  if (config.coordinator.empty()) return std::unique_ptr<CoordinatorLink>();
+  CoordinatorLink::Config link;
+  link.address = config.coordinator;
+  link.node_id = config.node_id;
+  link.admin_address = config.admin;
+  link.version = kVersion;
+  link.tls.ca = config.coordinator_ca;
+  link.tls.cert = config.coordinator_cert;
+  link.tls.key = config.coordinator_key;
+  link.tls.server_name = config.coordinator_server_name;
+  link.allow_plaintext = config.coordinator_plaintext;
+  spdlog::info("global coordinator at {}: commits, aborts and writer plans come from it",
+               config.coordinator);
+  return std::make_unique<CoordinatorLink>(io, std::move(link));
+}
+
 int RunDaemon(const DaemonConfig& config) {
   spdlog::info("ckptd {} starting: node '{}', storage root {}, host pool {}", kVersion,
                config.node_id, config.storage_root, FormatBytes(config.host_pool));
-  if (!config.coordinator.empty()) {
-    spdlog::error("--coordinator {}: this version of ckptd runs the embedded coordinator only; "
-                  "omit --coordinator",
-                  config.coordinator);
-    return 2;
-  }
   if (!config.admin.empty()) {
     spdlog::warn("--admin {}: the gRPC admin endpoint is not served by this version of ckptd",
                  config.admin);
@@ -98,14 +113,17 @@ int RunDaemon(const DaemonConfig& config) {
   }
 
   CommitEngine commit({config.storage_root, config.keep, std::string("ckptd ") + kVersion}, fs);
-  // Single node, embedded coordinator: this daemon is the only writer of the root, so whatever
-  // has no MANIFEST is a leftover of a crash.
-  auto removed = commit.RemoveUncommitted();
-  if (!removed.ok()) {
-    spdlog::error("recovery scan of {}: {}", config.storage_root, removed.status().ToString());
-    return 1;
+  if (config.coordinator.empty()) {
+    // Single node, embedded coordinator: this daemon is the only writer of the root, so
+    // whatever has no MANIFEST is a leftover of a crash. (With a global coordinator the root is
+    // shared: other nodes' steps are in flight, and the coordinator's scan decides.)
+    auto removed = commit.RemoveUncommitted();
+    if (!removed.ok()) {
+      spdlog::error("recovery scan of {}: {}", config.storage_root, removed.status().ToString());
+      return 1;
+    }
+    for (const auto& path : *removed) spdlog::warn("recovery: removed uncommitted {}", path);
   }
-  for (const auto& path : *removed) spdlog::warn("recovery: removed uncommitted {}", path);
 
   auto pool = HostPool::Create({config.host_pool, config.slot_size, true});
   if (!pool.ok()) {
@@ -146,7 +164,14 @@ int RunDaemon(const DaemonConfig& config) {
   node_config.storage_root = config.storage_root;
   node_config.step_timeout = config.step_timeout;
   node_config.capture_throttle_bytes_per_second = config.capture_throttle;
+  node_config.layout = LayoutOptions{config.checksum_chunk, config.slot_size};
   NodeState node(io, node_config, fs, pool->get(), &hot, &capture, &commit, &storage);
+  auto coordinator_link = MakeCoordinatorLink(config, io);
+  if (!coordinator_link.ok()) {
+    spdlog::error("{}", coordinator_link.status().ToString());
+    return 2;
+  }
+  if (*coordinator_link) node.AttachCoordinator(coordinator_link->get());
 
   LoadService::Config load_config;
   load_config.storage_root = config.storage_root;
@@ -170,6 +195,16 @@ int RunDaemon(const DaemonConfig& config) {
   loads.Start();
   flush.Start();
   capture.Start();
+  if (*coordinator_link) {
+    if (Status st = (*coordinator_link)->Start(&node); !st.ok()) {
+      spdlog::error("{}", st.ToString());
+      capture.Stop();
+      flush.Stop();
+      loads.Stop();
+      storage.Stop();
+      return 2;
+    }
+  }
   if (Status st = server.Start(); !st.ok()) {
     spdlog::error("{}", st.ToString());
     capture.Stop();
@@ -214,6 +249,7 @@ int RunDaemon(const DaemonConfig& config) {
   server.Stop(true);
   node.CancelAll("the daemon is stopping");
   capture.Stop();
+  if (*coordinator_link) (*coordinator_link)->Stop();
   flush.Stop();
   loads.Stop();
   storage.Stop();

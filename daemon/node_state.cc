@@ -101,11 +101,13 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
     fresh.deferred = ActiveSteps(job) >= config_.max_steps_in_flight;
     it = job.steps.emplace(req.step, std::move(fresh)).first;
     Step& s = it->second;
-    s.timeout = std::make_unique<boost::asio::steady_timer>(io_, config_.step_timeout);
-    s.timeout->async_wait([this, alive = alive_, j = req.job, n = req.step](
-                              const boost::system::error_code& ec) {
-      if (!ec && *alive) OnTimeout(j, n);
-    });
+    if (link_ == nullptr) {  // with a coordinator, its step timeout applies
+      s.timeout = std::make_unique<boost::asio::steady_timer>(io_, config_.step_timeout);
+      s.timeout->async_wait([this, alive = alive_, j = req.job, n = req.step](
+                                const boost::system::error_code& ec) {
+        if (!ec && *alive) OnTimeout(j, n);
+      });
+    }
   }
   Step& s = it->second;
   if (Terminal(s.state) && req.on_full == ckptd::v1::FULL_POLICY_SKIP &&
@@ -123,6 +125,10 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
                            " differs from the step's " + std::to_string(s.world_size));
   }
   if (s.ranks.count(req.rank) != 0) return FailedPrecondition(ctx + ": this rank already saved it");
+  if (link_ != nullptr) {
+    // The writer plan may leave this rank only part of what it registered.
+    ASSIGN_OR_RETURN(req.plan, PlanForSave(req.job, req.rank, req.world_size, req.plan), ctx);
+  }
 
   auto capture = std::make_shared<CaptureJob>();
   capture->job = req.job;
@@ -144,7 +150,7 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
                                 std::to_string(pool_->free_slots()) + " are free)"};
       spdlog::warn("{}: {}", ctx, out.reason);
       s.ranks[req.rank] = RankSave{req.session_id, req.pid, nullptr, {}, false, false, true};
-      FailStep(s, ckptd::v1::STEP_STATE_FAILED, "rank " + std::to_string(req.rank) + " " + out.reason);
+      FailLocally(s, ckptd::v1::STEP_STATE_FAILED, "rank " + std::to_string(req.rank) + " " + out.reason);
       return out;
     }
     capture->reserved_slots = std::move(*slots);
@@ -162,6 +168,7 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
     post([this, j, n, r, st] { OnRankPersisted(j, n, r, st); });
   };
   s.ranks[req.rank] = RankSave{req.session_id, req.pid, capture, std::move(req.extra)};
+  if (link_ != nullptr) Report(s, ckptd::v1::STEP_STATE_PENDING, {req.rank});
   if (s.deferred) {
     s.deferred_captures.push_back(std::move(capture));
     return SaveOutcome{};
@@ -180,12 +187,17 @@ void NodeState::OnRankCaptured(const std::string& job, uint64_t step, uint32_t r
   if (s == nullptr) return;
   if (!st.ok()) {
     if (!Terminal(s->state)) {
-      FailStep(*s, ckptd::v1::STEP_STATE_FAILED,
-               "rank " + std::to_string(rank) + " capture failed: " + st.message());
+      FailLocally(*s, ckptd::v1::STEP_STATE_FAILED,
+                  "rank " + std::to_string(rank) + " capture failed: " + st.message());
     }
     return;
   }
   s->ranks[rank].captured = true;
+  if (link_ != nullptr) {  // the coordinator decides when the whole step is captured
+    if (!Terminal(s->state)) Report(*s, ckptd::v1::STEP_STATE_CAPTURED, {rank});
+    ResolveWaiters(*s);
+    return;
+  }
   size_t captured = 0;
   for (const auto& [r, rs] : s->ranks) captured += rs.captured ? 1 : 0;
   if (!Terminal(s->state) && captured == s->world_size) {
@@ -202,8 +214,8 @@ void NodeState::OnRankPersisted(const std::string& job, uint64_t step, uint32_t 
   rs.finished = true;
   if (!st.ok()) {
     if (!Terminal(s->state)) {
-      FailStep(*s, ckptd::v1::STEP_STATE_FAILED,
-               "rank " + std::to_string(rank) + " write failed: " + st.message());
+      FailLocally(*s, ckptd::v1::STEP_STATE_FAILED,
+                  "rank " + std::to_string(rank) + " write failed: " + st.message());
     }
     MaybeCleanup(*s);
     CheckDrained();
@@ -213,6 +225,10 @@ void NodeState::OnRankPersisted(const std::string& job, uint64_t step, uint32_t 
   if (Terminal(s->state)) {
     MaybeCleanup(*s);
     CheckDrained();
+    return;
+  }
+  if (link_ != nullptr) {
+    ReportNodeManifest(*s);
     return;
   }
   size_t persisted = 0;
@@ -271,6 +287,8 @@ void NodeState::FailStep(Step& s, StepState state, const std::string& reason) {
 
 void NodeState::MaybeCleanup(Step& s) {
   if (s.cleanup_posted || !Terminal(s.state) || s.state == ckptd::v1::STEP_STATE_COMMITTED) return;
+  // With a coordinator, only its decision makes the step's files garbage (see the essay).
+  if (link_ != nullptr && !s.decided_globally) return;
   for (const auto& [r, rs] : s.ranks) {
     if (rs.capture && !rs.finished) return;  // its writer still holds files in the directory
   }
@@ -350,6 +368,25 @@ void NodeState::WaitState(const std::string& job, uint64_t step, StepState state
 
 void NodeState::Latest(const std::string& job,
                        std::function<void(Result<std::optional<uint64_t>>)> done) {
+  if (link_ != nullptr) {
+    // The coordinator's answer; if it cannot be reached, the storage root's (same truth).
+    link_->Latest(job, [this, alive = alive_, job, done = std::move(done)](
+                           Result<std::optional<uint64_t>> r) mutable {
+      if (!*alive) return;
+      if (r.ok()) {
+        done(std::move(r));
+        return;
+      }
+      spdlog::warn("{}; reading LATEST from the storage root instead", r.status().message());
+      storage_->Post([this, alive, job, done = std::move(done)]() mutable {
+        auto latest = commit_->Latest(job);
+        boost::asio::post(io_, [alive, done = std::move(done), latest = std::move(latest)]() mutable {
+          if (*alive) done(std::move(latest));
+        });
+      });
+    });
+    return;
+  }
   storage_->Post([this, alive = alive_, job, done = std::move(done)]() mutable {
     auto latest = commit_->Latest(job);
     boost::asio::post(io_, [alive, done = std::move(done), latest = std::move(latest)]() mutable {
@@ -385,7 +422,7 @@ void NodeState::OnSessionClosed(uint64_t session_id, const std::string& job, uin
     if (Terminal(s.state)) continue;
     auto it = s.ranks.find(rank);
     if (it == s.ranks.end() || it->second.session_id != session_id || it->second.captured) continue;
-    FailStep(s, ckptd::v1::STEP_STATE_ABORTED,
+    FailLocally(s, ckptd::v1::STEP_STATE_ABORTED,
              "rank " + std::to_string(rank) + " (pid " + std::to_string(pid) +
                  ") disconnected before its snapshot of step " + std::to_string(n) +
                  " was captured");
@@ -459,6 +496,7 @@ Result<ckptd::v1::NodeManifest> BuildNodeManifest(const std::string& job_name, u
 }  // namespace
 
 void NodeState::TryCommit(const std::string& job_name) {
+  if (link_ != nullptr) return;  // the coordinator commits
   auto j = jobs_.find(job_name);
   if (j == jobs_.end()) return;
   for (auto& [n, s] : j->second.steps) {
@@ -516,7 +554,8 @@ void NodeState::Prune(Job& j) {
   for (auto it = j.steps.begin(); it != j.steps.end() && finished > config_.finished_steps_kept;) {
     const Step& s = it->second;
     bool removable = Terminal(s.state) && s.waiters.empty() &&
-                     (s.state == ckptd::v1::STEP_STATE_COMMITTED || s.cleanup_posted);
+                     (s.state == ckptd::v1::STEP_STATE_COMMITTED || s.cleanup_posted ||
+                      link_ != nullptr);
     if (removable) {
       it = j.steps.erase(it);
       --finished;
@@ -535,7 +574,7 @@ void NodeState::Drain(std::function<void()> idle) {
 void NodeState::CancelAll(const std::string& reason) {
   for (auto& [name, j] : jobs_) {
     for (auto& [n, s] : j.steps) {
-      if (!Terminal(s.state)) FailStep(s, ckptd::v1::STEP_STATE_ABORTED, reason);
+      if (!Terminal(s.state)) FailLocally(s, ckptd::v1::STEP_STATE_ABORTED, reason);
     }
   }
 }
@@ -553,6 +592,200 @@ void NodeState::CheckDrained() {
   auto idle = std::move(on_idle_);
   on_idle_ = nullptr;
   idle();
+}
+
+// ---------------------------------------------------------------- coordinator mode
+
+void NodeState::FailLocally(Step& s, StepState state, const std::string& reason) {
+  if (Terminal(s.state)) return;
+  if (link_ != nullptr) {
+    std::vector<uint32_t> ranks;
+    for (const auto& [r, rs] : s.ranks) ranks.push_back(r);
+    Report(s, state, std::move(ranks), reason);
+  }
+  FailStep(s, state, reason);
+}
+
+void NodeState::Report(const Step& s, StepState state, std::vector<uint32_t> ranks,
+                       std::string reason) {
+  ckptd::v1::ReportRanksRequest req;
+  req.set_job(s.job);
+  req.set_step(s.step);
+  req.set_world_size(s.world_size);
+  req.set_state(state);
+  for (uint32_t r : ranks) req.add_ranks(r);
+  req.set_reason(std::move(reason));
+  link_->ReportRanks(std::move(req));
+}
+
+void NodeState::ReportNodeManifest(Step& s) {
+  std::vector<PersistedRank> ranks;
+  for (const auto& [rank, rs] : s.ranks) {
+    if (rs.persisted && rs.capture) ranks.push_back({rank, rs.capture, rs.extra});
+  }
+  // The storage thread runs these in order, so each file written holds a superset of the last.
+  storage_->Post([this, alive = alive_, job = s.job, step = s.step, world_size = s.world_size,
+                  ranks = std::move(ranks)] {
+    auto node = BuildNodeManifest(job, step, world_size, config_.node_id, ranks);
+    Status st = node.status();
+    if (st.ok()) {
+      st = WriteFileAtomically(
+          fs_, JoinPath(StepDir(config_.storage_root, job, step), NodeManifestFileName(node->node_id())),
+          EncodeNodeManifest(*node));
+    }
+    std::shared_ptr<const ckptd::v1::NodeManifest> manifest;
+    if (st.ok()) {
+      manifest = std::make_shared<const ckptd::v1::NodeManifest>(std::move(node).value());
+      ckptd::v1::ReportRanksRequest req;
+      req.set_job(job);
+      req.set_step(step);
+      req.set_world_size(world_size);
+      req.set_state(ckptd::v1::STEP_STATE_PERSISTED);
+      for (const auto& r : manifest->ranks()) req.add_ranks(r.rank());
+      *req.mutable_node_manifest() = *manifest;
+      link_->ReportRanks(std::move(req));
+    }
+    boost::asio::post(io_, [this, alive, job, step, st, manifest] {
+      if (!*alive) return;
+      Step* s = FindStep(job, step);
+      if (s == nullptr || Terminal(s->state)) return;
+      if (!st.ok()) {
+        FailLocally(*s, ckptd::v1::STEP_STATE_FAILED, "node manifest: " + st.message());
+        return;
+      }
+      if (!s->node_manifest || s->node_manifest->ranks_size() < manifest->ranks_size()) {
+        s->node_manifest = manifest;
+      }
+    });
+  });
+}
+
+void NodeState::ReportRegistration(const std::string& job, uint32_t rank, uint32_t world_size,
+                                   const CapturePlan& plan) {
+  ckptd::v1::ReportRegistrationRequest req;
+  req.set_job(job);
+  req.set_rank(rank);
+  req.set_world_size(world_size);
+  for (const RegisteredTensor& t : plan.tensors) {
+    auto* k = req.add_shards();
+    k->set_name(t.name);
+    k->set_dtype(std::string(t.dtype.name));
+    for (uint64_t d : t.geometry.global_shape()) k->add_global_shape(d);
+    *k->mutable_geometry() = GeometryToProto(t.geometry);
+    k->set_bytes(t.bytes());
+  }
+  link_->ReportRegistration(std::move(req));
+}
+
+Result<std::shared_ptr<const CapturePlan>> NodeState::PlanForSave(
+    const std::string& job_name, uint32_t rank, uint32_t world_size,
+    std::shared_ptr<const CapturePlan> plan) {
+  Job& j = jobs_[job_name];
+  auto& registered = j.registered[rank];
+  if (registered.second != plan || registered.first != world_size) {
+    registered = {world_size, plan};
+    ReportRegistration(job_name, rank, world_size, *plan);
+  }
+  auto skips = j.skips.find(rank);
+  if (skips == j.skips.end() || skips->second.empty()) return plan;
+  WriterSubset& cached = j.subsets[rank];
+  if (cached.subset && cached.registered == plan && cached.plan_version == j.plan_version) {
+    return cached.subset;
+  }
+  auto subset = std::make_shared<CapturePlan>();
+  std::vector<uint64_t> sizes;
+  for (const RegisteredTensor& t : plan->tensors) {
+    if (skips->second.count(t.name) != 0) continue;
+    subset->tensors.push_back(t);
+    sizes.push_back(t.bytes());
+    subset->total_bytes += t.bytes();
+  }
+  ASSIGN_OR_RETURN(subset->layout, PlanDataFile(sizes, config_.layout));
+  subset->fingerprint = plan->fingerprint + "|writer plan " + std::to_string(j.plan_version);
+  spdlog::info("job '{}' rank {}: writes {} of {} registered tensors ({} of {} bytes; writer plan)",
+               job_name, rank, subset->tensors.size(), plan->tensors.size(), subset->total_bytes,
+               plan->total_bytes);
+  cached = WriterSubset{plan, j.plan_version, subset};
+  return cached.subset;
+}
+
+void NodeState::OnCoordinatorConnected() {
+  for (auto& [name, j] : jobs_) {
+    for (const auto& [rank, reg] : j.registered) {
+      if (reg.second) ReportRegistration(name, rank, reg.first, *reg.second);
+    }
+    for (auto& [n, s] : j.steps) {
+      if (Terminal(s.state)) continue;
+      std::vector<uint32_t> saved, captured;
+      for (const auto& [r, rs] : s.ranks) {
+        saved.push_back(r);
+        if (rs.captured) captured.push_back(r);
+      }
+      Report(s, ckptd::v1::STEP_STATE_PENDING, saved);
+      if (!captured.empty()) Report(s, ckptd::v1::STEP_STATE_CAPTURED, captured);
+      if (s.node_manifest) {
+        ckptd::v1::ReportRanksRequest req;
+        req.set_job(s.job);
+        req.set_step(s.step);
+        req.set_world_size(s.world_size);
+        req.set_state(ckptd::v1::STEP_STATE_PERSISTED);
+        for (const auto& r : s.node_manifest->ranks()) req.add_ranks(r.rank());
+        *req.mutable_node_manifest() = *s.node_manifest;
+        link_->ReportRanks(std::move(req));
+      }
+    }
+  }
+}
+
+void NodeState::OnCoordinatorEvent(const ckptd::v1::CoordinatorEvent& event) {
+  if (event.has_plan()) {
+    const auto& p = event.plan();
+    Job& j = jobs_[p.job()];
+    ++j.plan_version;  // local counter: a restarted coordinator numbers its plans anew
+    j.skips.clear();
+    j.subsets.clear();
+    for (const auto& r : p.ranks()) j.skips[r.rank()].insert(r.skip().begin(), r.skip().end());
+    spdlog::info("job '{}': writer plan v{} from the coordinator ({} ranks here)", p.job(),
+                 p.version(), p.ranks_size());
+    return;
+  }
+  if (!event.has_step()) return;
+  const auto& d = event.step();
+  Step* s = FindStep(d.job(), d.step());
+  if (s == nullptr) return;
+  switch (d.state()) {
+    case ckptd::v1::STEP_STATE_CAPTURED:
+      if (!Terminal(s->state) && s->state < ckptd::v1::STEP_STATE_CAPTURED) {
+        SetState(*s, ckptd::v1::STEP_STATE_CAPTURED);
+        SetState(*s, ckptd::v1::STEP_STATE_PERSISTING);
+      }
+      break;
+    case ckptd::v1::STEP_STATE_PERSISTED:
+      if (!Terminal(s->state) && s->state < ckptd::v1::STEP_STATE_PERSISTED) {
+        SetState(*s, ckptd::v1::STEP_STATE_PERSISTED);
+      }
+      break;
+    case ckptd::v1::STEP_STATE_COMMITTED: {
+      if (Terminal(s->state)) break;
+      s->decided_globally = true;
+      SetState(*s, ckptd::v1::STEP_STATE_COMMITTED);
+      for (auto& [r, rs] : s->ranks) rs.capture.reset();
+      Prune(jobs_[d.job()]);  // may erase *s
+      CheckDrained();
+      break;
+    }
+    case ckptd::v1::STEP_STATE_ABORTED:
+    case ckptd::v1::STEP_STATE_FAILED:
+      s->decided_globally = true;
+      if (!Terminal(s->state)) {
+        FailStep(*s, d.state(), d.reason());
+      } else {
+        MaybeCleanup(*s);
+      }
+      break;
+    default:
+      break;
+  }
 }
 
 }  // namespace ckpt

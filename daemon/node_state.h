@@ -16,6 +16,19 @@
 //     accepted but its capture waits until an older step ends (felt in wait_snapshot);
 //   * a failed or aborted step is never committed: its captures are cancelled and, once every
 //     capture job has let go of its files, its directory is removed; older steps are untouched.
+//
+// With a global coordinator (AttachCoordinator; daemon --coordinator) the node only sees its
+// own ranks of a step, so the step-wide rules move to the coordinator (coordinator_core.h):
+//   * each rank's save, capture and persist is reported; on persist the node manifest of every
+//     rank this node persisted so far is written to node-<id>.nmf (atomically) and reported;
+//   * the step's CAPTURED, PERSISTED, COMMITTED, ABORTED, FAILED states come from the
+//     coordinator's decisions; there is no local step timeout (the coordinator's applies);
+//   * a local failure is reported (the coordinator fails the step everywhere); the node removes
+//     a step's files only after the coordinator's abort/fail decision, never on its own — a
+//     removal racing a commit on another node could tear a step;
+//   * the writer plan pushed by the coordinator makes a rank skip replicas another rank writes:
+//     the save uses a subset of the registered plan (cached until plan or registration change).
+//     Without a plan yet, a rank writes everything; the merge keeps one copy.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -34,6 +47,7 @@
 #include "daemon/capture_engine.h"
 #include "daemon/capture_plan.h"
 #include "daemon/coordinator/commit_engine.h"
+#include "daemon/coordinator/coordinator_link.h"
 #include "daemon/host_pool.h"
 #include "daemon/hot_cache.h"
 #include "daemon/task_pool.h"
@@ -47,7 +61,7 @@ class EventSink {
   virtual void OnEvent(const ckptd::v1::Event& event) = 0;
 };
 
-class NodeState {
+class NodeState : public CoordinatorLink::Handler {
  public:
   struct Config {
     std::string node_id;
@@ -57,12 +71,18 @@ class NodeState {
     uint32_t max_steps_in_flight = 32;  // per job, capturing or persisting; more wait
     uint32_t max_steps_deferred = 64;   // per job, waiting to start; more are refused
     size_t finished_steps_kept = 64;    // per job, for late waits
+    LayoutOptions layout;               // of data files cut down by a writer plan
   };
   using Done = std::function<void(Status)>;
 
   NodeState(boost::asio::io_context& io, Config config, FileSystem* fs, HostPool* pool,
             HotCache* hot, CaptureEngine* capture, CommitEngine* commit, TaskPool* storage);
-  ~NodeState();
+  ~NodeState() override;
+
+  // Hands the step-wide rules to a global coordinator (before any save; the link outlives this).
+  void AttachCoordinator(CoordinatorLink* link) { link_ = link; }
+  void OnCoordinatorConnected() override;
+  void OnCoordinatorEvent(const ckptd::v1::CoordinatorEvent& event) override;
 
   struct SaveRequest {
     std::string job;
@@ -126,11 +146,34 @@ class NodeState {
     bool cleanup_posted = false;
     bool deferred = false;  // accepted, captures not started: too many older steps in flight
     std::vector<std::shared_ptr<CaptureJob>> deferred_captures;
+    // Coordinator mode: the last node manifest reported (re-sent after a reconnect), and
+    // whether the coordinator decided the step's end (only then are its files removed here).
+    std::shared_ptr<const ckptd::v1::NodeManifest> node_manifest;
+    bool decided_globally = false;
+  };
+  struct WriterSubset {
+    std::shared_ptr<const CapturePlan> registered;
+    uint64_t plan_version = 0;
+    std::shared_ptr<const CapturePlan> subset;
   };
   struct Job {
     std::map<uint64_t, Step> steps;  // in flight and recently finished
     std::vector<std::weak_ptr<EventSink>> sinks;
+    // Coordinator mode.
+    std::map<uint32_t, std::pair<uint32_t, std::shared_ptr<const CapturePlan>>> registered;
+    uint64_t plan_version = 0;
+    std::map<uint32_t, std::set<std::string>> skips;  // rank → tensors it does not write
+    std::map<uint32_t, WriterSubset> subsets;
   };
+  Result<std::shared_ptr<const CapturePlan>> PlanForSave(const std::string& job, uint32_t rank,
+                                                         uint32_t world_size,
+                                                         std::shared_ptr<const CapturePlan> plan);
+  void ReportRegistration(const std::string& job, uint32_t rank, uint32_t world_size,
+                          const CapturePlan& plan);
+  void Report(const Step& s, ckptd::v1::StepState state, std::vector<uint32_t> ranks,
+              std::string reason = {});
+  void ReportNodeManifest(Step& s);
+  void FailLocally(Step& s, ckptd::v1::StepState state, const std::string& reason);
   static size_t ActiveSteps(const Job& job);
   void StartDeferred(const std::string& job);
 
@@ -160,6 +203,7 @@ class NodeState {
   std::map<std::string, Job> jobs_;
   bool draining_ = false;
   std::function<void()> on_idle_;
+  CoordinatorLink* link_ = nullptr;  // null: embedded coordinator
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // guards late posts
 };
 

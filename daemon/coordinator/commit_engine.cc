@@ -37,7 +37,8 @@ Result<std::vector<std::string>> CommitEngine::RemoveUncommitted() {
   return removed;
 }
 
-Result<ckptd::v1::Manifest> CommitEngine::Commit(std::span<const ckptd::v1::NodeManifest> nodes) {
+Result<ckptd::v1::Manifest> CommitEngine::Commit(std::span<const ckptd::v1::NodeManifest> nodes,
+                                                 const ManifestCheck& check) {
   ASSIGN_OR_RETURN(ckptd::v1::Manifest manifest, MergeNodeManifests(nodes));
   const std::string job = manifest.job();
   const uint64_t step = manifest.step();
@@ -52,17 +53,20 @@ Result<ckptd::v1::Manifest> CommitEngine::Commit(std::span<const ckptd::v1::Node
           .count()));
   manifest.set_writer(config_.writer);
   RETURN_IF_ERROR(ValidateManifest(manifest), ctx);
+  if (check) RETURN_IF_ERROR(check(manifest), ctx);
 
   const std::string job_dir = JobDir(config_.storage_root, job);
   const std::string step_dir = StepDir(config_.storage_root, job, step);
   // The data files and node manifests are durable; make their directory entries durable
   // before the MANIFEST can point at them.
   RETURN_IF_ERROR(fs_->SyncDir(step_dir), ctx);
+  if (config_.on_point) config_.on_point("before-manifest");
   RETURN_IF_ERROR(WriteFileAtomically(fs_, JoinPath(step_dir, std::string(kManifestFileName)),
                                       EncodeManifest(manifest)),
                   ctx);
   // The step directory's own entry in the job directory.
   RETURN_IF_ERROR(fs_->SyncDir(job_dir), ctx);
+  if (config_.on_point) config_.on_point("after-manifest");
   // LATEST only moves forward.
   ASSIGN_OR_RETURN(auto latest, ResolveLatest(fs_, job_dir), ctx);
   if (!latest || *latest <= step) {
@@ -70,6 +74,7 @@ Result<ckptd::v1::Manifest> CommitEngine::Commit(std::span<const ckptd::v1::Node
                                         std::to_string(step) + "\n"),
                     ctx);
   }
+  if (config_.on_point) config_.on_point("after-latest");
   Status retention = ApplyRetention(job);
   if (!retention.ok()) {
     // The commit stands; a retention failure only leaves an old step behind.

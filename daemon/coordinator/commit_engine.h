@@ -16,12 +16,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ckptd/v1/manifest.pb.h"
@@ -35,6 +37,9 @@ class CommitEngine {
     std::string storage_root;
     uint32_t keep = 0;  // committed steps kept per job; 0 = all
     std::string writer = "ckptd";
+    // Test hook: called at the named points of Commit ("before-manifest", "after-manifest",
+    // "after-latest"); the coordinator's crash tests make it kill the process there.
+    std::function<void(std::string_view point)> on_point;
   };
   CommitEngine(Config config, FileSystem* fs) : config_(std::move(config)), fs_(fs) {}
 
@@ -43,8 +48,12 @@ class CommitEngine {
   Result<std::vector<std::string>> RemoveUncommitted();
 
   // Writes MANIFEST merged from `nodes` (which must cover ranks 0..world_size-1), then LATEST,
-  // then applies retention. Returns the manifest written.
-  Result<ckptd::v1::Manifest> Commit(std::span<const ckptd::v1::NodeManifest> nodes);
+  // then applies retention. `check`, when given, may veto the merged manifest before anything
+  // is written (the coordinator checks that every registered shard has a writer). Returns the
+  // manifest written.
+  using ManifestCheck = std::function<Status(const ckptd::v1::Manifest&)>;
+  Result<ckptd::v1::Manifest> Commit(std::span<const ckptd::v1::NodeManifest> nodes,
+                                     const ManifestCheck& check = nullptr);
 
   // Deletes an uncommitted (aborted or failed) step's directory.
   Status RemoveStep(const std::string& job, uint64_t step);

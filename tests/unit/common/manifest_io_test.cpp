@@ -527,3 +527,40 @@ TEST_CASE("MergeNodeManifests rejects nodes of another job or step, and nothing"
 
 }  // namespace
 }  // namespace ckpt
+
+TEST_CASE("MergeNodeManifests keeps one copy of a replica written by several ranks",
+          "[manifest]") {
+  ckptd::v1::NodeManifest a, b;
+  for (auto* m : {&a, &b}) {
+    m->set_format_version(ckpt::kFormatVersion);
+    m->set_job("j");
+    m->set_step(1);
+    m->set_world_size(2);
+  }
+  a.set_node_id("a");
+  b.set_node_id("b");
+  auto add = [](ckptd::v1::NodeManifest& m, uint32_t rank) {
+    auto* t = m.add_tensors();
+    t->set_name("w");
+    t->set_dtype("int32");
+    t->add_global_shape(1024);
+    auto* s = t->add_shards();
+    s->mutable_geometry()->mutable_box()->add_offsets(0);
+    s->mutable_geometry()->mutable_box()->add_lengths(1024);
+    s->set_file(ckpt::DataFileName(rank));
+    s->set_length(4096);
+    s->set_chunk_size(4096);
+    s->add_chunk_xxh3(7);
+    s->set_writer_rank(rank);
+    m.add_ranks()->set_rank(rank);
+  };
+  add(b, 1);
+  add(a, 0);
+  std::vector<ckptd::v1::NodeManifest> nodes = {b, a};
+  auto merged = ckpt::MergeNodeManifests(nodes);
+  REQUIRE(merged.ok());
+  REQUIRE(merged->tensors_size() == 1);
+  REQUIRE(merged->tensors(0).shards_size() == 1);
+  CHECK(merged->tensors(0).shards(0).writer_rank() == 0);  // the lowest writer rank's copy
+  CHECK(ckpt::ValidateManifest(*merged).ok());
+}

@@ -1,0 +1,624 @@
+#include "daemon/coordinator/coordinator_core.h"
+
+#include <algorithm>
+#include <unordered_set>
+
+#include "common/logging.h"
+#include "common/manifest_io.h"
+#include "common/names.h"
+#include "common/step_layout.h"
+
+namespace ckpt {
+
+using ckptd::v1::StepState;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::string StepName(const std::string& job, uint64_t step) {
+  return "job '" + job + "' step " + std::to_string(step);
+}
+
+std::string RankList(const std::vector<uint32_t>& ranks) {
+  std::string out = "[";
+  for (size_t i = 0; i < ranks.size(); ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
+  return out + "]";
+}
+
+// Equal for two shards iff they are replicas of each other.
+std::string ShardKeyOf(std::string_view name, std::string_view dtype,
+                       const google::protobuf::RepeatedField<uint64_t>& shape,
+                       const ckptd::v1::ShardGeometry& geometry) {
+  std::string key(name);
+  key += '\0';
+  key += dtype;
+  key += '\0';
+  for (uint64_t d : shape) key += std::to_string(d) + ",";
+  key += '\0';
+  key += geometry.SerializeAsString();
+  return key;
+}
+
+}  // namespace
+
+CoordinatorCore::CoordinatorCore(Config config, FileSystem* fs)
+    : config_(std::move(config)),
+      fs_(fs),
+      commit_({config_.storage_root, config_.keep, config_.writer, config_.on_commit_point}, fs) {}
+
+CoordinatorCore::~CoordinatorCore() { Stop(); }
+
+bool CoordinatorCore::Terminal(StepState s) {
+  return s == ckptd::v1::STEP_STATE_COMMITTED || s == ckptd::v1::STEP_STATE_ABORTED ||
+         s == ckptd::v1::STEP_STATE_FAILED;
+}
+
+Result<std::vector<std::string>> CoordinatorCore::Start() {
+  RETURN_IF_ERROR(fs_->CreateDirs(config_.storage_root), "storage root");
+  std::vector<std::string> report;
+  ASSIGN_OR_RETURN(auto jobs, fs_->ListDir(config_.storage_root), "recovery scan");
+  for (const auto& job : jobs) {
+    if (!ValidateJobName(job).ok()) continue;  // not a job directory of ours
+    ASSIGN_OR_RETURN(auto lines, RecoverJob(job));
+    report.insert(report.end(), lines.begin(), lines.end());
+  }
+  commit_thread_.Start();
+  started_ = true;
+  timer_ = std::thread([this] { TimerLoop(); });
+  return report;
+}
+
+Result<std::vector<std::string>> CoordinatorCore::RecoverJob(const std::string& job) {
+  std::vector<std::string> report;
+  const std::string job_dir = JobDir(config_.storage_root, job);
+  auto entries = fs_->ListDir(job_dir);
+  if (!entries.ok()) return report;  // a plain file in the root
+  for (const auto& name : *entries) {
+    if (name.ends_with(".tmp")) RETURN_IF_ERROR(fs_->RemoveAll(JoinPath(job_dir, name)));
+  }
+  ASSIGN_OR_RETURN(auto steps, ListUncommittedSteps(fs_, job_dir));
+  for (uint64_t step : steps) {
+    const std::string dir = StepDir(config_.storage_root, job, step);
+    std::vector<ckptd::v1::NodeManifest> nodes;
+    std::string why;
+    auto files = fs_->ListDir(dir);
+    if (files.ok()) {
+      for (const auto& f : *files) {
+        if (!f.starts_with("node-") || !f.ends_with(".nmf")) continue;
+        auto m = ReadNodeManifest(fs_, JoinPath(dir, f));
+        if (!m.ok()) {
+          why = m.status().message();
+          nodes.clear();
+          break;
+        }
+        nodes.push_back(std::move(m).value());
+      }
+    }
+    Status committed = FailedPrecondition(why.empty() ? "no node manifest" : why);
+    if (!nodes.empty() && why.empty()) {
+      std::set<uint32_t> ranks;
+      for (const auto& n : nodes) {
+        for (const auto& r : n.ranks()) ranks.insert(r.rank());
+      }
+      if (ranks.size() == nodes[0].world_size()) {
+        committed = commit_.Commit(nodes).status();
+      } else {
+        committed =
+            FailedPrecondition(std::to_string(ranks.size()) + " of " +
+                               std::to_string(nodes[0].world_size()) + " ranks were persisted");
+      }
+    }
+    if (committed.ok()) {
+      report.push_back(StepName(job, step) + ": committed (every rank was persisted)");
+      continue;
+    }
+    RETURN_IF_ERROR(commit_.RemoveStep(job, step), "recovery of " + StepName(job, step));
+    std::lock_guard lock(mu_);
+    jobs_[job].recovered_aborted.insert(step);
+    report.push_back(StepName(job, step) + ": removed (" + committed.message() + ")");
+  }
+  return report;
+}
+
+void CoordinatorCore::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (timer_.joinable()) timer_.join();
+  commit_thread_.Stop();
+  std::lock_guard lock(mu_);
+  nodes_.clear();
+}
+
+Result<ckptd::v1::RegisterNodeResponse> CoordinatorCore::RegisterNode(
+    const ckptd::v1::RegisterNodeRequest& req, const std::string& incarnation) {
+  if (req.node_id().empty() || req.node_id().size() > 253 ||
+      req.node_id().find_first_of("/\\\0 ", 0, 4) != std::string::npos) {
+    return InvalidArgument("node id '" + EscapeForLog(req.node_id()) +
+                           "' is empty, too long or holds '/', '\\', NUL or space");
+  }
+  std::lock_guard lock(mu_);
+  NodeRecord& n = nodes_[req.node_id()];
+  if (!n.instance.empty() && n.instance != req.instance()) {
+    // The daemon restarted: whatever its previous process had in flight is gone.
+    LoseNode(req.node_id(), "its daemon restarted");
+  }
+  if (n.instance != req.instance()) {
+    spdlog::info("node '{}' registered (instance {}, admin {}, version {})", req.node_id(),
+                 req.instance(), req.admin_address(), req.version());
+  }
+  n.instance = req.instance();
+  ckptd::v1::RegisterNodeResponse resp;
+  resp.set_lease_ms(static_cast<uint64_t>(config_.lease.count()));
+  resp.set_incarnation(incarnation);
+  return resp;
+}
+
+Status CoordinatorCore::AttachNode(const std::string& node_id, std::shared_ptr<NodeSink> sink) {
+  std::lock_guard lock(mu_);
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end()) {
+    return FailedPrecondition("node '" + EscapeForLog(node_id) + "' watches before RegisterNode");
+  }
+  it->second.sink = std::move(sink);
+  it->second.lost_at.reset();
+  for (auto& [name, j] : jobs_) {
+    if (j.nodes.count(node_id) != 0 && j.plan) SendPlan(name, j, node_id);
+  }
+  return Status::Ok();
+}
+
+void CoordinatorCore::DetachNode(const std::string& node_id, const NodeSink* sink) {
+  std::lock_guard lock(mu_);
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end() || it->second.sink.get() != sink) return;  // replaced already
+  it->second.sink.reset();
+  it->second.lost_at = Clock::now() + config_.lease;
+  spdlog::warn("node '{}': event stream ended; lost unless it returns within {} ms", node_id,
+               config_.lease.count());
+  cv_.notify_all();
+}
+
+void CoordinatorCore::LoseNode(const std::string& node_id, const std::string& why) {
+  spdlog::warn("node '{}' lost: {}", node_id, why);
+  for (auto& [name, j] : jobs_) {
+    if (j.nodes.count(node_id) == 0) continue;
+    for (auto& [n, s] : j.steps) {
+      if (Terminal(s.state) || s.committing || s.persisted.size() == s.world_size) continue;
+      Decide(name, n, s, ckptd::v1::STEP_STATE_ABORTED,
+             "node '" + node_id + "' was lost (" + why + "); " + MissingRanks(s));
+    }
+  }
+}
+
+std::string CoordinatorCore::MissingRanks(const StepRecord& s) const {
+  std::map<std::string, std::vector<uint32_t>> by_node;
+  std::vector<uint32_t> unsaved;
+  for (uint32_t r = 0; r < s.world_size; ++r) {
+    if (s.persisted.count(r) != 0) continue;
+    auto it = s.saved.find(r);
+    if (it == s.saved.end()) {
+      unsaved.push_back(r);
+    } else {
+      by_node[it->second].push_back(r);
+    }
+  }
+  std::string out = "missing ranks";
+  bool any = false;
+  for (const auto& [node, ranks] : by_node) {
+    out += std::string(any ? ";" : "") + " " + RankList(ranks) + " on node '" + node +
+           "' (not persisted)";
+    any = true;
+  }
+  if (!unsaved.empty()) {
+    out += std::string(any ? ";" : "") + " " + RankList(unsaved) + " (never saved; node unknown)";
+  }
+  return out;
+}
+
+void CoordinatorCore::Broadcast(const std::string& job, const ckptd::v1::CoordinatorEvent& e) {
+  auto j = jobs_.find(job);
+  if (j == jobs_.end()) return;
+  for (const auto& node : j->second.nodes) {
+    auto n = nodes_.find(node);
+    if (n != nodes_.end() && n->second.sink) n->second.sink->Send(e);
+  }
+}
+
+void CoordinatorCore::Decide(const std::string& job, uint64_t step, StepRecord& s, StepState state,
+                             const std::string& reason) {
+  if (Terminal(s.state)) return;
+  s.state = state;
+  s.reason = reason;
+  if (Terminal(state)) {
+    spdlog::log(
+        state == ckptd::v1::STEP_STATE_COMMITTED ? spdlog::level::info : spdlog::level::warn,
+        "{}: {}{}", StepName(job, step),
+        state == ckptd::v1::STEP_STATE_COMMITTED ? "committed"
+        : state == ckptd::v1::STEP_STATE_ABORTED ? "aborted"
+                                                 : "failed",
+        reason.empty() ? "" : ": " + reason);
+  }
+  ckptd::v1::CoordinatorEvent e;
+  auto* d = e.mutable_step();
+  d->set_job(job);
+  d->set_step(step);
+  d->set_state(state);
+  d->set_reason(reason);
+  Broadcast(job, e);
+  if (state == ckptd::v1::STEP_STATE_ABORTED || state == ckptd::v1::STEP_STATE_FAILED) {
+    s.manifests.clear();
+    ++commits_in_flight_;
+    commit_thread_.Post([this, job, step] {
+      Status st = commit_.RemoveStep(job, step);
+      if (!st.ok()) spdlog::warn("{}: removing its data: {}", StepName(job, step), st.ToString());
+      std::lock_guard lock(mu_);
+      --commits_in_flight_;
+      cv_.notify_all();
+    });
+    TryCommit(job);  // a later step may have waited behind this one
+  }
+}
+
+Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
+    const ckptd::v1::ReportRanksRequest& req) {
+  RETURN_IF_ERROR(ValidateJobName(req.job()));
+  const std::string ctx =
+      StepName(req.job(), req.step()) + " from node '" + EscapeForLog(req.node_id()) + "'";
+  if (req.world_size() == 0 || req.world_size() > (1u << 20)) {
+    return InvalidArgument(ctx + ": world size " + std::to_string(req.world_size()));
+  }
+  for (uint32_t r : req.ranks()) {
+    if (r >= req.world_size()) {
+      return InvalidArgument(ctx + ": rank " + std::to_string(r) + " is not below world size " +
+                             std::to_string(req.world_size()));
+    }
+  }
+  ckptd::v1::ReportRanksResponse resp;
+  std::lock_guard lock(mu_);
+  if (nodes_.count(req.node_id()) == 0) {
+    return FailedPrecondition(ctx + ": the node has not registered");
+  }
+  JobRecord& j = jobs_[req.job()];
+  j.nodes.insert(req.node_id());
+  auto it = j.steps.find(req.step());
+  if (it == j.steps.end()) {
+    StepState ended = ckptd::v1::STEP_STATE_PENDING;
+    std::string why;
+    if (j.recovered_aborted.count(req.step()) != 0) {
+      ended = ckptd::v1::STEP_STATE_ABORTED;
+      why = "the coordinator restarted before every rank was persisted; the step was removed";
+    } else {
+      auto committed = fs_->Exists(JoinPath(StepDir(config_.storage_root, req.job(), req.step()),
+                                            std::string(kManifestFileName)));
+      if (committed.ok() && *committed) ended = ckptd::v1::STEP_STATE_COMMITTED;
+    }
+    if (ended != ckptd::v1::STEP_STATE_PENDING) {
+      auto* d = resp.mutable_decision();
+      d->set_job(req.job());
+      d->set_step(req.step());
+      d->set_state(ended);
+      d->set_reason(why);
+      return resp;
+    }
+    StepRecord fresh;
+    fresh.world_size = req.world_size();
+    fresh.deadline = Clock::now() + config_.step_timeout;
+    it = j.steps.emplace(req.step(), std::move(fresh)).first;
+    cv_.notify_all();
+  }
+  StepRecord& s = it->second;
+  if (Terminal(s.state)) {
+    auto* d = resp.mutable_decision();
+    d->set_job(req.job());
+    d->set_step(req.step());
+    d->set_state(s.state);
+    d->set_reason(s.reason);
+    return resp;
+  }
+  if (s.world_size != req.world_size()) {
+    return InvalidArgument(ctx + ": world size " + std::to_string(req.world_size()) +
+                           " differs from the step's " + std::to_string(s.world_size));
+  }
+  for (uint32_t r : req.ranks()) {
+    auto [at, inserted] = s.saved.try_emplace(r, req.node_id());
+    if (!inserted && at->second != req.node_id()) {
+      return InvalidArgument(ctx + ": rank " + std::to_string(r) + " was already saved on node '" +
+                             at->second + "'");
+    }
+  }
+  switch (req.state()) {
+    case ckptd::v1::STEP_STATE_PENDING:
+      break;
+    case ckptd::v1::STEP_STATE_CAPTURED:
+      s.captured.insert(req.ranks().begin(), req.ranks().end());
+      if (s.captured.size() == s.world_size && s.state < ckptd::v1::STEP_STATE_CAPTURED) {
+        Decide(req.job(), req.step(), s, ckptd::v1::STEP_STATE_CAPTURED, "");
+      }
+      break;
+    case ckptd::v1::STEP_STATE_PERSISTED: {
+      const auto& m = req.node_manifest();
+      if (m.job() != req.job() || m.step() != req.step() || m.node_id() != req.node_id() ||
+          m.world_size() != req.world_size()) {
+        return InvalidArgument(ctx + ": the node manifest is for job '" + EscapeForLog(m.job()) +
+                               "' step " + std::to_string(m.step()) + " node '" +
+                               EscapeForLog(m.node_id()) + "'");
+      }
+      for (const auto& r : m.ranks()) {
+        if (r.rank() >= s.world_size) {
+          return InvalidArgument(ctx + ": node manifest lists rank " + std::to_string(r.rank()));
+        }
+        s.saved.try_emplace(r.rank(), req.node_id());
+        s.captured.insert(r.rank());
+        s.persisted.insert(r.rank());
+      }
+      s.manifests[req.node_id()] = m;
+      if (s.captured.size() == s.world_size && s.state < ckptd::v1::STEP_STATE_CAPTURED) {
+        Decide(req.job(), req.step(), s, ckptd::v1::STEP_STATE_CAPTURED, "");
+      }
+      if (s.persisted.size() == s.world_size && s.state < ckptd::v1::STEP_STATE_PERSISTED) {
+        Decide(req.job(), req.step(), s, ckptd::v1::STEP_STATE_PERSISTED, "");
+        TryCommit(req.job());
+      }
+      break;
+    }
+    case ckptd::v1::STEP_STATE_FAILED:
+    case ckptd::v1::STEP_STATE_ABORTED:
+      if (s.persisted.size() == s.world_size) {
+        // Every rank is durable and the commit is under way: a node failing afterwards (e.g. a
+        // daemon shutting down) changes nothing on disk, so the step still commits.
+        spdlog::warn("{}: ignoring a late failure report ({}): every rank is persisted", ctx,
+                     req.reason());
+        break;
+      }
+      Decide(req.job(), req.step(), s, req.state(),
+             "node '" + req.node_id() + "': " + req.reason());
+      break;
+    default:
+      return InvalidArgument(ctx + ": cannot report state " + std::to_string(req.state()));
+  }
+  return resp;
+}
+
+Status CoordinatorCore::ReportRegistration(const ckptd::v1::ReportRegistrationRequest& req) {
+  RETURN_IF_ERROR(ValidateJobName(req.job()));
+  const std::string ctx = "job '" + req.job() + "' rank " + std::to_string(req.rank()) +
+                          " from node '" + EscapeForLog(req.node_id()) + "'";
+  if (req.world_size() == 0 || req.rank() >= req.world_size()) {
+    return InvalidArgument(ctx + ": rank is not below world size " +
+                           std::to_string(req.world_size()));
+  }
+  RankRegistration reg;
+  reg.rank = req.rank();
+  reg.node_id = req.node_id();
+  reg.shards.reserve(req.shards_size());
+  std::string fingerprint = req.node_id() + "\n";
+  for (const auto& s : req.shards()) {
+    PlannedShard p;
+    p.name = s.name();
+    p.key = ShardKeyOf(s.name(), s.dtype(), s.global_shape(), s.geometry());
+    p.bytes = s.bytes();
+    fingerprint += p.key;
+    fingerprint += '\n';
+    reg.shards.push_back(std::move(p));
+  }
+  std::lock_guard lock(mu_);
+  if (nodes_.count(req.node_id()) == 0) return FailedPrecondition(ctx + ": node not registered");
+  JobRecord& j = jobs_[req.job()];
+  j.nodes.insert(req.node_id());
+  if (j.world_size != req.world_size()) {
+    j.registrations.clear();
+    j.registration_keys.clear();
+    j.world_size = req.world_size();
+    j.plan_dirty = true;
+  }
+  auto& have = j.registration_keys[req.rank()];
+  if (have != fingerprint) {
+    have = std::move(fingerprint);
+    j.registrations[req.rank()] = std::move(reg);
+    j.plan_dirty = true;
+  }
+  MaybePlan(req.job(), j);
+  return Status::Ok();
+}
+
+void CoordinatorCore::MaybePlan(const std::string& job, JobRecord& j) {
+  if (!j.plan_dirty) return;
+  if (j.registrations.size() != j.world_size) {
+    // A registration changed and not every rank has re-registered: until they have, nobody
+    // skips anything (the old plan stays only to check steps already in flight under it).
+    if (j.plan && !j.plan_revoked) {
+      j.plan_revoked = true;
+      for (const auto& node : j.nodes) SendPlan(job, j, node);
+    }
+    return;
+  }
+  j.plan_revoked = false;
+  std::vector<const RankRegistration*> ranks;
+  ranks.reserve(j.registrations.size());
+  for (const auto& [r, reg] : j.registrations) ranks.push_back(&reg);
+  const auto start = Clock::now();
+  j.plan = std::make_shared<const WriterAssignment>(PlanWriters(ranks));
+  j.plan_dirty = false;
+  ++j.plan_version;
+  spdlog::info(
+      "job '{}': writer plan v{} for {} ranks: {} of {} registered bytes written, in {} ms", job,
+      j.plan_version, ranks.size(), j.plan->unique_bytes, j.plan->registered_bytes,
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count());
+  for (const auto& node : j.nodes) SendPlan(job, j, node);
+}
+
+void CoordinatorCore::SendPlan(const std::string& job, JobRecord& j, const std::string& node) {
+  auto n = nodes_.find(node);
+  if (n == nodes_.end() || !n->second.sink || !j.plan) return;
+  ckptd::v1::CoordinatorEvent e;
+  auto* p = e.mutable_plan();
+  p->set_job(job);
+  p->set_version(j.plan_version);
+  for (const auto& [rank, reg] : j.registrations) {
+    if (j.plan_revoked) break;  // an empty plan: every rank writes everything
+    if (reg.node_id != node) continue;
+    auto* rs = p->add_ranks();
+    rs->set_rank(rank);
+    auto skips = j.plan->skips.find(rank);
+    if (skips != j.plan->skips.end()) {
+      for (const auto& name : skips->second) rs->add_skip(name);
+    }
+  }
+  n->second.sink->Send(e);
+}
+
+Status CoordinatorCore::CheckCoverage(const std::string& job, const ckptd::v1::Manifest& m) {
+  // The distinct shards of the current plan (shared, immutable: no copy under the lock).
+  std::shared_ptr<const WriterAssignment> plan;
+  {
+    std::lock_guard lock(mu_);
+    auto j = jobs_.find(job);
+    if (j == jobs_.end() || j->second.world_size != m.world_size() || !j->second.plan) {
+      return Status::Ok();  // no plan was in force: every rank wrote everything
+    }
+    plan = j->second.plan;
+  }
+  const auto& wanted = plan->distinct;
+  std::unordered_set<std::string> have;
+  for (const auto& t : m.tensors()) {
+    for (const auto& s : t.shards()) {
+      have.insert(ShardKeyOf(t.name(), t.dtype(), t.global_shape(), s.geometry()));
+    }
+  }
+  for (const auto& [key, name] : wanted) {
+    if (have.count(key) == 0) {
+      return FailedPrecondition("tensor '" + EscapeForLog(name) +
+                                "': a registered shard was written by no rank (the writer plan "
+                                "changed while the step was in flight)");
+    }
+  }
+  return Status::Ok();
+}
+
+void CoordinatorCore::TryCommit(const std::string& job) {
+  auto j = jobs_.find(job);
+  if (j == jobs_.end()) return;
+  for (auto& [n, s] : j->second.steps) {
+    if (Terminal(s.state)) continue;
+    // The oldest step in flight decides: later ones wait for it.
+    if (s.state != ckptd::v1::STEP_STATE_PERSISTED || s.committing) return;
+    s.committing = true;
+    std::vector<ckptd::v1::NodeManifest> nodes;
+    nodes.reserve(s.manifests.size());
+    for (auto& [node, m] : s.manifests) nodes.push_back(std::move(m));
+    s.manifests.clear();
+    ++commits_in_flight_;
+    commit_thread_.Post([this, job, step = n, nodes = std::move(nodes)] {
+      const std::string step_dir = StepDir(config_.storage_root, job, step);
+      Status st =
+          commit_.Commit(nodes, [&](const ckptd::v1::Manifest& m) { return CheckCoverage(job, m); })
+              .status();
+      if (!st.ok()) {
+        // A failure after the MANIFEST rename still leaves a committed step: report the truth.
+        auto exists = fs_->Exists(JoinPath(step_dir, std::string(kManifestFileName)));
+        if (exists.ok() && *exists) {
+          spdlog::warn("{}: committed, but: {}", StepName(job, step), st.ToString());
+          st = Status::Ok();
+        }
+      }
+      OnCommitted(job, step, st);
+    });
+    return;
+  }
+}
+
+void CoordinatorCore::OnCommitted(const std::string& job, uint64_t step, Status st) {
+  std::lock_guard lock(mu_);
+  --commits_in_flight_;
+  cv_.notify_all();
+  auto j = jobs_.find(job);
+  if (j == jobs_.end()) return;
+  auto it = j->second.steps.find(step);
+  if (it == j->second.steps.end()) return;
+  StepRecord& s = it->second;
+  s.committing = false;
+  if (st.ok()) {
+    Decide(job, step, s, ckptd::v1::STEP_STATE_COMMITTED, "");
+  } else {
+    Decide(job, step, s, ckptd::v1::STEP_STATE_FAILED, "commit failed: " + st.message());
+  }
+  Prune(j->second);
+  TryCommit(job);
+}
+
+void CoordinatorCore::Prune(JobRecord& j) {
+  size_t finished = 0;
+  for (const auto& [n, s] : j.steps) finished += Terminal(s.state) ? 1 : 0;
+  for (auto it = j.steps.begin(); it != j.steps.end() && finished > config_.finished_steps_kept;) {
+    if (Terminal(it->second.state)) {
+      it = j.steps.erase(it);
+      --finished;
+    } else {
+      ++it;
+    }
+  }
+}
+
+void CoordinatorCore::TimerLoop() {
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    const auto now = Clock::now();
+    auto next = now + std::chrono::seconds(1);
+    std::vector<std::string> lost;
+    for (auto& [id, n] : nodes_) {
+      if (!n.lost_at) continue;
+      if (*n.lost_at <= now) {
+        lost.push_back(id);
+      } else {
+        next = std::min(next, *n.lost_at);
+      }
+    }
+    for (const auto& id : lost) {
+      nodes_[id].lost_at.reset();
+      LoseNode(id, "its lease of " + std::to_string(config_.lease.count()) + " ms expired");
+    }
+    for (auto& [job, j] : jobs_) {
+      for (auto& [step, s] : j.steps) {
+        if (Terminal(s.state) || s.committing || s.state == ckptd::v1::STEP_STATE_PERSISTED) {
+          continue;
+        }
+        if (s.deadline <= now) {
+          Decide(job, step, s, ckptd::v1::STEP_STATE_ABORTED,
+                 "not every rank persisted within " + std::to_string(config_.step_timeout.count()) +
+                     " ms; " + MissingRanks(s));
+        } else {
+          next = std::min(next, s.deadline);
+        }
+      }
+    }
+    cv_.wait_until(lock, next);
+  }
+}
+
+Result<std::optional<uint64_t>> CoordinatorCore::Latest(const std::string& job) {
+  RETURN_IF_ERROR(ValidateJobName(job));
+  return commit_.Latest(job);
+}
+
+Result<std::vector<uint64_t>> CoordinatorCore::List(const std::string& job) {
+  RETURN_IF_ERROR(ValidateJobName(job));
+  return commit_.List(job);
+}
+
+std::optional<WriterAssignment> CoordinatorCore::CurrentPlan(const std::string& job) {
+  std::lock_guard lock(mu_);
+  auto j = jobs_.find(job);
+  if (j == jobs_.end() || !j->second.plan) return std::nullopt;
+  return *j->second.plan;
+}
+
+void CoordinatorCore::WaitIdle() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return commits_in_flight_ == 0; });
+}
+
+}  // namespace ckpt

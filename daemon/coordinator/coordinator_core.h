@@ -1,0 +1,156 @@
+// CoordinatorCore: the global commit protocol of ckpt-coordinator (DESIGN.md §6), with no gRPC
+// types in it — coordinator_service.cc translates RPCs into these calls.
+//
+// Durable truth is the storage root, never this object's memory:
+//   * a daemon writes node-<node id>.nmf (atomically) into the step directory before it reports
+//     PERSISTED; the report carries the same manifest, so a commit needs no reads;
+//   * a step is committed by CommitEngine::Commit — MANIFEST rename (the commit marker), then
+//     LATEST, then retention — the same code the embedded coordinator of a single daemon runs;
+//   * Start() scans the root before serving: a step directory without MANIFEST whose node
+//     manifests cover every rank is committed, every other one is removed and remembered as
+//     aborted (a daemon that re-reports it is told so). A crash at any point therefore leaves
+//     each step committed-and-complete or absent, and LATEST names a committed step.
+//
+// Rules while serving:
+//   * a step commits when all world_size ranks reported PERSISTED and every earlier in-flight
+//     step of the job has ended (commits are in step order, one at a time per job, on the commit
+//     thread); CAPTURED / PERSISTED / COMMITTED are broadcast to every node of the job;
+//   * a step is ABORTED when its ranks do not all persist within step_timeout of its first
+//     report, when a node of the job is lost (its Watch stream ended and did not return within
+//     the lease, or the node re-registered as a new process), or FAILED when a node reports a
+//     failure; the reason names the missing ranks and their nodes, every node of the job is told,
+//     and the step directory is removed (each daemon also removes its own leftovers once its
+//     writers have let go of them). Training is never blocked: only events are sent.
+//   * registrations of all ranks of a job give the writer plan (writer_plan.h); it is recomputed
+//     only when a registration changes and pushed to each node of the job. Before a commit the
+//     merged manifest is checked to hold every registered shard, so a plan that changed under a
+//     step can fail that step but never commit a hole.
+//
+// Thread safety: every public method may be called from any thread; state is guarded by mu_.
+// Sinks are called with mu_ held and must only queue (never call back into the core).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ckptd/v1/coordinator.pb.h"
+#include "common/file_system.h"
+#include "daemon/coordinator/commit_engine.h"
+#include "daemon/coordinator/writer_plan.h"
+#include "daemon/task_pool.h"
+
+namespace ckpt {
+
+// Where the core sends events for one node (the node's Watch stream). Must not block.
+class NodeSink {
+ public:
+  virtual ~NodeSink() = default;
+  virtual void Send(const ckptd::v1::CoordinatorEvent& event) = 0;
+};
+
+class CoordinatorCore {
+ public:
+  struct Config {
+    std::string storage_root;
+    uint32_t keep = 0;
+    std::chrono::milliseconds step_timeout{std::chrono::minutes(10)};
+    std::chrono::milliseconds lease{std::chrono::seconds(10)};
+    size_t finished_steps_kept = 64;  // per job, to answer late reports
+    std::string writer = "ckpt-coordinator";
+    std::function<void(std::string_view point)> on_commit_point;  // CommitEngine::Config::on_point
+  };
+  CoordinatorCore(Config config, FileSystem* fs);
+  ~CoordinatorCore();
+
+  // Recovery scan of the storage root (commits or removes every uncommitted step), then starts
+  // the commit and timer threads. Returns what the scan did, one line per step.
+  Result<std::vector<std::string>> Start();
+  void Stop();
+
+  Result<ckptd::v1::RegisterNodeResponse> RegisterNode(const ckptd::v1::RegisterNodeRequest& req,
+                                                       const std::string& instance);
+  // The node's event stream opened / ended. Attaching sends the node its current plans.
+  Status AttachNode(const std::string& node_id, std::shared_ptr<NodeSink> sink);
+  void DetachNode(const std::string& node_id, const NodeSink* sink);
+
+  Result<ckptd::v1::ReportRanksResponse> ReportRanks(const ckptd::v1::ReportRanksRequest& req);
+  Status ReportRegistration(const ckptd::v1::ReportRegistrationRequest& req);
+
+  Result<std::optional<uint64_t>> Latest(const std::string& job);
+  Result<std::vector<uint64_t>> List(const std::string& job);
+
+  // Test and benchmark hooks.
+  std::optional<WriterAssignment> CurrentPlan(const std::string& job);
+  // Blocks until no commit is queued or running (benchmarks).
+  void WaitIdle();
+
+ private:
+  struct StepRecord {
+    uint32_t world_size = 0;
+    ckptd::v1::StepState state = ckptd::v1::STEP_STATE_PENDING;
+    std::string reason;
+    std::map<uint32_t, std::string> saved;  // rank → node
+    std::set<uint32_t> captured;
+    std::set<uint32_t> persisted;
+    std::map<std::string, ckptd::v1::NodeManifest> manifests;  // node → cumulative manifest
+    std::chrono::steady_clock::time_point deadline;
+    bool committing = false;
+  };
+  struct JobRecord {
+    std::map<uint64_t, StepRecord> steps;
+    std::set<std::string> nodes;
+    std::map<uint32_t, RankRegistration> registrations;
+    std::map<uint32_t, std::string> registration_keys;  // rank → fingerprint of its shards
+    uint32_t world_size = 0;
+    bool plan_dirty = false;
+    bool plan_revoked = false;  // nodes were told to write everything
+    uint64_t plan_version = 0;
+    std::shared_ptr<const WriterAssignment> plan;  // null until every rank registered
+    std::set<uint64_t> recovered_aborted;
+  };
+  struct NodeRecord {
+    std::string instance;
+    std::shared_ptr<NodeSink> sink;
+    std::optional<std::chrono::steady_clock::time_point> lost_at;  // lease expiry while detached
+  };
+
+  static bool Terminal(ckptd::v1::StepState s);
+  void Decide(const std::string& job, uint64_t step, StepRecord& s, ckptd::v1::StepState state,
+              const std::string& reason);                                        // REQUIRES(mu_)
+  void Broadcast(const std::string& job, const ckptd::v1::CoordinatorEvent& e);  // REQUIRES(mu_)
+  void SendPlan(const std::string& job, JobRecord& j, const std::string& only_node);
+  void MaybePlan(const std::string& job, JobRecord& j);  // REQUIRES(mu_)
+  void TryCommit(const std::string& job);                // REQUIRES(mu_)
+  void OnCommitted(const std::string& job, uint64_t step, Status st);
+  void LoseNode(const std::string& node_id, const std::string& why);  // REQUIRES(mu_)
+  std::string MissingRanks(const StepRecord& s) const;                // REQUIRES(mu_)
+  Status CheckCoverage(const std::string& job, const ckptd::v1::Manifest& m);
+  void Prune(JobRecord& j);
+  void TimerLoop();
+  Result<std::vector<std::string>> RecoverJob(const std::string& job);
+
+  Config config_;
+  FileSystem* fs_;
+  CommitEngine commit_;
+  TaskPool commit_thread_{1};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, JobRecord> jobs_;    // guarded by mu_
+  std::map<std::string, NodeRecord> nodes_;  // guarded by mu_
+  int commits_in_flight_ = 0;                // guarded by mu_
+  bool stopping_ = false;                    // guarded by mu_
+  std::thread timer_;
+  bool started_ = false;
+};
+
+}  // namespace ckpt

@@ -1,0 +1,214 @@
+#include "daemon/coordinator/coordinator_link.h"
+
+#include <unistd.h>
+
+#include <boost/asio/post.hpp>
+#include <random>
+
+#include "common/logging.h"
+
+namespace ckpt {
+
+CoordinatorLink::CoordinatorLink(boost::asio::io_context& io, Config config)
+    : io_(io), config_(std::move(config)) {
+  std::random_device rd;
+  std::mt19937_64 gen((static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+                      static_cast<uint64_t>(::getpid()));
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(gen()));
+  instance_ = buf;
+}
+
+CoordinatorLink::~CoordinatorLink() {
+  Stop();
+  *alive_ = false;
+}
+
+Status CoordinatorLink::Start(Handler* handler) {
+  handler_ = handler;
+  ASSIGN_OR_RETURN(auto creds,
+                   MakeChannelCredentials(config_.address, config_.tls, config_.allow_plaintext));
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, static_cast<int>(config_.backoff_min.count()));
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(config_.backoff_max.count()));
+  args.SetMaxReceiveMessageSize(1 << 30);
+  args.SetMaxSendMessageSize(1 << 30);
+  if (!config_.tls.server_name.empty()) args.SetSslTargetNameOverride(config_.tls.server_name);
+  channel_ = grpc::CreateCustomChannel(config_.address, creds, args);
+  stub_ = ckptd::v1::Coordinator::NewStub(channel_);
+  watch_thread_ = std::thread([this] { WatchLoop(); });
+  send_thread_ = std::thread([this] { SendLoop(); });
+  spdlog::info("coordinator link: node '{}' (instance {}) → {}{}", config_.node_id, instance_,
+               config_.address, config_.tls.enabled() ? " (TLS)" : " (plaintext)");
+  return Status::Ok();
+}
+
+void CoordinatorLink::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    if (watch_ctx_ != nullptr) watch_ctx_->TryCancel();
+  }
+  cv_.notify_all();
+  if (watch_thread_.joinable()) watch_thread_.join();
+  if (send_thread_.joinable()) send_thread_.join();
+}
+
+void CoordinatorLink::Deadline(grpc::ClientContext& ctx) const {
+  ctx.set_deadline(std::chrono::system_clock::now() + config_.rpc_deadline);
+}
+
+void CoordinatorLink::PostToLoop(std::function<void()> f) {
+  boost::asio::post(io_, [alive = alive_, f = std::move(f)] {
+    if (*alive) f();
+  });
+}
+
+void CoordinatorLink::WatchLoop() {
+  auto backoff = config_.backoff_min;
+  bool warned = false;
+  while (true) {
+    {
+      std::unique_lock lock(mu_);
+      if (stopping_) return;
+    }
+    ckptd::v1::RegisterNodeRequest req;
+    req.set_node_id(config_.node_id);
+    req.set_admin_address(config_.admin_address);
+    req.set_version(config_.version);
+    req.set_instance(instance_);
+    ckptd::v1::RegisterNodeResponse resp;
+    grpc::Status st;
+    {
+      grpc::ClientContext ctx;
+      // Short: Stop() waits for this call, and an unreachable coordinator is retried anyway.
+      ctx.set_deadline(
+          std::chrono::system_clock::now() +
+          std::min<std::chrono::milliseconds>(config_.rpc_deadline, std::chrono::seconds(3)));
+      st = stub_->RegisterNode(&ctx, req, &resp);
+    }
+    if (st.ok()) {
+      spdlog::info("coordinator {}: registered node '{}' (coordinator incarnation {}, lease {} ms)",
+                   config_.address, config_.node_id, resp.incarnation(), resp.lease_ms());
+      warned = false;
+      backoff = config_.backoff_min;
+      grpc::ClientContext ctx;
+      {
+        std::lock_guard lock(mu_);
+        if (stopping_) return;
+        watch_ctx_ = &ctx;
+      }
+      ckptd::v1::WatchRequest w;
+      w.set_node_id(config_.node_id);
+      auto reader = stub_->Watch(&ctx, w);
+      // Re-report after the stream is open, so decisions about re-reported steps reach us.
+      PostToLoop([this] { handler_->OnCoordinatorConnected(); });
+      ckptd::v1::CoordinatorEvent event;
+      while (reader->Read(&event)) {
+        PostToLoop([this, e = event] { handler_->OnCoordinatorEvent(e); });
+      }
+      st = reader->Finish();
+      {
+        std::lock_guard lock(mu_);
+        watch_ctx_ = nullptr;
+        if (stopping_) return;
+      }
+      spdlog::warn("coordinator {}: event stream ended ({}); reconnecting", config_.address,
+                   st.error_message().empty() ? "closed" : st.error_message());
+    } else if (!warned) {
+      spdlog::warn("coordinator {}: cannot register: {}; retrying with backoff", config_.address,
+                   st.error_message());
+      warned = true;
+    }
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, backoff, [&] { return stopping_; });
+    backoff = std::min(backoff * 2, config_.backoff_max);
+  }
+}
+
+void CoordinatorLink::SendLoop() {
+  while (true) {
+    std::function<void()> task;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    task();
+  }
+}
+
+void CoordinatorLink::Enqueue(std::function<void()> task) {
+  {
+    std::lock_guard lock(mu_);
+    if (queue_.size() >= kMaxQueued) {
+      spdlog::warn("coordinator link: {} reports queued; dropping one (re-reported on reconnect)",
+                   queue_.size());
+      return;
+    }
+    queue_.push_back(std::move(task));
+  }
+  cv_.notify_all();
+}
+
+void CoordinatorLink::ReportRanks(ckptd::v1::ReportRanksRequest request) {
+  request.set_node_id(config_.node_id);
+  Enqueue([this, req = std::move(request)] {
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    ckptd::v1::ReportRanksResponse resp;
+    grpc::Status st = stub_->ReportRanks(&ctx, req, &resp);
+    if (!st.ok()) {
+      spdlog::warn("coordinator: report of job '{}' step {} ranks ({}): {}", req.job(), req.step(),
+                   req.ranks_size(), st.error_message());
+      return;
+    }
+    if (resp.has_decision()) {
+      ckptd::v1::CoordinatorEvent e;
+      *e.mutable_step() = resp.decision();
+      PostToLoop([this, e] { handler_->OnCoordinatorEvent(e); });
+    }
+  });
+}
+
+void CoordinatorLink::ReportRegistration(ckptd::v1::ReportRegistrationRequest request) {
+  request.set_node_id(config_.node_id);
+  Enqueue([this, req = std::move(request)] {
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    ckptd::v1::ReportRegistrationResponse resp;
+    grpc::Status st = stub_->ReportRegistration(&ctx, req, &resp);
+    if (!st.ok()) {
+      spdlog::warn("coordinator: registration of job '{}' rank {}: {}", req.job(), req.rank(),
+                   st.error_message());
+    }
+  });
+}
+
+void CoordinatorLink::Latest(const std::string& job,
+                             std::function<void(Result<std::optional<uint64_t>>)> done) {
+  Enqueue([this, job, done = std::move(done)]() mutable {
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    ckptd::v1::JobRequest req;
+    req.set_job(job);
+    ckptd::v1::LatestResponse resp;
+    grpc::Status st = stub_->Latest(&ctx, req, &resp);
+    Result<std::optional<uint64_t>> out =
+        st.ok() ? Result<std::optional<uint64_t>>(
+                      resp.has_step() ? std::optional<uint64_t>(resp.step()) : std::nullopt)
+                : Result<std::optional<uint64_t>>(Unavailable("coordinator " + config_.address +
+                                                              ": latest of job '" + job +
+                                                              "': " + st.error_message()));
+    PostToLoop([done = std::move(done), out = std::move(out)]() mutable { done(std::move(out)); });
+  });
+}
+
+}  // namespace ckpt

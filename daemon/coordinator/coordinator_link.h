@@ -1,0 +1,98 @@
+// CoordinatorLink: a daemon's connection to ckpt-coordinator (daemon --coordinator ADDR).
+//
+// Two threads, neither on the daemon's Asio loop:
+//   * the watch thread registers the node (node id, admin address, version, a random instance
+//     id per daemon process), then holds the node's Watch stream open — that stream is the
+//     node's lease — and posts every event onto the loop (Handler::OnCoordinatorEvent). When the
+//     stream breaks it reconnects with exponential backoff (100 ms … 2 s); after every successful
+//     registration it posts Handler::OnCoordinatorConnected, on which the node state re-reports
+//     everything it still has in flight (reports are idempotent: sets of ranks and cumulative
+//     node manifests), so a restarted coordinator or a dropped connection loses nothing.
+//   * the sender thread sends reports and queries in the order they were queued, each with a
+//     deadline. A report that cannot be delivered is dropped with a warning — the re-report
+//     after reconnecting replaces it. A report's answer that the step already ended globally is
+//     posted to the loop as an event.
+// Nothing here blocks the loop or a trainer; queues are bounded (kMaxQueued).
+// Thread safety: all public methods may be called from any thread; callbacks run on the loop.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <boost/asio/io_context.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "ckptd/v1/coordinator.grpc.pb.h"
+#include "common/status.h"
+#include "daemon/coordinator/transport_security.h"
+
+namespace ckpt {
+
+class CoordinatorLink {
+ public:
+  struct Config {
+    std::string address;
+    std::string node_id;
+    std::string admin_address;
+    std::string version;
+    TlsFiles tls;
+    bool allow_plaintext = false;
+    std::chrono::milliseconds rpc_deadline{std::chrono::seconds(10)};
+    std::chrono::milliseconds backoff_min{100};
+    std::chrono::milliseconds backoff_max{2000};
+  };
+  // Implemented by the node state; called on the loop.
+  class Handler {
+   public:
+    virtual ~Handler() = default;
+    virtual void OnCoordinatorConnected() = 0;
+    virtual void OnCoordinatorEvent(const ckptd::v1::CoordinatorEvent& event) = 0;
+  };
+
+  CoordinatorLink(boost::asio::io_context& io, Config config);
+  ~CoordinatorLink();
+
+  // Checks the address and credentials (errors name the flag); starts both threads. The
+  // handler must outlive Stop().
+  Status Start(Handler* handler);
+  void Stop();
+
+  void ReportRanks(ckptd::v1::ReportRanksRequest request);
+  void ReportRegistration(ckptd::v1::ReportRegistrationRequest request);
+  void Latest(const std::string& job, std::function<void(Result<std::optional<uint64_t>>)> done);
+
+  const Config& config() const { return config_; }
+
+ private:
+  static constexpr size_t kMaxQueued = 100'000;
+  void WatchLoop();
+  void SendLoop();
+  void Enqueue(std::function<void()> task);
+  void PostToLoop(std::function<void()> f);
+  void Deadline(grpc::ClientContext& ctx) const;
+
+  boost::asio::io_context& io_;
+  Config config_;
+  std::string instance_;
+  Handler* handler_ = nullptr;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<ckptd::v1::Coordinator::Stub> stub_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;   // guarded by mu_
+  bool stopping_ = false;                     // guarded by mu_
+  grpc::ClientContext* watch_ctx_ = nullptr;  // guarded by mu_; cancelled by Stop
+  std::thread watch_thread_;
+  std::thread send_thread_;
+};
+
+}  // namespace ckpt

@@ -1,0 +1,203 @@
+#include "daemon/coordinator/coordinator_service.h"
+
+#include <deque>
+#include <mutex>
+
+#include "common/logging.h"
+
+namespace ckpt {
+
+grpc::Status ToGrpcStatus(const Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  grpc::StatusCode code = grpc::StatusCode::INTERNAL;
+  switch (s.code()) {
+    case StatusCode::kInvalidArgument:
+      code = grpc::StatusCode::INVALID_ARGUMENT;
+      break;
+    case StatusCode::kNotFound:
+      code = grpc::StatusCode::NOT_FOUND;
+      break;
+    case StatusCode::kFailedPrecondition:
+      code = grpc::StatusCode::FAILED_PRECONDITION;
+      break;
+    case StatusCode::kUnavailable:
+      code = grpc::StatusCode::UNAVAILABLE;
+      break;
+    case StatusCode::kAborted:
+      code = grpc::StatusCode::ABORTED;
+      break;
+    case StatusCode::kResourceExhausted:
+      code = grpc::StatusCode::RESOURCE_EXHAUSTED;
+      break;
+    case StatusCode::kDeadlineExceeded:
+      code = grpc::StatusCode::DEADLINE_EXCEEDED;
+      break;
+    case StatusCode::kPermissionDenied:
+      code = grpc::StatusCode::PERMISSION_DENIED;
+      break;
+    case StatusCode::kOutOfRange:
+      code = grpc::StatusCode::OUT_OF_RANGE;
+      break;
+    case StatusCode::kUnimplemented:
+      code = grpc::StatusCode::UNIMPLEMENTED;
+      break;
+    default:
+      break;
+  }
+  return grpc::Status(code, s.message());
+}
+
+namespace {
+
+template <typename T>
+grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* ctx, const Result<T>& r,
+                                     T* resp) {
+  auto* reactor = ctx->DefaultReactor();
+  if (r.ok()) *resp = *r;
+  reactor->Finish(ToGrpcStatus(r.status()));
+  return reactor;
+}
+
+// One node's event stream. The reactor deletes itself in OnDone; the core holds the Channel,
+// whose pointer to the reactor is cleared (under its mutex) before that happens.
+class WatchReactor final : public grpc::ServerWriteReactor<ckptd::v1::CoordinatorEvent> {
+ public:
+  class Channel final : public NodeSink {
+   public:
+    explicit Channel(WatchReactor* r) : reactor_(r) {}
+    void Send(const ckptd::v1::CoordinatorEvent& e) override {
+      std::lock_guard lock(mu_);
+      if (reactor_ != nullptr) reactor_->Enqueue(e);
+    }
+    void Clear() {
+      std::lock_guard lock(mu_);
+      reactor_ = nullptr;
+    }
+
+   private:
+    std::mutex mu_;
+    WatchReactor* reactor_;  // guarded by mu_
+  };
+
+  WatchReactor(CoordinatorCore* core, std::string node_id)
+      : core_(core), node_id_(std::move(node_id)), channel_(std::make_shared<Channel>(this)) {
+    Status st = core_->AttachNode(node_id_, channel_);
+    if (!st.ok()) {
+      attached_ = false;
+      Finish(ToGrpcStatus(st));
+    }
+  }
+
+  void Enqueue(const ckptd::v1::CoordinatorEvent& e) {
+    std::lock_guard lock(mu_);
+    if (finished_) return;
+    if (queue_.size() >= kMaxQueued) {
+      // A node that does not read its events is treated as gone; it reconnects and re-reports.
+      finished_ = true;
+      Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          "node '" + node_id_ + "' is not reading its events"));
+      return;
+    }
+    queue_.push_back(e);
+    if (!writing_) {
+      writing_ = true;
+      StartWrite(&queue_.front());
+    }
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard lock(mu_);
+    writing_ = false;
+    if (!ok) {
+      if (!finished_) {
+        finished_ = true;
+        Finish(grpc::Status::CANCELLED);
+      }
+      return;
+    }
+    queue_.pop_front();
+    if (!queue_.empty() && !finished_) {
+      writing_ = true;
+      StartWrite(&queue_.front());
+    }
+  }
+
+  void OnCancel() override {
+    std::lock_guard lock(mu_);
+    if (!finished_) {
+      finished_ = true;
+      Finish(grpc::Status::CANCELLED);
+    }
+  }
+
+  void OnDone() override {
+    channel_->Clear();
+    if (attached_) core_->DetachNode(node_id_, channel_.get());
+    delete this;
+  }
+
+ private:
+  static constexpr size_t kMaxQueued = 100'000;
+  CoordinatorCore* core_;
+  std::string node_id_;
+  std::shared_ptr<Channel> channel_;
+  bool attached_ = true;
+  std::mutex mu_;
+  std::deque<ckptd::v1::CoordinatorEvent> queue_;  // guarded by mu_; front is being written
+  bool writing_ = false;                           // guarded by mu_
+  bool finished_ = false;                          // guarded by mu_
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* CoordinatorService::RegisterNode(
+    grpc::CallbackServerContext* ctx, const ckptd::v1::RegisterNodeRequest* req,
+    ckptd::v1::RegisterNodeResponse* resp) {
+  return FinishWith(ctx, core_->RegisterNode(*req, incarnation_), resp);
+}
+
+grpc::ServerWriteReactor<ckptd::v1::CoordinatorEvent>* CoordinatorService::Watch(
+    grpc::CallbackServerContext*, const ckptd::v1::WatchRequest* req) {
+  return new WatchReactor(core_, req->node_id());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ReportRanks(grpc::CallbackServerContext* ctx,
+                                                          const ckptd::v1::ReportRanksRequest* req,
+                                                          ckptd::v1::ReportRanksResponse* resp) {
+  return FinishWith(ctx, core_->ReportRanks(*req), resp);
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ReportRegistration(
+    grpc::CallbackServerContext* ctx, const ckptd::v1::ReportRegistrationRequest* req,
+    ckptd::v1::ReportRegistrationResponse*) {
+  auto* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(core_->ReportRegistration(*req)));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Latest(grpc::CallbackServerContext* ctx,
+                                                     const ckptd::v1::JobRequest* req,
+                                                     ckptd::v1::LatestResponse* resp) {
+  auto latest = core_->Latest(req->job());
+  auto* reactor = ctx->DefaultReactor();
+  if (latest.ok() && latest->has_value()) {
+    resp->set_has_step(true);
+    resp->set_step(**latest);
+  }
+  reactor->Finish(ToGrpcStatus(latest.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ListSteps(grpc::CallbackServerContext* ctx,
+                                                        const ckptd::v1::JobRequest* req,
+                                                        ckptd::v1::ListStepsResponse* resp) {
+  auto list = core_->List(req->job());
+  auto* reactor = ctx->DefaultReactor();
+  if (list.ok()) {
+    for (uint64_t s : *list) resp->add_steps(s);
+  }
+  reactor->Finish(ToGrpcStatus(list.status()));
+  return reactor;
+}
+
+}  // namespace ckpt

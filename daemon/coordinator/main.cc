@@ -1,0 +1,152 @@
+// ckpt-coordinator: the global coordinator of multi-node jobs (DESIGN.md §6). Scans the
+// storage root (commits every fully persisted step, removes the rest), then serves
+// ckptd.v1.Coordinator until SIGTERM/SIGINT. See coordinator_core.h for the protocol.
+//
+//   ckpt-coordinator --listen ADDR --storage-root DIR [--keep N] [--step-timeout 10m]
+//                    [--lease 10s] [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]
+//                    [--allow-plaintext] [--log-level info]
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <csignal>
+#include <iostream>
+#include <random>
+
+#include "common/file_system.h"
+#include "common/logging.h"
+#include "common/units.h"
+#include "daemon/coordinator/coordinator_core.h"
+#include "daemon/coordinator/coordinator_service.h"
+#include "daemon/coordinator/transport_security.h"
+#include "daemon/version.h"
+
+namespace {
+
+std::string RandomHex() {
+  std::random_device rd;
+  std::mt19937_64 gen((static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+                      static_cast<uint64_t>(::getpid()));
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(gen()));
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ckpt-coordinator: global commit of multi-node checkpoints for ckptd daemons"};
+  std::string listen = "127.0.0.1:7470";
+  std::string root;
+  uint32_t keep = 0;
+  std::string step_timeout = "10m";
+  std::string lease = "10s";
+  ckpt::TlsFiles tls;
+  bool allow_plaintext = false;
+  std::string log_level = "info";
+  app.add_option("--listen", listen, "gRPC address to serve on (host:port or unix:PATH)");
+  app.add_option("--storage-root", root, "the storage root every daemon writes under")->required();
+  app.add_option("--keep", keep, "committed checkpoints kept per job (0 = all)");
+  app.add_option("--step-timeout", step_timeout,
+                 "abort a step not persisted by every rank within this of its first report");
+  app.add_option("--lease", lease, "a node whose event stream stays closed this long is lost");
+  app.add_option("--tls-cert", tls.cert, "PEM certificate chain (enables TLS)");
+  app.add_option("--tls-key", tls.key, "PEM private key of --tls-cert");
+  app.add_option("--tls-client-ca", tls.ca, "PEM CA; daemons must present a certificate it signed");
+  app.add_flag("--allow-plaintext", allow_plaintext, "serve without TLS on a non-loopback address");
+  app.add_option("--log-level", log_level, "trace, debug, info, warn or error");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  ckpt::InitLogging("ckpt-coordinator", log_level);
+  auto timeout = ckpt::ParseDuration(step_timeout);
+  auto lease_ms = ckpt::ParseDuration(lease);
+  if (!timeout.ok() || !lease_ms.ok() || timeout->count() <= 0 || lease_ms->count() <= 0) {
+    spdlog::error("--step-timeout '{}' / --lease '{}': not a positive duration", step_timeout,
+                  lease);
+    return 2;
+  }
+  auto creds = ckpt::MakeServerCredentials(listen, tls, allow_plaintext);
+  if (!creds.ok()) {
+    spdlog::error("{}", creds.status().ToString());
+    return 2;
+  }
+
+  ckpt::CoordinatorCore::Config config;
+  config.storage_root = root;
+  config.keep = keep;
+  config.step_timeout = *timeout;
+  config.lease = *lease_ms;
+  config.writer = std::string("ckpt-coordinator ") + ckpt::kVersion;
+  // CKPT_COORDINATOR_CRASH_AT=<point>[:<n>] kills this process (SIGKILL) at that point of its
+  // n-th commit (default 1st): how the crash tests stop it mid-commit. Never set in production.
+  if (const char* crash = std::getenv("CKPT_COORDINATOR_CRASH_AT"); crash && *crash) {
+    std::string spec = crash;
+    const auto colon = spec.find(':');
+    const std::string point = spec.substr(0, colon);
+    const int nth = colon == std::string::npos ? 1 : std::atoi(spec.c_str() + colon + 1);
+    spdlog::warn("CKPT_COORDINATOR_CRASH_AT={}: will kill itself at '{}' of commit {}", spec, point,
+                 nth);
+    config.on_commit_point = [point, nth, seen = std::make_shared<int>(0)](std::string_view p) {
+      if (p == "before-manifest") ++*seen;
+      if (p == point && *seen == nth) {
+        spdlog::warn("crash point '{}' reached: killing the process", point);
+        spdlog::default_logger()->flush();
+        ::raise(SIGKILL);
+      }
+    };
+  }
+  ckpt::CoordinatorCore core(config, ckpt::PosixFileSystem());
+  spdlog::info(
+      "ckpt-coordinator {} starting: storage root {}, keep {}, step timeout {} ms, "
+      "lease {} ms",
+      ckpt::kVersion, root, keep, timeout->count(), lease_ms->count());
+  auto recovered = core.Start();
+  if (!recovered.ok()) {
+    spdlog::error("recovery scan of {}: {}", root, recovered.status().ToString());
+    return 1;
+  }
+  for (const auto& line : *recovered) spdlog::warn("recovery: {}", line);
+
+  // Block the stop signals before gRPC starts its threads, so only sigwait below sees them.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+
+  ckpt::CoordinatorService service(&core, RandomHex());
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(listen, *creds, &port);
+  builder.RegisterService(&service);
+  // Notice dead peers quickly even when no RST arrives (a node that vanished).
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  builder.SetMaxReceiveMessageSize(1 << 30);
+  builder.SetMaxSendMessageSize(1 << 30);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || (listen.rfind("unix:", 0) != 0 && port == 0)) {
+    spdlog::error("cannot listen on {}", listen);
+    return 1;
+  }
+  spdlog::info("ready: serving ckptd.v1.Coordinator on {}{}", listen,
+               tls.enabled() ? (tls.ca.empty() ? " (TLS)" : " (mutual TLS)") : " (plaintext)");
+
+  int signo = 0;
+  sigwait(&stop, &signo);
+  spdlog::info("signal {}: stopping", signo);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  core.Stop();
+  spdlog::info("stopped");
+  return 0;
+}

@@ -1,0 +1,102 @@
+// ckpt_coordinator_rank: one trainer rank of the coordinator tests (coordinator_*_test.cpp).
+//
+// Model: K int32 matrices "layers.<k>.weight" of (16·(k+1)) × 1024 elements, split by rows over
+// `tp` tensor-parallel ranks and replicated over world/tp data-parallel ranks (rank r holds TP
+// slice r % tp), plus "embed.weight" (64 × 1024) replicated whole on every rank. Element values
+// depend only on (step, tensor, global element index), so replicas are identical and any layout
+// can check what it loads. Every shard is a multiple of 4 KiB, so bytes on disk == shard bytes.
+//
+//   save --steps 1,2,3: per step fill, Save, WaitSnapshot, Wait(committed); prints
+//        "step <s> committed" or "step <s> failed: <message>"; exit 0 (1: could not even start).
+//   load [--step N]: registers its layout, loads, checks every element; prints
+//        "loaded step <s> bytes <n>"; exit 0 when every element matches, 3 otherwise.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ckpt/client.h"
+#include "tests/integration/coordinator_model.h"
+
+namespace {
+
+int Fail(const std::string& what, const ckpt::Status& s) {
+  std::fprintf(stderr, "ckpt_coordinator_rank: %s: %s\n", what.c_str(), s.ToString().c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"a trainer rank of the coordinator tests"};
+  std::string mode, socket, job, steps_text;
+  uint32_t rank = 0, world = 1, tp = 1, tensors = 4;
+  std::optional<uint64_t> load_step;
+  app.add_option("mode", mode)->required();
+  app.add_option("--socket", socket)->required();
+  app.add_option("--job", job)->required();
+  app.add_option("--rank", rank)->required();
+  app.add_option("--world-size", world)->required();
+  app.add_option("--tp", tp)->required();
+  app.add_option("--tensors", tensors);
+  app.add_option("--steps", steps_text);
+  app.add_option("--step", load_step);
+  CLI11_PARSE(app, argc, argv);
+
+  ckpt::testing::CoordinatorModel model(tensors, tp, rank);
+  const int fd = ::memfd_create("ckpt_coordinator_rank", MFD_CLOEXEC);
+  if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(model.total_bytes())) != 0) {
+    return Fail("memfd", ckpt::ErrnoStatus(errno, "memfd"));
+  }
+  auto* base = static_cast<std::byte*>(
+      ::mmap(nullptr, model.total_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  if (base == MAP_FAILED) return Fail("mmap", ckpt::ErrnoStatus(errno, "mmap"));
+
+  ckpt::ClientOptions options;
+  options.socket = socket;
+  options.job = job;
+  options.rank = rank;
+  options.world_size = world;
+  options.local_rank = rank;
+  options.connect_timeout = std::chrono::seconds(30);
+  auto client = ckpt::Client::Connect(options);
+  if (!client.ok()) return Fail("connect to " + socket, client.status());
+  if (auto s = (*client)->Register(model.Specs(fd)); !s.ok()) return Fail("register", s);
+
+  if (mode == "save") {
+    std::stringstream ss(steps_text);
+    for (std::string item; std::getline(ss, item, ',');) {
+      const uint64_t step = std::stoull(item);
+      model.Fill(base, step);
+      ckpt::Status s = (*client)->Save(step, "rank " + std::to_string(rank));
+      if (s.ok()) s = (*client)->WaitSnapshot();
+      if (s.ok()) s = (*client)->Wait(step, ckpt::WaitState::kCommitted, std::chrono::seconds(120));
+      if (s.ok()) {
+        std::printf("step %llu committed\n", static_cast<unsigned long long>(step));
+      } else {
+        std::printf("step %llu failed: %s\n", static_cast<unsigned long long>(step),
+                    s.ToString().c_str());
+      }
+      std::fflush(stdout);
+    }
+    return 0;
+  }
+  if (mode == "load") {
+    std::memset(base, 0xEE, model.total_bytes());
+    auto loaded = (*client)->Load(load_step);
+    if (!loaded.ok()) return Fail("load", loaded.status());
+    const uint64_t bad = model.CountMismatches(base, loaded->step);
+    std::printf(
+        "loaded step %llu bytes %llu mismatches %llu extra '%s'\n",
+        static_cast<unsigned long long>(loaded->step),
+        static_cast<unsigned long long>(loaded->bytes_from_storage + loaded->bytes_from_memory),
+        static_cast<unsigned long long>(bad), loaded->extra.c_str());
+    return bad == 0 ? 0 : 3;
+  }
+  std::fprintf(stderr, "ckpt_coordinator_rank: unknown mode '%s'\n", mode.c_str());
+  return 2;
+}

@@ -1,0 +1,242 @@
+#include "daemon/coordinator/coordinator_core.h"
+
+#include <catch2/catch.hpp>
+#include <condition_variable>
+#include <filesystem>
+#include <mutex>
+
+#include "common/atomic_file.h"
+#include "common/manifest_io.h"
+#include "common/step_layout.h"
+#include "tests/test_util.h"
+
+namespace ckpt {
+namespace {
+
+namespace pb = ckptd::v1;
+using Catch::Matchers::Contains;
+using testing::TempDir;
+
+// Records step decisions; Wait blocks (with a deadline) until one for (job, step) arrives.
+class RecordingSink final : public NodeSink {
+ public:
+  void Send(const pb::CoordinatorEvent& e) override {
+    std::lock_guard lock(mu_);
+    events_.push_back(e);
+    cv_.notify_all();
+  }
+  std::optional<pb::StepDecision> WaitTerminal(const std::string& job, uint64_t step) {
+    std::unique_lock lock(mu_);
+    std::optional<pb::StepDecision> out;
+    cv_.wait_for(lock, std::chrono::seconds(20), [&] {
+      for (const auto& e : events_) {
+        if (e.has_step() && e.step().job() == job && e.step().step() == step &&
+            (e.step().state() == pb::STEP_STATE_COMMITTED ||
+             e.step().state() == pb::STEP_STATE_ABORTED ||
+             e.step().state() == pb::STEP_STATE_FAILED)) {
+          out = e.step();
+          return true;
+        }
+      }
+      return false;
+    });
+    return out;
+  }
+  std::vector<uint64_t> CommittedOrder(const std::string& job) {
+    std::lock_guard lock(mu_);
+    std::vector<uint64_t> out;
+    for (const auto& e : events_) {
+      if (e.has_step() && e.step().job() == job && e.step().state() == pb::STEP_STATE_COMMITTED) {
+        out.push_back(e.step().step());
+      }
+    }
+    return out;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<pb::CoordinatorEvent> events_;
+};
+
+// A valid node manifest: tensor "w" of world_size × 1024 int32, rank r holding row r.
+pb::NodeManifest NodeManifestFor(const std::string& job, uint64_t step, uint32_t world,
+                                 const std::string& node, std::vector<uint32_t> ranks) {
+  pb::NodeManifest m;
+  m.set_format_version(kFormatVersion);
+  m.set_job(job);
+  m.set_step(step);
+  m.set_world_size(world);
+  m.set_node_id(node);
+  auto* t = m.add_tensors();
+  t->set_name("w");
+  t->set_dtype("int32");
+  t->add_global_shape(world);
+  t->add_global_shape(1024);
+  for (uint32_t r : ranks) {
+    auto* s = t->add_shards();
+    auto* box = s->mutable_geometry()->mutable_box();
+    box->add_offsets(r);
+    box->add_offsets(0);
+    box->add_lengths(1);
+    box->add_lengths(1024);
+    s->set_file(DataFileName(r));
+    s->set_offset(0);
+    s->set_length(4096);
+    s->set_chunk_size(4096);
+    s->add_chunk_xxh3(r + 1);
+    s->set_writer_rank(r);
+    auto* re = m.add_ranks();
+    re->set_rank(r);
+    re->set_node_id(node);
+  }
+  return m;
+}
+
+struct Fixture {
+  TempDir dir;
+  CoordinatorCore::Config config;
+  std::unique_ptr<CoordinatorCore> core;
+  std::map<std::string, std::shared_ptr<RecordingSink>> sinks;
+
+  explicit Fixture(std::chrono::milliseconds timeout = std::chrono::minutes(1),
+                   std::chrono::milliseconds lease = std::chrono::minutes(1)) {
+    config.storage_root = dir / "root";
+    config.step_timeout = timeout;
+    config.lease = lease;
+  }
+  std::vector<std::string> Start(std::vector<std::string> nodes) {
+    core = std::make_unique<CoordinatorCore>(config, PosixFileSystem());
+    auto report = core->Start();
+    REQUIRE(report.ok());
+    for (const auto& n : nodes) {
+      pb::RegisterNodeRequest req;
+      req.set_node_id(n);
+      req.set_instance("i-" + n);
+      REQUIRE(core->RegisterNode(req, "test").ok());
+      sinks[n] = std::make_shared<RecordingSink>();
+      REQUIRE(core->AttachNode(n, sinks[n]).ok());
+    }
+    return *report;
+  }
+  pb::ReportRanksResponse Persisted(const std::string& node, uint64_t step, uint32_t world,
+                                    std::vector<uint32_t> ranks, const std::string& job = "j") {
+    std::filesystem::create_directories(StepDir(config.storage_root, job, step));
+    pb::ReportRanksRequest req;
+    req.set_node_id(node);
+    req.set_job(job);
+    req.set_step(step);
+    req.set_world_size(world);
+    req.set_state(pb::STEP_STATE_PERSISTED);
+    for (uint32_t r : ranks) req.add_ranks(r);
+    *req.mutable_node_manifest() = NodeManifestFor(job, step, world, node, ranks);
+    auto resp = core->ReportRanks(req);
+    REQUIRE(resp.ok());
+    return *resp;
+  }
+  void Saved(const std::string& node, uint64_t step, uint32_t world, std::vector<uint32_t> ranks) {
+    pb::ReportRanksRequest req;
+    req.set_node_id(node);
+    req.set_job("j");
+    req.set_step(step);
+    req.set_world_size(world);
+    req.set_state(pb::STEP_STATE_PENDING);
+    for (uint32_t r : ranks) req.add_ranks(r);
+    REQUIRE(core->ReportRanks(req).ok());
+  }
+};
+
+TEST_CASE("CoordinatorCore commits a step once every node persisted its ranks, in step order",
+          "[coordinator_core]") {
+  Fixture f;
+  f.Start({"a", "b"});
+  f.Saved("a", 1, 4, {0, 1});
+  f.Persisted("a", 2, 4, {0, 1});
+  f.Persisted("b", 2, 4, {2, 3});  // step 2 complete, but step 1 is still in flight
+  f.Persisted("a", 1, 4, {0, 1});
+  f.Persisted("b", 1, 4, {2, 3});
+  auto d2 = f.sinks["b"]->WaitTerminal("j", 2);  // the sink whose order is checked next
+  REQUIRE(d2);
+  CHECK(d2->state() == pb::STEP_STATE_COMMITTED);
+  CHECK(f.sinks["b"]->CommittedOrder("j") == std::vector<uint64_t>{1, 2});
+  auto m = ReadManifest(PosixFileSystem(), StepDir(f.config.storage_root, "j", 2));
+  REQUIRE(m.ok());
+  CHECK(m->ranks_size() == 4);
+  CHECK(*f.core->Latest("j") == std::optional<uint64_t>(2));
+}
+
+TEST_CASE("CoordinatorCore aborts a step past its timeout naming missing ranks and nodes",
+          "[coordinator_core]") {
+  Fixture f(std::chrono::milliseconds(50));
+  f.Start({"a", "b"});
+  f.Saved("b", 7, 4, {2, 3});
+  f.Persisted("a", 7, 4, {0, 1});
+  auto d = f.sinks["a"]->WaitTerminal("j", 7);
+  REQUIRE(d);
+  CHECK(d->state() == pb::STEP_STATE_ABORTED);
+  CHECK_THAT(d->reason(), Contains("[2, 3] on node 'b'"));
+  f.core->WaitIdle();
+  CHECK_FALSE(std::filesystem::exists(StepDir(f.config.storage_root, "j", 7)));
+  // A late report hears the decision.
+  auto late = f.Persisted("b", 7, 4, {2, 3});
+  CHECK(late.decision().state() == pb::STEP_STATE_ABORTED);
+}
+
+TEST_CASE("CoordinatorCore aborts the steps of a node whose lease expired", "[coordinator_core]") {
+  Fixture f(std::chrono::minutes(1), std::chrono::milliseconds(20));
+  f.Start({"a", "b"});
+  f.Saved("b", 3, 4, {2, 3});
+  f.Persisted("a", 3, 4, {0, 1});
+  f.core->DetachNode("b", f.sinks["b"].get());
+  auto d = f.sinks["a"]->WaitTerminal("j", 3);
+  REQUIRE(d);
+  CHECK(d->state() == pb::STEP_STATE_ABORTED);
+  CHECK_THAT(d->reason(), Contains("node 'b' was lost"));
+  CHECK_THAT(d->reason(), Contains("[2, 3]"));
+}
+
+TEST_CASE("CoordinatorCore recovery commits fully persisted steps and removes the rest",
+          "[coordinator_core]") {
+  Fixture f;
+  const std::string root = f.config.storage_root;
+  auto write = [&](uint64_t step, const std::string& node, std::vector<uint32_t> ranks) {
+    const std::string dir = StepDir(root, "j", step);
+    std::filesystem::create_directories(dir);
+    REQUIRE(WriteFileAtomically(PosixFileSystem(), JoinPath(dir, NodeManifestFileName(node)),
+                                EncodeNodeManifest(NodeManifestFor("j", step, 4, node, ranks)))
+                .ok());
+  };
+  write(5, "a", {0, 1});
+  write(5, "b", {2, 3});  // complete
+  write(6, "a", {0, 1});  // b never persisted
+  const auto report = f.Start({"a", "b"});
+  REQUIRE(report.size() == 2);
+  CHECK_THAT(report[0], Contains("step 5: committed"));
+  CHECK_THAT(report[1], Contains("step 6: removed"));
+  CHECK(std::filesystem::exists(StepDir(root, "j", 5) + "/MANIFEST"));
+  CHECK_FALSE(std::filesystem::exists(StepDir(root, "j", 6)));
+  CHECK(*PosixFileSystem()->ReadFile(root + "/j/LATEST") == "5\n");
+  // Daemons re-reporting after the restart hear what happened.
+  CHECK(f.Persisted("b", 6, 4, {2, 3}).decision().state() == pb::STEP_STATE_ABORTED);
+  CHECK(f.Persisted("b", 5, 4, {2, 3}).decision().state() == pb::STEP_STATE_COMMITTED);
+}
+
+TEST_CASE("CoordinatorCore rejects reports naming ranks outside the world", "[coordinator_core]") {
+  Fixture f;
+  f.Start({"a"});
+  pb::ReportRanksRequest req;
+  req.set_node_id("a");
+  req.set_job("j");
+  req.set_step(1);
+  req.set_world_size(2);
+  req.set_state(pb::STEP_STATE_PENDING);
+  req.add_ranks(5);
+  auto r = f.core->ReportRanks(req);
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(r.status().message(), Contains("rank 5"));
+  req.set_job("../etc");
+  CHECK_FALSE(f.core->ReportRanks(req).ok());
+}
+
+}  // namespace
+}  // namespace ckpt

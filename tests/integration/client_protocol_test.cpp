@@ -524,7 +524,7 @@ TEST_CASE("client: a daemon Error becomes a Status with the daemon's code and me
   ExpectNextIsLatest(daemon, *client);
 }
 
-TEST_CASE("client: timeouts return kDeadlineExceeded naming the step; late replies are dropped",
+TEST_CASE("client: timeouts return kDeadlineExceeded naming the step, late replies are dropped",
           "[client]") {
   ckpt::testing::TempDir dir;
   FakeDaemon daemon(dir / "ckptd.sock");

@@ -345,11 +345,11 @@ TEST_CASE("daemon: killed mid-flush, a restarted daemon removes the torn step an
   RequireTrainerStep(restarted.root(), "restart", 1, kBytes, kTensors, 1, seed);
 }
 
-TEST_CASE("daemon: a full disk fails the step with ENOSPC; the daemon goes on", "[daemon]") {
+TEST_CASE("daemon: a full disk fails the step with ENOSPC, the daemon goes on", "[daemon]") {
   RunStorageFault("enospc-after=8MiB", "No space left on device");
 }
 
-TEST_CASE("daemon: a failing fdatasync fails the step with EIO; the daemon goes on", "[daemon]") {
+TEST_CASE("daemon: a failing fdatasync fails the step with EIO, the daemon goes on", "[daemon]") {
   RunStorageFault("eio-sync", "Input/output error");
 }
 

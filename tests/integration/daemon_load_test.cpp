@@ -331,7 +331,7 @@ std::vector<std::vector<ShardDesc>> WholeTensors(const std::vector<TensorDesc>& 
 
 }  // namespace
 
-TEST_CASE("hot restore reads nothing from storage; after a daemon restart it does",
+TEST_CASE("hot restore reads nothing from storage, after a daemon restart it does",
           "[daemon][load]") {
   testing::TempDir dir;
   auto options = DaemonProcess::InDir(dir);

@@ -167,7 +167,7 @@ TEST_CASE("descriptors arrive with their frame and refer to the same file", "[fr
   CHECK(OpenFdCount() == fds_before);
 }
 
-TEST_CASE("250 descriptors in one frame are fine; SendFrame refuses 251", "[frame_io]") {
+TEST_CASE("250 descriptors in one frame are fine, SendFrame refuses 251", "[frame_io]") {
   const size_t fds_before = OpenFdCount();
   {
     SocketPair sp;

@@ -112,7 +112,7 @@ pb::NodeManifest Node(const std::string& id, uint32_t rank) {
 
 // ---- Encoding ----
 
-TEST_CASE("EncodeManifest writes the documented header; DecodeManifest round-trips", "[manifest]") {
+TEST_CASE("EncodeManifest writes the documented header, DecodeManifest round-trips", "[manifest]") {
   const pb::Manifest m = ValidManifest();
   const std::string bytes = EncodeManifest(m);
   REQUIRE(bytes.size() > 32);

@@ -25,7 +25,7 @@ TEST_CASE("a default Status is OK", "[status]") {
   CHECK(Status::Ok().ok());
 }
 
-TEST_CASE("Status keeps code, message and errno; ToString starts with the code name", "[status]") {
+TEST_CASE("Status keeps code, message and errno, ToString starts with the code name", "[status]") {
   Status s(StatusCode::kNotFound, "job 'j' step 7: no MANIFEST", ENOENT);
   CHECK_FALSE(s.ok());
   CHECK(s.code() == StatusCode::kNotFound);

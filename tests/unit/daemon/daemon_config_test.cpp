@@ -306,7 +306,7 @@ TEST_CASE("inconsistent settings are rejected before anything starts", "[daemon_
   CHECK(two.host_pool == 32 * kMiB);
 }
 
-TEST_CASE("unknown flags are rejected; --help prints usage and returns nullopt",
+TEST_CASE("unknown flags are rejected, --help prints usage and returns nullopt",
           "[daemon_config]") {
   ScopedEnv env;
   const Status unknown = LoadError({"--hostpool", "1GiB"});

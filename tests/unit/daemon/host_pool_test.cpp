@@ -191,7 +191,7 @@ TEST_CASE("an already-cancelled acquirer on an empty pool returns nullopt at onc
   pool->Release(held);
 }
 
-TEST_CASE("WakeAll wakes only the cancelled waiter out; the other still gets a slot",
+TEST_CASE("WakeAll wakes only the cancelled waiter out, the other still gets a slot",
           "[host_pool]") {
   auto pool = MakePool(1);
   const auto held = *pool->Acquire(nullptr);

@@ -73,7 +73,7 @@ TEST_CASE("Find returns adopted bytes inside the valid range only", "[hot_cache]
   CHECK(pool->free_slots() == 4);  // the destructor gave everything back
 }
 
-TEST_CASE("a newer step of a job drops the older one; other jobs are untouched",
+TEST_CASE("a newer step of a job drops the older one, other jobs are untouched",
           "[hot_cache]") {
   auto pool = MakePool(6);
   HotCache cache(pool.get());
@@ -124,7 +124,7 @@ TEST_CASE("re-adopting the same window replaces the slot and frees the old one",
   CHECK(cache.resident_bytes() == kWindow);
 }
 
-TEST_CASE("a pinned step is not reclaimed; unpinned, it is", "[hot_cache]") {
+TEST_CASE("a pinned step is not reclaimed, unpinned, it is", "[hot_cache]") {
   auto pool = MakePool(2);
   HotCache cache(pool.get());
   const auto s = FilledSlot(*pool, 1);
@@ -183,7 +183,7 @@ TEST_CASE("Drop of a pinned step frees it on the last Unpin", "[hot_cache]") {
   CHECK(cache.resident_bytes() == 0);
 }
 
-TEST_CASE("Drop of an unpinned step frees it at once; unknown steps are ignored",
+TEST_CASE("Drop of an unpinned step frees it at once, unknown steps are ignored",
           "[hot_cache]") {
   auto pool = MakePool(2);
   HotCache cache(pool.get());

@@ -138,7 +138,7 @@ TEST_CASE("Mappings are opened once per handle, reused on re-registration and cl
   CHECK(backend.cached() == 1);
 }
 
-TEST_CASE("Disconnect clears the client's cache; a capture still holding a mapping keeps it open "
+TEST_CASE("Disconnect clears the client's cache, a capture still holding a mapping keeps it open "
           "until it finishes", "[device]") {
   Rig rig;
   const std::string a = rig.fake->NewIpcAllocation(0, 1 << 16);

@@ -102,6 +102,14 @@ std::vector<Option> Options() {
          return Status::Ok();
        }},
       {"log-level", "trace, debug, info, warn or error", str(&DaemonConfig::log_level)},
+      // ---- operations (daemon/admin) ----
+      {"metrics", "Prometheus endpoint host:port (empty = off)", str(&DaemonConfig::metrics)},
+      {"socket-group", "group (name or gid) owning the trainer socket",
+       str(&DaemonConfig::socket_group)},
+      {"admin-tls-cert", "PEM certificate: serve admin over TLS", str(&DaemonConfig::admin_tls_cert)},
+      {"admin-tls-key", "PEM private key of admin-tls-cert", str(&DaemonConfig::admin_tls_key)},
+      {"admin-tls-client-ca", "PEM CA: admin clients must present a certificate it signed",
+       str(&DaemonConfig::admin_tls_client_ca)},
   };
 }
 
@@ -143,6 +151,12 @@ Status Validate(DaemonConfig& c) {
   if (ec != std::errc() || p != c.socket_mode.data() + c.socket_mode.size() || mode > 0777) {
     return InvalidArgument("socket-mode '" + c.socket_mode + "' is not an octal file mode");
   }
+  if (c.admin_tls_cert.empty() != c.admin_tls_key.empty()) {
+    return InvalidArgument("admin-tls-cert and admin-tls-key must be given together");
+  }
+  if (!c.admin_tls_client_ca.empty() && c.admin_tls_cert.empty()) {
+    return InvalidArgument("admin-tls-client-ca needs admin-tls-cert and admin-tls-key");
+  }
   return Status::Ok();
 }
 
@@ -182,6 +196,11 @@ std::string DaemonConfig::ToYaml() const {
   for (uint32_t u : allowed_uids) uids += (uids.empty() ? "" : ",") + std::to_string(u);
   out << YAML::Key << "allowed-uids" << YAML::Value << uids;
   out << YAML::Key << "log-level" << YAML::Value << log_level;
+  out << YAML::Key << "metrics" << YAML::Value << metrics;
+  out << YAML::Key << "socket-group" << YAML::Value << socket_group;
+  out << YAML::Key << "admin-tls-cert" << YAML::Value << admin_tls_cert;
+  out << YAML::Key << "admin-tls-key" << YAML::Value << admin_tls_key;
+  out << YAML::Key << "admin-tls-client-ca" << YAML::Value << admin_tls_client_ca;
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }

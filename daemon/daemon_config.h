@@ -34,6 +34,13 @@ struct DaemonConfig {
   std::string log_level = "info";
   bool print_config = false;
 
+  // ---- operations: metrics, socket access, admin TLS (daemon/admin) ----
+  std::string metrics = "127.0.0.1:7461";  // Prometheus HTTP endpoint; empty: off
+  std::string socket_group;                // group name or gid owning the socket; empty: ours
+  std::string admin_tls_cert;              // PEM; with admin_tls_key: admin over TLS
+  std::string admin_tls_key;
+  std::string admin_tls_client_ca;  // PEM; require client certificates signed by it
+
   // YAML of the effective configuration (what --print-config prints).
   std::string ToYaml() const;
 };

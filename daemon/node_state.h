@@ -34,6 +34,7 @@
 #include "daemon/capture_engine.h"
 #include "daemon/capture_plan.h"
 #include "daemon/coordinator/commit_engine.h"
+#include "daemon/daemon_observer.h"
 #include "daemon/host_pool.h"
 #include "daemon/hot_cache.h"
 #include "daemon/task_pool.h"
@@ -97,6 +98,13 @@ class NodeState {
   // Cancels every capture in flight (shutdown deadline passed).
   void CancelAll(const std::string& reason);
 
+  // ---- operations (daemon/admin) ----
+  // Receives step events; set before the loop runs; may be null. Not owned.
+  void SetObserver(DaemonObserver* observer) { observer_ = observer; }
+  // Every step known here, in flight and recently finished (job, then step order).
+  std::vector<StepSnapshot> Snapshot() const;
+  bool draining() const { return draining_; }
+
  private:
   struct RankSave {
     uint64_t session_id = 0;
@@ -106,6 +114,8 @@ class NodeState {
     bool captured = false;
     bool persisted = false;
     bool finished = false;  // the capture job let go of its files
+    std::chrono::steady_clock::time_point accepted = std::chrono::steady_clock::now();
+    std::chrono::steady_clock::time_point captured_at;
   };
   struct Waiter {
     bool rank_captured;  // true: waits for `rank` captured; false: for `state`
@@ -126,6 +136,7 @@ class NodeState {
     bool cleanup_posted = false;
     bool deferred = false;  // accepted, captures not started: too many older steps in flight
     std::vector<std::shared_ptr<CaptureJob>> deferred_captures;
+    std::chrono::steady_clock::time_point accepted = std::chrono::steady_clock::now();
   };
   struct Job {
     std::map<uint64_t, Step> steps;  // in flight and recently finished
@@ -160,6 +171,7 @@ class NodeState {
   std::map<std::string, Job> jobs_;
   bool draining_ = false;
   std::function<void()> on_idle_;
+  DaemonObserver* observer_ = nullptr;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // guards late posts
 };
 

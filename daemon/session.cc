@@ -147,6 +147,9 @@ void Session::HandleHello(uint64_t id, const ckptd::v1::Hello& hello) {
   services_->node->AddSink(job_, weak_from_this());
   spdlog::info("session {}: job '{}' rank {}/{} (pid {}, client {})", id_, job_, rank_,
                world_size_, peer_pid_, EscapeForLog(hello.client_version()));
+  if (services_->observer != nullptr) {
+    services_->observer->OnClientConnected({id_, job_, rank_, world_size_, peer_pid_, peer_uid_});
+  }
   ckptd::v1::DaemonMessage reply;
   reply.set_request_id(id);
   auto* r = reply.mutable_hello();
@@ -299,7 +302,14 @@ void Session::HandleLoad(uint64_t id, const ckptd::v1::Load& load) {
       // The previous save failed; its capture no longer reads the memory, so loading is safe.
       spdlog::debug("session {}: load after a failed save: {}", self->id_, captured.ToString());
     }
-    self->services_->loads->Load(std::move(req), [self, id](Result<LoadService::Outcome> out) {
+    const auto load_started = std::chrono::steady_clock::now();
+    self->services_->loads->Load(std::move(req), [self, id, load_started](
+                                                     Result<LoadService::Outcome> out) {
+      if (out.ok() && self->services_->observer != nullptr) {
+        self->services_->observer->OnLoad(
+            self->job_, out->step, out->bytes_from_memory, out->bytes_from_storage,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - load_started).count());
+      }
       if (self->closed_) return;
       if (!out.ok()) {
         self->SendError(id, out.status());
@@ -395,6 +405,7 @@ void Session::Close(const std::string& why) {
   spdlog::info("session {}: closed ({}){}", id_, why,
                hello_ ? " job '" + job_ + "' rank " + std::to_string(rank_) : std::string());
   if (hello_) services_->node->OnSessionClosed(id_, job_, rank_, peer_pid_);
+  if (hello_ && services_->observer != nullptr) services_->observer->OnClientDisconnected(id_);
   plan_.reset();
   mappings_.Clear();
 }

@@ -25,6 +25,7 @@
 #include "common/data_layout.h"
 #include "common/frame_io.h"
 #include "daemon/capture_plan.h"
+#include "daemon/daemon_observer.h"
 #include "daemon/host_memory.h"
 #include "daemon/node_state.h"
 
@@ -40,6 +41,7 @@ struct SessionServices {
   std::string node_id;
   std::string version;
   size_t max_queued_reply_bytes = 64ull << 20;
+  DaemonObserver* observer = nullptr;  // may be null: connects, disconnects and loads unobserved
 };
 
 class Session : public EventSink, public std::enable_shared_from_this<Session> {

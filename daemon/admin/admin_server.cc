@@ -55,6 +55,9 @@ Status AdminServer::Start() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  // Without this gRPC sets SO_REUSEPORT, and a second daemon on the same port would start and
+  // silently share it with the first.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int port = 0;
   builder.AddListeningPort(config_.address, credentials, &port);
   builder.RegisterService(&service_);

@@ -37,9 +37,20 @@ class WatchReactor final : public grpc::ServerWriteReactor<ckptd::v1::WatchEvent
       : hub_(hub),
         interval_(request.progress_interval_ms() == 0 ? 1000 : request.progress_interval_ms()) {
     if (interval_ < std::chrono::milliseconds(100)) interval_ = std::chrono::milliseconds(100);
-    id_ = hub_.Subscribe(request.job(), [this](const ckptd::v1::WatchEventsResponse& e) {
-      Deliver(e);
-    });
+    id_ = hub_.Subscribe(
+        request.job(), [this](const ckptd::v1::WatchEventsResponse& e) { Deliver(e); },
+        [this] {
+          std::lock_guard lock(mu_);
+          FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down"));
+        });
+    // After subscribing: a client whose WaitForInitialMetadata returned is sure to get every
+    // later event (tests and scripts use it as "subscribed"). Events that arrived meanwhile
+    // waited in the queue; writes start only now, after the metadata.
+    std::lock_guard lock(mu_);
+    if (finished_) return;
+    StartSendInitialMetadata();
+    subscribed_ = true;
+    WriteNextLocked();
   }
 
   void OnWriteDone(bool ok) override {
@@ -83,7 +94,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<ckptd::v1::WatchEvent
     WriteNextLocked();
   }
   void WriteNextLocked() {
-    if (writing_ || finished_ || queue_.empty()) return;
+    if (!subscribed_ || writing_ || finished_ || queue_.empty()) return;
     writing_ = true;
     StartWrite(&queue_.front());
   }
@@ -99,6 +110,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<ckptd::v1::WatchEvent
   std::mutex mu_;
   std::deque<ckptd::v1::WatchEventsResponse> queue_;  // guarded by mu_; front is being written
   bool writing_ = false;                               // guarded by mu_
+  bool subscribed_ = false;                            // guarded by mu_
   bool finished_ = false;                              // guarded by mu_
   std::map<std::pair<std::string, uint64_t>, std::chrono::steady_clock::time_point>
       last_progress_;  // guarded by mu_

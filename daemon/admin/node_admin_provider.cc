@@ -58,6 +58,7 @@ void NodeAdminProvider::Close() {
     pending.swap(pending_status_);
   }
   for (auto& [id, reply] : pending) reply(Unavailable("node " + sources_.node_id + " is shutting down"));
+  hub_.CloseAll();
 }
 
 bool NodeAdminProvider::PostToStorage(std::function<void()> f) {
@@ -134,6 +135,7 @@ ckptd::v1::GetStatusResponse NodeAdminProvider::CollectStatus() const {
     if (!IsTerminalState(s.state)) *out.add_steps() = ToStepStatus(s, now);
   }
   for (const auto& f : failures_) *out.add_recent_failures() = f;
+  out.set_watch_streams(static_cast<uint32_t>(hub_.subscribers()));
   return out;
 }
 

@@ -4,11 +4,22 @@
 
 namespace ckpt {
 
-uint64_t WatchHub::Subscribe(std::string job, Deliver deliver) {
+uint64_t WatchHub::Subscribe(std::string job, Deliver deliver, Closed closed) {
   std::lock_guard lock(mu_);
   const uint64_t id = next_id_++;
-  subscribers_.emplace(id, Subscriber{std::move(job), std::move(deliver)});
+  if (closed_) {
+    closed();
+    return id;
+  }
+  subscribers_.emplace(id, Subscriber{std::move(job), std::move(deliver), std::move(closed)});
   return id;
+}
+
+void WatchHub::CloseAll() {
+  std::lock_guard lock(mu_);
+  closed_ = true;
+  for (const auto& [id, s] : subscribers_) s.closed();
+  subscribers_.clear();
 }
 
 void WatchHub::Unsubscribe(uint64_t id) {

@@ -21,10 +21,17 @@ class WatchHub {
  public:
   using Deliver = std::function<void(const ckptd::v1::WatchEventsResponse&)>;
 
-  // Returns an id for Unsubscribe. After Unsubscribe returns, `deliver` is never called again.
-  uint64_t Subscribe(std::string job, Deliver deliver);
+  using Closed = std::function<void()>;
+
+  // Returns an id for Unsubscribe. After Unsubscribe returns, neither callback is called again.
+  // `closed` runs (under the hub's mutex, like `deliver`) when CloseAll ends the subscription.
+  uint64_t Subscribe(std::string job, Deliver deliver, Closed closed);
   void Unsubscribe(uint64_t id);
   size_t subscribers() const;
+
+  // The server is going away: tells every subscriber (so streams end at once instead of at the
+  // server's shutdown deadline) and refuses later subscriptions (their `closed` runs at once).
+  void CloseAll();
 
   // Stamps unix_time_ms and delivers to every subscriber whose filter matches `job`.
   void Publish(const std::string& job, ckptd::v1::WatchEventsResponse event);
@@ -33,10 +40,12 @@ class WatchHub {
   struct Subscriber {
     std::string job;
     Deliver deliver;
+    Closed closed;
   };
   mutable std::mutex mu_;
   std::map<uint64_t, Subscriber> subscribers_;  // guarded by mu_
   uint64_t next_id_ = 1;                        // guarded by mu_
+  bool closed_ = false;                         // guarded by mu_
 };
 
 }  // namespace ckpt

@@ -20,6 +20,7 @@
 #include "daemon/admin/admin_server.h"
 #include "daemon/admin/daemon_metrics.h"
 #include "daemon/admin/node_admin_provider.h"
+#include "daemon/admin/systemd_status.h"
 #include "daemon/admin/systemd_watchdog.h"
 #include "daemon/capture_engine.h"
 #include "daemon/coordinator/commit_engine.h"
@@ -193,8 +194,10 @@ int RunDaemon(const DaemonConfig& config) {
   admin_sources.version = kVersion;
   admin_sources.config = ConfigSummary(config);
   NodeAdminProvider admin_provider(io, std::move(admin_sources));
+  SystemdStatus systemd_status;
   observers.Add(&metrics);
   observers.Add(&admin_provider);
+  observers.Add(&systemd_status);
   node.SetObserver(&observers);
   services.observer = &observers;
   if (!config.metrics.empty()) {

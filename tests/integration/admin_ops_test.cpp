@@ -70,6 +70,30 @@ TEST_CASE("daemon: with WATCHDOG_USEC set it sends READY=1 and then WATCHDOG=1 p
   REQUIRE(ExitedWith(daemon.Terminate(), 0));
 }
 
+TEST_CASE("daemon: under systemd its STATUS= line names the newest commit", "[daemon][ops]") {
+  TempDir dir;
+  const std::string notify_path = dir / "notify.sock";
+  UniqueFd notify = BindDatagramSocket(notify_path);
+  auto options = DaemonProcess::InDir(dir);
+  options.env = {"NOTIFY_SOCKET=" + notify_path};
+  DaemonProcess daemon(options);
+  CHECK_THAT(ReceiveDatagram(notify.get(), 30000), Catch::Contains("READY=1"));
+
+  ckpt::itest::InProcessRank data(1ull << 20, 2, 0, 1, 3);
+  auto client = daemon.Connect("status-job");
+  REQUIRE_OK(client->Register(data.Specs()));
+  data.Fill(4);
+  REQUIRE_OK(client->Save(4, data.Extra(4)));
+  REQUIRE_OK(client->Wait(4, ckpt::WaitState::kCommitted));
+  std::string last;
+  for (int i = 0; i < 10 && last.find("last commit") == std::string::npos; ++i) {
+    last = ReceiveDatagram(notify.get(), 30000);
+    REQUIRE_FALSE(last.empty());
+  }
+  CHECK(last == "STATUS=serving; 0 steps in flight; last commit: job 'status-job' step 4");
+  REQUIRE(ExitedWith(daemon.Terminate(), 0));
+}
+
 TEST_CASE("daemon: WATCHDOG_PID of another process means no pings", "[daemon][ops]") {
   TempDir dir;
   const std::string notify_path = dir / "notify.sock";

@@ -228,6 +228,8 @@ int RunDaemon(const DaemonConfig& config) {
   capture.Start();
   if (Status st = server.Start(); !st.ok()) {
     spdlog::error("{}", st.ToString());
+    admin_provider.Close();  // ops: answer status calls the loop will never run
+    admin.Stop();
     capture.Stop();
     flush.Stop();
     loads.Stop();

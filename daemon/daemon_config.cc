@@ -110,6 +110,18 @@ std::vector<Option> Options() {
       {"admin-tls-key", "PEM private key of admin-tls-cert", str(&DaemonConfig::admin_tls_key)},
       {"admin-tls-client-ca", "PEM CA: admin clients must present a certificate it signed",
        str(&DaemonConfig::admin_tls_client_ca)},
+      {"shared-jobs", "comma-separated jobs whose checkpoints any job may load (e.g. a base model)",
+       [](DaemonConfig& c, const std::string& v) -> Status {
+         c.shared_jobs.clear();
+         std::stringstream ss(v);
+         std::string item;
+         while (std::getline(ss, item, ',')) {
+           if (item.empty()) continue;
+           RETURN_IF_ERROR(ValidateJobName(item), "shared-jobs");
+           c.shared_jobs.push_back(item);
+         }
+         return Status::Ok();
+       }},
   };
 }
 
@@ -201,6 +213,9 @@ std::string DaemonConfig::ToYaml() const {
   out << YAML::Key << "admin-tls-cert" << YAML::Value << admin_tls_cert;
   out << YAML::Key << "admin-tls-key" << YAML::Value << admin_tls_key;
   out << YAML::Key << "admin-tls-client-ca" << YAML::Value << admin_tls_client_ca;
+  std::string shared;
+  for (const auto& j : shared_jobs) shared += (shared.empty() ? "" : ",") + j;
+  out << YAML::Key << "shared-jobs" << YAML::Value << shared;
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }

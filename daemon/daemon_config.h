@@ -40,6 +40,7 @@ struct DaemonConfig {
   std::string admin_tls_cert;              // PEM; with admin_tls_key: admin over TLS
   std::string admin_tls_key;
   std::string admin_tls_client_ca;  // PEM; require client certificates signed by it
+  std::vector<std::string> shared_jobs;  // any session may load these jobs' checkpoints
 
   // YAML of the effective configuration (what --print-config prints).
   std::string ToYaml() const;

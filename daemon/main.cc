@@ -200,6 +200,7 @@ int RunDaemon(const DaemonConfig& config) {
   observers.Add(&systemd_status);
   node.SetObserver(&observers);
   services.observer = &observers;
+  services.shared_jobs.insert(config.shared_jobs.begin(), config.shared_jobs.end());
   if (!config.metrics.empty()) {
     if (Status st = metrics.Serve(config.metrics); !st.ok()) {
       spdlog::error("{}", st.ToString());

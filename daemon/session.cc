@@ -290,8 +290,21 @@ void Session::HandleLoad(uint64_t id, const ckptd::v1::Load& load) {
     SendError(id, Unimplemented("load is not supported by this daemon"));
     return;
   }
+  // Access: a session loads its own job's checkpoints, or those of a job shared by config.
+  const std::string& source = load.job().empty() ? job_ : load.job();
+  if (source != job_) {
+    if (Status st = ValidateJobName(source); !st.ok()) {
+      SendError(id, st.WithContext("load"));
+      return;
+    }
+    if (services_->shared_jobs.count(source) == 0) {
+      SendError(id, PermissionDenied("load: job '" + job_ + "' may not load checkpoints of job '" +
+                                     source + "' (it is not in the daemon's shared-jobs)"));
+      return;
+    }
+  }
   LoadService::Request req;
-  req.job = job_;
+  req.job = source;
   if (load.has_step()) req.step = load.step();
   req.strict = load.strict();
   req.rank = rank_;

@@ -18,6 +18,7 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,7 @@ struct SessionServices {
   std::string version;
   size_t max_queued_reply_bytes = 64ull << 20;
   DaemonObserver* observer = nullptr;  // may be null: connects, disconnects and loads unobserved
+  std::set<std::string> shared_jobs;   // jobs whose checkpoints any session may load
 };
 
 class Session : public EventSink, public std::enable_shared_from_this<Session> {

@@ -119,6 +119,26 @@ std::vector<Option> Options() {
          c.coordinator_plaintext = v == "true";
          return Status::Ok();
        }},
+      // ---- operations (daemon/admin) ----
+      {"metrics", "Prometheus endpoint host:port (empty = off)", str(&DaemonConfig::metrics)},
+      {"socket-group", "group (name or gid) owning the trainer socket",
+       str(&DaemonConfig::socket_group)},
+      {"admin-tls-cert", "PEM certificate: serve admin over TLS", str(&DaemonConfig::admin_tls_cert)},
+      {"admin-tls-key", "PEM private key of admin-tls-cert", str(&DaemonConfig::admin_tls_key)},
+      {"admin-tls-client-ca", "PEM CA: admin clients must present a certificate it signed",
+       str(&DaemonConfig::admin_tls_client_ca)},
+      {"shared-jobs", "comma-separated jobs whose checkpoints any job may load (e.g. a base model)",
+       [](DaemonConfig& c, const std::string& v) -> Status {
+         c.shared_jobs.clear();
+         std::stringstream ss(v);
+         std::string item;
+         while (std::getline(ss, item, ',')) {
+           if (item.empty()) continue;
+           RETURN_IF_ERROR(ValidateJobName(item), "shared-jobs");
+           c.shared_jobs.push_back(item);
+         }
+         return Status::Ok();
+       }},
   };
 }
 
@@ -159,6 +179,12 @@ Status Validate(DaemonConfig& c) {
                                  mode, 8);
   if (ec != std::errc() || p != c.socket_mode.data() + c.socket_mode.size() || mode > 0777) {
     return InvalidArgument("socket-mode '" + c.socket_mode + "' is not an octal file mode");
+  }
+  if (c.admin_tls_cert.empty() != c.admin_tls_key.empty()) {
+    return InvalidArgument("admin-tls-cert and admin-tls-key must be given together");
+  }
+  if (!c.admin_tls_client_ca.empty() && c.admin_tls_cert.empty()) {
+    return InvalidArgument("admin-tls-client-ca needs admin-tls-cert and admin-tls-key");
   }
   return Status::Ok();
 }
@@ -205,6 +231,14 @@ std::string DaemonConfig::ToYaml() const {
   out << YAML::Key << "coordinator-server-name" << YAML::Value << coordinator_server_name;
   out << YAML::Key << "coordinator-plaintext" << YAML::Value
       << (coordinator_plaintext ? "true" : "false");
+  out << YAML::Key << "metrics" << YAML::Value << metrics;
+  out << YAML::Key << "socket-group" << YAML::Value << socket_group;
+  out << YAML::Key << "admin-tls-cert" << YAML::Value << admin_tls_cert;
+  out << YAML::Key << "admin-tls-key" << YAML::Value << admin_tls_key;
+  out << YAML::Key << "admin-tls-client-ca" << YAML::Value << admin_tls_client_ca;
+  std::string shared;
+  for (const auto& j : shared_jobs) shared += (shared.empty() ? "" : ",") + j;
+  out << YAML::Key << "shared-jobs" << YAML::Value << shared;
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }

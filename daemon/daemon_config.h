@@ -40,6 +40,13 @@ struct DaemonConfig {
   std::string coordinator_key;          // its private key
   std::string coordinator_server_name;  // name expected in the coordinator's certificate
   bool coordinator_plaintext = false;   // allow plaintext to a non-loopback coordinator
+  // ---- operations: metrics, socket access, admin TLS (daemon/admin) ----
+  std::string metrics = "127.0.0.1:7461";  // Prometheus HTTP endpoint; empty: off
+  std::string socket_group;                // group name or gid owning the socket; empty: ours
+  std::string admin_tls_cert;              // PEM; with admin_tls_key: admin over TLS
+  std::string admin_tls_key;
+  std::string admin_tls_client_ca;  // PEM; require client certificates signed by it
+  std::vector<std::string> shared_jobs;  // any session may load these jobs' checkpoints
 
   // YAML of the effective configuration (what --print-config prints).
   std::string ToYaml() const;

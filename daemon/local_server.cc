@@ -57,6 +57,10 @@ Status LocalServer::Start() {
   if (!bec) acceptor_.listen(boost::asio::socket_base::max_listen_connections, bec);
   if (bec) return Unavailable("listening on '" + path + "': " + bec.message());
   if (::chmod(path.c_str(), config_.mode) != 0) return ErrnoStatus(errno, "chmod " + path);
+  if (config_.group >= 0 && ::chown(path.c_str(), static_cast<uid_t>(-1),
+                                    static_cast<gid_t>(config_.group)) != 0) {
+    return ErrnoStatus(errno, "chown " + path + " to group " + std::to_string(config_.group));
+  }
   spdlog::info("listening for trainers on {} (mode {:o})", path, config_.mode);
   Accept();
   return Status::Ok();

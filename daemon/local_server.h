@@ -21,6 +21,7 @@ class LocalServer {
     std::string path = "/run/ckptd/ckptd.sock";
     uint32_t mode = 0660;
     std::set<uint32_t> allowed_uids;  // empty: any uid that can open the socket file
+    int64_t group = -1;               // gid given to the socket file; -1: the daemon's
   };
   LocalServer(boost::asio::io_context& io, Config config, SessionServices* services);
   ~LocalServer();

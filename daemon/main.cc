@@ -1,8 +1,11 @@
 // ckptd: the node checkpoint daemon. Builds its components in dependency order, serves until
 // SIGTERM/SIGINT, then drains: stops accepting, lets in-flight steps persist and commit within
 // --shutdown-timeout, stops components in reverse order, exits 0.
+#include <grp.h>
 #include <sys/resource.h>
+#include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -14,6 +17,11 @@
 #include "common/file_system.h"
 #include "common/logging.h"
 #include "common/units.h"
+#include "daemon/admin/admin_server.h"
+#include "daemon/admin/daemon_metrics.h"
+#include "daemon/admin/node_admin_provider.h"
+#include "daemon/admin/systemd_status.h"
+#include "daemon/admin/systemd_watchdog.h"
 #include "daemon/capture_engine.h"
 #include "daemon/coordinator/commit_engine.h"
 #include "daemon/coordinator/coordinator_link.h"
@@ -93,13 +101,35 @@ Result<std::unique_ptr<CoordinatorLink>> MakeCoordinatorLink(const DaemonConfig&
   return std::make_unique<CoordinatorLink>(io, std::move(link));
 }
 
+// ---- operations helpers (daemon/admin) ----
+// --socket-group: a group name or a numeric gid; -1 when not set.
+Result<int64_t> ResolveSocketGroup(const std::string& group) {
+  if (group.empty()) return int64_t{-1};
+  if (std::all_of(group.begin(), group.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return static_cast<int64_t>(std::stoull(group));
+  }
+  std::vector<char> buf(16384);
+  struct group entry;
+  struct group* found = nullptr;
+  const int rc = ::getgrnam_r(group.c_str(), &entry, buf.data(), buf.size(), &found);
+  if (rc != 0) return ErrnoStatus(rc, "socket-group: looking up group '" + group + "'");
+  if (found == nullptr) return NotFound("socket-group: no group named '" + group + "'");
+  return static_cast<int64_t>(found->gr_gid);
+}
+
+// The effective configuration as key/value pairs, for the admin status page.
+std::vector<std::pair<std::string, std::string>> ConfigSummary(const DaemonConfig& config) {
+  std::vector<std::pair<std::string, std::string>> out;
+  YAML::Node root = YAML::Load(config.ToYaml());
+  for (const auto& kv : root) {
+    out.emplace_back(kv.first.as<std::string>(), kv.second.IsNull() ? "" : kv.second.as<std::string>());
+  }
+  return out;
+}
+
 int RunDaemon(const DaemonConfig& config) {
   spdlog::info("ckptd {} starting: node '{}', storage root {}, host pool {}", kVersion,
                config.node_id, config.storage_root, FormatBytes(config.host_pool));
-  if (!config.admin.empty()) {
-    spdlog::warn("--admin {}: the gRPC admin endpoint is not served by this version of ckptd",
-                 config.admin);
-  }
   RaiseFileLimit();
   auto faults = FaultsFromEnv();
   if (!faults.ok()) {
@@ -189,6 +219,54 @@ int RunDaemon(const DaemonConfig& config) {
   server_config.path = config.socket;
   server_config.mode = static_cast<uint32_t>(std::stoul(config.socket_mode, nullptr, 8));
   server_config.allowed_uids.insert(config.allowed_uids.begin(), config.allowed_uids.end());
+
+  // ---- operations: observers, metrics, admin gRPC (health NOT_SERVING until ready) ----
+  auto socket_group = ResolveSocketGroup(config.socket_group);
+  if (!socket_group.ok()) {
+    spdlog::error("{}", socket_group.status().ToString());
+    return 2;
+  }
+  server_config.group = *socket_group;
+  ObserverList observers;
+  DaemonMetrics metrics(kVersion, config.node_id, pool->get(), &hot);
+  NodeAdminProvider::Sources admin_sources;
+  admin_sources.node = &node;
+  admin_sources.pool = pool->get();
+  admin_sources.hot = &hot;
+  admin_sources.fs = fs;
+  admin_sources.storage = &storage;
+  admin_sources.storage_root = config.storage_root;
+  admin_sources.node_id = config.node_id;
+  admin_sources.version = kVersion;
+  admin_sources.config = ConfigSummary(config);
+  NodeAdminProvider admin_provider(io, std::move(admin_sources));
+  SystemdStatus systemd_status;
+  observers.Add(&metrics);
+  observers.Add(&admin_provider);
+  observers.Add(&systemd_status);
+  node.SetObserver(&observers);
+  services.observer = &observers;
+  services.shared_jobs.insert(config.shared_jobs.begin(), config.shared_jobs.end());
+  if (!config.metrics.empty()) {
+    if (Status st = metrics.Serve(config.metrics); !st.ok()) {
+      spdlog::error("{}", st.ToString());
+      return 1;
+    }
+    admin_provider.AddConfig("metrics-bound", metrics.bound_address());
+  }
+  AdminServer admin({config.admin, config.admin_tls_cert, config.admin_tls_key,
+                     config.admin_tls_client_ca},
+                    &admin_provider);
+  if (!config.admin.empty()) {
+    if (Status st = admin.Start(); !st.ok()) {
+      spdlog::error("{}", st.ToString());
+      return 1;
+    }
+    admin_provider.AddConfig("admin-bound", admin.bound_address());
+  }
+  SystemdWatchdog watchdog(io);
+  // ---- end of operations setup ----
+
   LocalServer server(io, server_config, &services);
 
   storage.Start();
@@ -198,6 +276,8 @@ int RunDaemon(const DaemonConfig& config) {
   if (*coordinator_link) {
     if (Status st = (*coordinator_link)->Start(&node); !st.ok()) {
       spdlog::error("{}", st.ToString());
+      admin_provider.Close();
+      admin.Stop();
       capture.Stop();
       flush.Stop();
       loads.Stop();
@@ -207,6 +287,8 @@ int RunDaemon(const DaemonConfig& config) {
   }
   if (Status st = server.Start(); !st.ok()) {
     spdlog::error("{}", st.ToString());
+    admin_provider.Close();  // ops: answer status calls the loop will never run
+    admin.Stop();
     capture.Stop();
     flush.Stop();
     loads.Stop();
@@ -214,6 +296,10 @@ int RunDaemon(const DaemonConfig& config) {
     return 1;
   }
   spdlog::info("ready");
+  admin.SetServing(true);  // ops: pool pinned, socket bound
+  admin_provider.SetServing(true);
+  admin_provider.Start();
+  watchdog.Start();
   NotifySystemd("READY=1\nSTATUS=serving on " + config.socket);
 
   boost::asio::signal_set signals(io, SIGTERM, SIGINT);
@@ -225,6 +311,8 @@ int RunDaemon(const DaemonConfig& config) {
     spdlog::info("signal {}: draining (stop accepting, finish in-flight steps within {} ms)",
                  signo, config.shutdown_timeout.count());
     NotifySystemd("STOPPING=1\nSTATUS=draining in-flight steps");
+    admin.SetServing(false);  // ops: probes see NOT_SERVING while draining
+    admin_provider.SetServing(false);
     server.Stop(false);
     node.Drain([&] {
       spdlog::info("drained: no step in flight");
@@ -244,6 +332,11 @@ int RunDaemon(const DaemonConfig& config) {
     });
   });
   io.run();
+
+  // ops: the loop no longer runs; answer what waits for it, then end admin calls and streams.
+  watchdog.Stop();
+  admin_provider.Close();
+  admin.Stop();
 
   // Reverse order: no new work, then the engines drain what they hold.
   server.Stop(true);

@@ -192,7 +192,14 @@ void NodeState::OnRankCaptured(const std::string& job, uint64_t step, uint32_t r
     }
     return;
   }
-  s->ranks[rank].captured = true;
+  RankSave& captured_rank = s->ranks[rank];
+  captured_rank.captured = true;
+  captured_rank.captured_at = std::chrono::steady_clock::now();
+  if (observer_ != nullptr && captured_rank.capture) {
+    observer_->OnRankCaptured(job, step, rank, captured_rank.capture->plan->total_bytes,
+                              std::chrono::duration<double>(captured_rank.captured_at -
+                                                            captured_rank.accepted).count());
+  }
   if (link_ != nullptr) {  // the coordinator decides when the whole step is captured
     if (!Terminal(s->state)) Report(*s, ckptd::v1::STEP_STATE_CAPTURED, {rank});
     ResolveWaiters(*s);
@@ -222,6 +229,11 @@ void NodeState::OnRankPersisted(const std::string& job, uint64_t step, uint32_t 
     return;
   }
   rs.persisted = true;
+  if (observer_ != nullptr && rs.capture) {
+    observer_->OnRankPersisted(job, step, rank, rs.capture->plan->total_bytes,
+                               std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                             rs.captured_at).count());
+  }
   if (Terminal(s->state)) {
     MaybeCleanup(*s);
     CheckDrained();
@@ -256,6 +268,7 @@ void NodeState::SetState(Step& s, StepState state) {
   spdlog::info("job '{}' step {}: {}{}", s.job, s.step, StepStateName(state),
                s.reason.empty() ? "" : " (" + s.reason + ")");
   if (Terminal(state) && s.timeout) s.timeout->cancel();
+  if (observer_ != nullptr) observer_->OnStepState(s.job, s.step, state, s.reason);
   Publish(s);
   ResolveWaiters(s);
   if (Terminal(state)) {
@@ -577,6 +590,35 @@ void NodeState::CancelAll(const std::string& reason) {
       if (!Terminal(s.state)) FailLocally(s, ckptd::v1::STEP_STATE_ABORTED, reason);
     }
   }
+}
+
+std::vector<StepSnapshot> NodeState::Snapshot() const {
+  std::vector<StepSnapshot> out;
+  for (const auto& [name, j] : jobs_) {
+    for (const auto& [n, s] : j.steps) {
+      StepSnapshot& snap = out.emplace_back();
+      snap.job = s.job;
+      snap.step = s.step;
+      snap.state = s.state;
+      snap.reason = s.reason;
+      snap.world_size = s.world_size;
+      snap.accepted = s.accepted;
+      for (const auto& [r, rs] : s.ranks) {
+        StepSnapshot::Rank& rank = snap.ranks.emplace_back();
+        rank.rank = r;
+        rank.pid = rs.pid;
+        rank.captured = rs.captured;
+        rank.persisted = rs.persisted;
+        if (rs.capture) {  // dropped once the step ended
+          rank.bytes_total = rs.capture->plan->total_bytes;
+          rank.bytes_captured = std::min(rs.capture->bytes_captured.load(), rank.bytes_total);
+          rank.bytes_persisted = std::min(rs.capture->bytes_written.load(), rank.bytes_total);
+        }
+        if (rs.persisted) rank.bytes_persisted = rank.bytes_total;
+      }
+    }
+  }
+  return out;
 }
 
 void NodeState::CheckDrained() {

@@ -48,6 +48,7 @@
 #include "daemon/capture_plan.h"
 #include "daemon/coordinator/commit_engine.h"
 #include "daemon/coordinator/coordinator_link.h"
+#include "daemon/daemon_observer.h"
 #include "daemon/host_pool.h"
 #include "daemon/hot_cache.h"
 #include "daemon/task_pool.h"
@@ -117,6 +118,13 @@ class NodeState : public CoordinatorLink::Handler {
   // Cancels every capture in flight (shutdown deadline passed).
   void CancelAll(const std::string& reason);
 
+  // ---- operations (daemon/admin) ----
+  // Receives step events; set before the loop runs; may be null. Not owned.
+  void SetObserver(DaemonObserver* observer) { observer_ = observer; }
+  // Every step known here, in flight and recently finished (job, then step order).
+  std::vector<StepSnapshot> Snapshot() const;
+  bool draining() const { return draining_; }
+
  private:
   struct RankSave {
     uint64_t session_id = 0;
@@ -126,6 +134,8 @@ class NodeState : public CoordinatorLink::Handler {
     bool captured = false;
     bool persisted = false;
     bool finished = false;  // the capture job let go of its files
+    std::chrono::steady_clock::time_point accepted = std::chrono::steady_clock::now();
+    std::chrono::steady_clock::time_point captured_at;
   };
   struct Waiter {
     bool rank_captured;  // true: waits for `rank` captured; false: for `state`
@@ -150,6 +160,7 @@ class NodeState : public CoordinatorLink::Handler {
     // whether the coordinator decided the step's end (only then are its files removed here).
     std::shared_ptr<const ckptd::v1::NodeManifest> node_manifest;
     bool decided_globally = false;
+    std::chrono::steady_clock::time_point accepted = std::chrono::steady_clock::now();
   };
   struct WriterSubset {
     std::shared_ptr<const CapturePlan> registered;
@@ -204,6 +215,7 @@ class NodeState : public CoordinatorLink::Handler {
   bool draining_ = false;
   std::function<void()> on_idle_;
   CoordinatorLink* link_ = nullptr;  // null: embedded coordinator
+  DaemonObserver* observer_ = nullptr;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // guards late posts
 };
 

@@ -147,6 +147,9 @@ void Session::HandleHello(uint64_t id, const ckptd::v1::Hello& hello) {
   services_->node->AddSink(job_, weak_from_this());
   spdlog::info("session {}: job '{}' rank {}/{} (pid {}, client {})", id_, job_, rank_,
                world_size_, peer_pid_, EscapeForLog(hello.client_version()));
+  if (services_->observer != nullptr) {
+    services_->observer->OnClientConnected({id_, job_, rank_, world_size_, peer_pid_, peer_uid_});
+  }
   ckptd::v1::DaemonMessage reply;
   reply.set_request_id(id);
   auto* r = reply.mutable_hello();
@@ -328,8 +331,21 @@ void Session::HandleLoad(uint64_t id, const ckptd::v1::Load& load) {
     SendError(id, Unimplemented("load is not supported by this daemon"));
     return;
   }
+  // Access: a session loads its own job's checkpoints, or those of a job shared by config.
+  const std::string& source = load.job().empty() ? job_ : load.job();
+  if (source != job_) {
+    if (Status st = ValidateJobName(source); !st.ok()) {
+      SendError(id, st.WithContext("load"));
+      return;
+    }
+    if (services_->shared_jobs.count(source) == 0) {
+      SendError(id, PermissionDenied("load: job '" + job_ + "' may not load checkpoints of job '" +
+                                     source + "' (it is not in the daemon's shared-jobs)"));
+      return;
+    }
+  }
   LoadService::Request req;
-  req.job = job_;
+  req.job = source;
   if (load.has_step()) req.step = load.step();
   req.strict = load.strict();
   req.rank = rank_;
@@ -341,7 +357,14 @@ void Session::HandleLoad(uint64_t id, const ckptd::v1::Load& load) {
       // The previous save failed; its capture no longer reads the memory, so loading is safe.
       spdlog::debug("session {}: load after a failed save: {}", self->id_, captured.ToString());
     }
-    self->services_->loads->Load(std::move(req), [self, id, plan](Result<LoadService::Outcome> out) {
+    const auto load_started = std::chrono::steady_clock::now();
+    self->services_->loads->Load(std::move(req), [self, id, plan, load_started](
+                                                     Result<LoadService::Outcome> out) {
+      if (out.ok() && self->services_->observer != nullptr) {
+        self->services_->observer->OnLoad(
+            self->job_, out->step, out->bytes_from_memory, out->bytes_from_storage,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - load_started).count());
+      }
       if (self->closed_) return;
       if (!out.ok()) {
         self->SendError(id, out.status());
@@ -449,6 +472,7 @@ void Session::Close(const std::string& why) {
   spdlog::info("session {}: closed ({}){}", id_, why,
                hello_ ? " job '" + job_ + "' rank " + std::to_string(rank_) : std::string());
   if (hello_) services_->node->OnSessionClosed(id_, job_, rank_, peer_pid_);
+  if (hello_ && services_->observer != nullptr) services_->observer->OnClientDisconnected(id_);
   plan_.reset();
   host_memory_.Clear();
   if (cuda_memory_ != nullptr) cuda_memory_->Clear();

@@ -23,6 +23,7 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,8 @@
 #include "daemon/capture_plan.h"
 #include "daemon/device/cuda_backend.h"
 #include "daemon/device/host_fd_backend.h"
+#include "daemon/daemon_observer.h"
+#include "daemon/host_memory.h"
 #include "daemon/node_state.h"
 
 namespace ckpt {
@@ -47,6 +50,8 @@ struct SessionServices {
   std::string node_id;
   std::string version;
   size_t max_queued_reply_bytes = 64ull << 20;
+  DaemonObserver* observer = nullptr;  // may be null: connects, disconnects and loads unobserved
+  std::set<std::string> shared_jobs;   // jobs whose checkpoints any session may load
 };
 
 class Session : public EventSink, public std::enable_shared_from_this<Session> {

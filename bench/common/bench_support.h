@@ -329,7 +329,7 @@ class Daemon {
         std::to_string(host_pool), "--slot-size", o.slot_size, "--checksum-chunk",
         o.checksum_chunk, "--capture-threads", std::to_string(o.capture_threads),
         "--flush-threads", std::to_string(o.flush_threads), "--keep", "1", "--node-id", "bench",
-        "--log-level", "warn"};
+        "--log-level", "warn", "--admin", "unix:" + socket_ + ".admin", "--metrics", "127.0.0.1:0"};
     args.insert(args.end(), o.extra_args.begin(), o.extra_args.end());
     process_ = std::make_unique<ChildProcess>(o.bin_dir + "/ckptd", args, log_);
   }

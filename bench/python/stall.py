@@ -214,7 +214,8 @@ class Daemon:
         args = [os.path.join(bin_dir, "ckptd"), "--socket", self.socket, "--storage-root",
                 self.root, "--host-pool", str(pool_bytes), "--slot-size", "16MiB",
                 "--checksum-chunk", "1MiB", "--capture-threads", "2", "--flush-threads", "4",
-                "--keep", "1", "--node-id", "bench", "--log-level", "warn"] + list(extra_args)
+                "--keep", "1", "--node-id", "bench", "--log-level", "warn",
+                "--admin", "unix:" + self.socket + ".admin", "--metrics", "127.0.0.1:0"] + list(extra_args)
         env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTD_")}
         self.log_file = open(self.log, "ab")
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=self.log_file,

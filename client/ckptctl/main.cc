@@ -1,5 +1,10 @@
-// ckptctl: the operator's tool. This build has the offline commands, which work on a committed
-// step directory (<root>/<job>/step-<step:010d>) without a daemon:
+// ckptctl: the operator's tool. Online commands ask a running daemon or coordinator over its
+// admin endpoint (--admin host:port or unix:PATH; see online_commands.h):
+//
+//   ckptctl [--admin ADDR] [--json] status | list JOB | describe JOB STEP | watch | health
+//
+// Offline commands work on a committed step directory (<root>/<job>/step-<step:010d>) without
+// a daemon:
 //
 //   ckptctl [--json] inspect DIR        what the MANIFEST says: tensors, shards, ranks, totals
 //   ckptctl [--json] verify DIR         re-read every byte and check every checksum
@@ -17,6 +22,7 @@
 #include <vector>
 
 #include "client/ckptctl/json_writer.h"
+#include "client/ckptctl/online_commands.h"
 #include "common/checkpoint_reader.h"
 #include "common/dtype.h"
 #include "common/manifest_io.h"
@@ -415,13 +421,49 @@ int Export(const std::string& dir, const std::string& format, const std::string&
 int main(int argc, char** argv) {
   using namespace ckpt::ctl;
   CLI::App app{
-      "ckptctl: inspect, verify and export ckptd checkpoints.\n"
-      "Offline commands work on a committed step directory "
-      "(<storage-root>/<job>/step-<step:010d>)."};
+      "ckptctl: observe ckptd daemons and inspect, verify and export their checkpoints.\n"
+      "Online commands (status, list, describe, watch, health) ask a daemon or coordinator over\n"
+      "its admin endpoint; offline commands (inspect, verify, export) work on a committed step\n"
+      "directory (<storage-root>/<job>/step-<step:010d>)."};
   app.require_subcommand(1);
   app.fallthrough();  // subcommands inherit it: `ckptctl inspect DIR --json` works too
   bool json = false;
-  app.add_flag("--json", json, "print JSON instead of text (inspect, verify)");
+  app.add_flag("--json", json, "print JSON instead of text");
+
+  // ---- online commands ----
+  AdminTarget target;
+  if (const char* env = std::getenv("CKPTCTL_ADMIN"); env != nullptr && *env != '\0') {
+    target.address = env;
+  }
+  app.add_option("--admin", target.address,
+                 "admin endpoint: host:port or unix:PATH (default $CKPTCTL_ADMIN or " +
+                     std::string(kDefaultAdminAddress) + ")");
+  std::string timeout = "10s";
+  app.add_option("--timeout", timeout, "deadline of one call (not of watch), e.g. 5s");
+  app.add_option("--tls-ca", target.tls_ca, "connect with TLS, trusting this PEM CA");
+  app.add_option("--tls-cert", target.tls_cert, "PEM client certificate");
+  app.add_option("--tls-key", target.tls_key, "PEM key of --tls-cert");
+  app.add_option("--tls-server-name", target.tls_server_name,
+                 "name expected in the server's certificate");
+  std::string job;
+  uint64_t step = 0;
+  auto* status = app.add_subcommand("status", "node, pool, clients, steps in flight, failures");
+  auto* list = app.add_subcommand("list", "committed checkpoints of a job");
+  list->add_option("JOB", job, "job name")->required();
+  auto* describe = app.add_subcommand("describe", "a committed checkpoint's manifest");
+  describe->add_option("JOB", job, "job name")->required();
+  describe->add_option("STEP", step, "step")->required();
+  WatchOptions watch_options;
+  auto* watch = app.add_subcommand("watch", "follow state changes and progress of checkpoints");
+  watch->add_option("--job", watch_options.job, "only this job");
+  watch->add_option("--max-events", watch_options.max_events, "stop after N events");
+  watch->add_option("--interval-ms", watch_options.progress_interval_ms,
+                    "progress sample interval (at least 100)")
+      ->capture_default_str();
+  std::string health_service;
+  auto* health = app.add_subcommand(
+      "health", "print SERVING or NOT_SERVING; exit 0 only when SERVING (for exec probes)");
+  health->add_option("--service", health_service, "service name to check (default: the server)");
 
   std::string dir;
   std::string format;
@@ -449,6 +491,21 @@ int main(int argc, char** argv) {
     const int rc = app.exit(e);  // prints help, or the error and a hint
     return rc == 0 ? kExitOk : kExitUsage;
   }
+  target.json = json;
+  if (status->parsed() || list->parsed() || describe->parsed() || watch->parsed() ||
+      health->parsed()) {
+    auto t = ckpt::ParseDuration(timeout);
+    if (!t.ok() || t->count() <= 0) {
+      PrintError("--timeout '" + timeout + "': " + (t.ok() ? "must be positive" : t.status().message()));
+      return kExitUsage;
+    }
+    target.timeout = *t;
+  }
+  if (status->parsed()) return RunStatus(target);
+  if (list->parsed()) return RunList(target, job);
+  if (describe->parsed()) return RunDescribe(target, job, step);
+  if (watch->parsed()) return RunWatch(target, watch_options);
+  if (health->parsed()) return RunHealth(target, health_service);
   if (inspect->parsed()) return Inspect(dir, json);
   if (verify->parsed()) return Verify(dir, json);
   if (exp->parsed()) return Export(dir, format, out, max_memory);

@@ -95,9 +95,9 @@ inline std::vector<std::unique_ptr<DaemonProcess>> StartNodes(
     o.socket = dir / ("n" + std::to_string(i) + ".sock");
     o.storage_root = root;
     o.log_path = dir / ("n" + std::to_string(i) + ".log");
-    o.flags = {"--node-id",     "n" + std::to_string(i),
-               "--coordinator", coordinator,
-               "--admin",       "127.0.0.1:" + std::to_string(17460 + i)};
+    // Admin and metrics addresses come from DaemonProcess: a Unix socket beside the trainer
+    // socket and an ephemeral port, so parallel tests never compete for a fixed port.
+    o.flags = {"--node-id", "n" + std::to_string(i), "--coordinator", coordinator};
     o.flags.insert(o.flags.end(), extra_flags.begin(), extra_flags.end());
     out[i] = std::make_unique<DaemonProcess>(o);
   }

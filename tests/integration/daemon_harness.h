@@ -316,6 +316,8 @@ class DaemonProcess {
   const Options& options() const { return options_; }
   const std::string& socket() const { return options_.socket; }
   const std::string& root() const { return options_.storage_root; }
+  // The admin gRPC endpoint's Unix socket (--admin unix:PATH), beside the trainer socket.
+  std::string admin_socket() const { return options_.socket + ".admin"; }
   pid_t pid() const { return process_.pid(); }
   bool Alive() const { return process_.Alive(); }
   std::string Log() const { return ReadWholeFile(options_.log_path); }
@@ -375,7 +377,10 @@ class DaemonProcess {
                                      "--host-pool",      options_.host_pool,
                                      "--slot-size",      options_.slot_size,
                                      "--checksum-chunk", options_.checksum_chunk,
-                                     "--log-level",      "info"};
+                                     "--log-level",      "info",
+                                     // Tests run in parallel: no fixed TCP ports.
+                                     "--admin",          "unix:" + admin_socket(),
+                                     "--metrics",        "127.0.0.1:0"};
     args.insert(args.end(), options_.flags.begin(), options_.flags.end());
     process_ = ChildProcess(binary, args, options_.log_path, options_.env);
     {

@@ -48,7 +48,8 @@ class Daemon:
 
     def start(self, ready_timeout=20.0):
         args = [self.bin, "--socket", self.socket, "--admin", "unix:" + os.path.join(self.dir, "admin.sock"),
-                "--storage-root", self.root, "--node-id", "pytest", "--log-level", "info"]
+                "--storage-root", self.root, "--node-id", "pytest", "--log-level", "info",
+                "--metrics", "127.0.0.1:0"]
         args += SMALL_POOL + QUICK_STOP + self.extra_args
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT)

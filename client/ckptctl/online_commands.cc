@@ -1,0 +1,224 @@
+#include "client/ckptctl/online_commands.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include <cstdio>
+#include <ctime>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include "ckptd/v1/admin.grpc.pb.h"
+#include "client/ckptctl/json_writer.h"
+#include "common/units.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+
+namespace ckpt::ctl {
+
+using ckptd::v1::Admin;
+
+constexpr int kExitOk = 0;
+constexpr int kExitProblem = 1;
+constexpr int kExitUsage = 2;
+
+namespace {
+
+std::string ToJson(const google::protobuf::Message& m, bool pretty) {
+  google::protobuf::util::JsonPrintOptions o;
+  o.add_whitespace = pretty;
+  o.always_print_primitive_fields = true;
+  o.preserve_proto_field_names = true;
+  std::string out;
+  if (!google::protobuf::util::MessageToJsonString(m, &out, o).ok()) return "{}";
+  return out;
+}
+
+std::string StateName(ckptd::v1::StepState s) {
+  std::string name = ckptd::v1::StepState_Name(s);
+  const std::string prefix = "STEP_STATE_";
+  if (name.rfind(prefix, 0) == 0) name = name.substr(prefix.size());
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name;
+}
+
+std::string Duration(double seconds) {
+  const auto s = static_cast<uint64_t>(seconds);
+  std::ostringstream o;
+  if (s >= 86400) o << s / 86400 << "d";
+  if (s >= 3600) o << (s % 86400) / 3600 << "h";
+  if (s >= 60) o << (s % 3600) / 60 << "m";
+  o << s % 60 << "s";
+  return o.str();
+}
+
+std::string Percent(uint64_t part, uint64_t whole) {
+  if (whole == 0) return "-";
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%.0f%%", 100.0 * static_cast<double>(part) / static_cast<double>(whole));
+  return buf;
+}
+
+std::string LocalTime(int64_t unix_ms) {
+  const std::time_t t = static_cast<std::time_t>(unix_ms / 1000);
+  std::tm tm = {};
+  ::localtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
+  return buf;
+}
+
+Result<std::unique_ptr<Admin::Stub>> Connect(const AdminTarget& target) {
+  ASSIGN_OR_RETURN(auto channel, OpenAdminChannel(target));
+  return Admin::NewStub(channel);
+}
+
+int Fail(const std::string& message) {
+  std::cerr << "ckptctl: error: " << message << "\n";
+  return kExitProblem;
+}
+
+void PrintStatusText(const ckptd::v1::GetStatusResponse& s) {
+  std::cout << s.role() << " " << s.node_id() << "  version " << s.version() << "  up "
+            << Duration(s.uptime_seconds()) << "  "
+            << (s.draining() ? "DRAINING" : s.serving() ? "SERVING" : "NOT_SERVING") << "\n";
+  if (s.has_pool()) {
+    const auto& p = s.pool();
+    std::cout << "host pool " << FormatBytes(p.total_bytes()) << (p.pinned() ? " (pinned)" : " (not pinned)")
+              << ": free " << FormatBytes(p.free_bytes()) << ", cached "
+              << FormatBytes(p.cached_bytes()) << ", in use " << FormatBytes(p.in_use_bytes())
+              << "\n";
+  }
+  std::cout << "\nclients: " << s.clients_size() << "\n";
+  if (s.clients_size() > 0) {
+    std::cout << "  " << std::left << std::setw(24) << "JOB" << std::setw(12) << "RANK"
+              << std::setw(10) << "PID" << std::setw(8) << "UID" << "CONNECTED\n";
+    for (const auto& c : s.clients()) {
+      std::cout << "  " << std::setw(24) << c.job() << std::setw(12)
+                << (std::to_string(c.rank()) + "/" + std::to_string(c.world_size()))
+                << std::setw(10) << c.pid() << std::setw(8) << c.uid()
+                << Duration(c.connected_seconds()) << "\n";
+    }
+  }
+  std::cout << "\nsteps in flight: " << s.steps_size() << "\n";
+  if (s.steps_size() > 0) {
+    std::cout << "  " << std::setw(24) << "JOB" << std::setw(10) << "STEP" << std::setw(12)
+              << "STATE" << std::setw(8) << "RANKS" << std::setw(22) << "CAPTURED"
+              << std::setw(22) << "PERSISTED" << "AGE\n";
+    for (const auto& st : s.steps()) {
+      std::cout << "  " << std::setw(24) << st.job() << std::setw(10) << st.step()
+                << std::setw(12) << StateName(st.state()) << std::setw(8)
+                << (std::to_string(st.ranks_saved()) + "/" + std::to_string(st.world_size()))
+                << std::setw(22)
+                << (FormatBytes(st.bytes_captured()) + " " + Percent(st.bytes_captured(), st.bytes_total()))
+                << std::setw(22)
+                << (FormatBytes(st.bytes_persisted()) + " " + Percent(st.bytes_persisted(), st.bytes_total()))
+                << Duration(st.age_seconds()) << "\n";
+    }
+  }
+  std::cout << "\nrecent failures: " << s.recent_failures_size() << "\n";
+  for (const auto& f : s.recent_failures()) {
+    std::cout << "  " << LocalTime(f.unix_time_ms()) << "  job '" << f.job() << "' step "
+              << f.step() << " " << StateName(f.state()) << ": " << f.reason() << "\n";
+  }
+}
+
+}  // namespace
+
+int RunStatus(const AdminTarget& target) {
+  auto stub = Connect(target);
+  if (!stub.ok()) return Fail(stub.status().ToString());
+  ckptd::v1::GetStatusResponse reply;
+  auto ctx = ContextWithDeadline(target.timeout);
+  grpc::Status st = (*stub)->GetStatus(ctx.get(), {}, &reply);
+  if (!st.ok()) return Fail(DescribeRpcError("status", st, target));
+  if (target.json) {
+    std::cout << ToJson(reply, true) << "\n";
+  } else {
+    PrintStatusText(reply);
+  }
+  return kExitOk;
+}
+
+int RunList(const AdminTarget& target, const std::string& job) {
+  auto stub = Connect(target);
+  if (!stub.ok()) return Fail(stub.status().ToString());
+  ckptd::v1::ListCheckpointsRequest request;
+  request.set_job(job);
+  ckptd::v1::ListCheckpointsResponse reply;
+  auto ctx = ContextWithDeadline(target.timeout);
+  grpc::Status st = (*stub)->ListCheckpoints(ctx.get(), request, &reply);
+  if (!st.ok()) return Fail(DescribeRpcError("list " + job, st, target));
+  if (target.json) {
+    std::cout << ToJson(reply, true) << "\n";
+    return kExitOk;
+  }
+  if (reply.steps_size() == 0) {
+    std::cout << "job '" << job << "': no committed checkpoints\n";
+    return kExitOk;
+  }
+  std::cout << "job '" << job << "': " << reply.steps_size() << " committed checkpoint"
+            << (reply.steps_size() == 1 ? "" : "s") << "\n";
+  for (uint64_t step : reply.steps()) {
+    std::cout << "  " << step << (reply.has_latest() && reply.latest() == step ? "  (latest)" : "")
+              << "\n";
+  }
+  return kExitOk;
+}
+
+int RunDescribe(const AdminTarget& target, const std::string& job, uint64_t step) {
+  auto stub = Connect(target);
+  if (!stub.ok()) return Fail(stub.status().ToString());
+  ckptd::v1::DescribeCheckpointRequest request;
+  request.set_job(job);
+  request.set_step(step);
+  ckptd::v1::DescribeCheckpointResponse reply;
+  auto ctx = ContextWithDeadline(target.timeout);
+  grpc::Status st = (*stub)->DescribeCheckpoint(ctx.get(), request, &reply);
+  if (!st.ok()) {
+    return Fail(DescribeRpcError("describe " + job + " " + std::to_string(step), st, target));
+  }
+  if (target.json) {
+    std::cout << ToJson(reply, true) << "\n";
+    return kExitOk;
+  }
+  const auto& m = reply.manifest();
+  uint64_t shards = 0;
+  for (const auto& t : m.tensors()) shards += static_cast<uint64_t>(t.shards_size());
+  std::cout << "job '" << m.job() << "' step " << m.step() << "  (" << reply.path() << ")\n"
+            << "world size " << m.world_size() << ", " << m.tensors_size() << " tensors, "
+            << shards << " stored shards, " << m.ranks_size() << " ranks\n";
+  for (const auto& t : m.tensors()) {
+    std::cout << "  " << t.name() << "  " << t.dtype() << " [";
+    for (int i = 0; i < t.global_shape_size(); ++i) {
+      std::cout << (i ? ", " : "") << t.global_shape(i);
+    }
+    std::cout << "]  " << t.shards_size() << " shard" << (t.shards_size() == 1 ? "" : "s") << "\n";
+  }
+  std::cout << "(ckptctl verify " << reply.path() << " re-reads and checks every byte)\n";
+  return kExitOk;
+}
+
+int RunHealth(const AdminTarget& target, const std::string& service) {
+  auto channel = OpenAdminChannel(target);
+  if (!channel.ok()) return Fail(channel.status().ToString());
+  auto stub = grpc::health::v1::Health::NewStub(*channel);
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  grpc::health::v1::HealthCheckResponse reply;
+  auto ctx = ContextWithDeadline(target.timeout);
+  grpc::Status st = stub->Check(ctx.get(), request, &reply);
+  std::string status = st.ok() ? grpc::health::v1::HealthCheckResponse::ServingStatus_Name(reply.status())
+                               : "UNREACHABLE";
+  const bool serving = st.ok() && reply.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+  if (target.json) {
+    JsonWriter w;
+    w.BeginObject().Field("address", target.address).Field("status", status).Field("serving", serving);
+    std::cout << w.EndObject().str() << "\n";
+  } else {
+    std::cout << status << "\n";
+  }
+  if (!st.ok()) std::cerr << "ckptctl: " << DescribeRpcError("health", st, target) << "\n";
+  return serving ? kExitOk : kExitProblem;
+}
+
+}  // namespace ckpt::ctl

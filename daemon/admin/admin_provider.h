@@ -1,0 +1,37 @@
+// AdminProvider: what a process serving ckptd.v1.Admin must answer, with no gRPC types in it
+// (STYLE.md §2: the gRPC service in admin_service.h only translates). The node daemon implements
+// it in node_admin_provider.h; ckpt-coordinator implements it over its own state and hands it to
+// the same AdminServer, so both serve one Admin API.
+//
+// Contract: each method calls `reply` exactly once, from any thread, possibly before returning;
+// none may block (they post work to the owner's loop or storage thread). Errors name the job
+// and step they are about; they reach the client as the gRPC status with the same code.
+// Watch streams subscribe to watch_hub(), which the provider publishes into.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "ckptd/v1/admin.pb.h"
+#include "common/status.h"
+#include "daemon/admin/watch_hub.h"
+
+namespace ckpt {
+
+class AdminProvider {
+ public:
+  template <typename T>
+  using Reply = std::function<void(Result<T>)>;
+
+  virtual ~AdminProvider() = default;
+  virtual void GetStatus(Reply<ckptd::v1::GetStatusResponse> reply) = 0;
+  virtual void ListCheckpoints(const std::string& job,
+                               Reply<ckptd::v1::ListCheckpointsResponse> reply) = 0;
+  virtual void DescribeCheckpoint(const std::string& job, uint64_t step,
+                                  Reply<ckptd::v1::DescribeCheckpointResponse> reply) = 0;
+  // Outlives the AdminServer that serves this provider.
+  virtual WatchHub& watch_hub() = 0;
+};
+
+}  // namespace ckpt

@@ -1,0 +1,150 @@
+#include "daemon/admin/admin_service.h"
+
+#include <chrono>
+#include <deque>
+#include <map>
+#include <mutex>
+
+#include "common/logging.h"
+
+namespace ckpt {
+
+grpc::Status ToGrpcStatus(const Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  // StatusCode mirrors the gRPC codes one to one (common/status.h).
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), status.message());
+}
+
+namespace {
+
+// Finishes a unary RPC with the provider's answer, copied into the response gRPC owns.
+template <typename T>
+AdminProvider::Reply<T> FinishWith(grpc::ServerUnaryReactor* reactor, T* response) {
+  return [reactor, response](Result<T> result) {
+    if (!result.ok()) {
+      reactor->Finish(ToGrpcStatus(result.status()));
+      return;
+    }
+    *response = std::move(result).value();
+    reactor->Finish(grpc::Status::OK);
+  };
+}
+
+// One WatchEvents stream: a bounded queue between the hub (any thread) and gRPC's writes.
+class WatchReactor final : public grpc::ServerWriteReactor<ckptd::v1::WatchEventsResponse> {
+ public:
+  WatchReactor(WatchHub& hub, const ckptd::v1::WatchEventsRequest& request)
+      : hub_(hub),
+        interval_(request.progress_interval_ms() == 0 ? 1000 : request.progress_interval_ms()) {
+    if (interval_ < std::chrono::milliseconds(100)) interval_ = std::chrono::milliseconds(100);
+    id_ = hub_.Subscribe(
+        request.job(), [this](const ckptd::v1::WatchEventsResponse& e) { Deliver(e); },
+        [this] {
+          std::lock_guard lock(mu_);
+          FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down"));
+        });
+    // After subscribing: a client whose WaitForInitialMetadata returned is sure to get every
+    // later event (tests and scripts use it as "subscribed"). Events that arrived meanwhile
+    // waited in the queue; writes start only now, after the metadata.
+    std::lock_guard lock(mu_);
+    if (finished_) return;
+    StartSendInitialMetadata();
+    subscribed_ = true;
+    WriteNextLocked();
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard lock(mu_);
+    writing_ = false;
+    if (!ok) {  // the client went away; OnCancel or OnDone follows
+      FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
+      return;
+    }
+    queue_.pop_front();
+    WriteNextLocked();
+  }
+  void OnCancel() override {
+    std::lock_guard lock(mu_);
+    FinishLocked(grpc::Status::CANCELLED);
+  }
+  void OnDone() override {
+    hub_.Unsubscribe(id_);  // after this, Deliver is never called again
+    delete this;
+  }
+
+ private:
+  void Deliver(const ckptd::v1::WatchEventsResponse& e) {
+    std::lock_guard lock(mu_);
+    if (finished_) return;
+    if (e.has_progress()) {
+      const auto key = std::make_pair(e.progress().job(), e.progress().step());
+      const auto now = std::chrono::steady_clock::now();
+      auto [it, fresh] = last_progress_.try_emplace(key, now);
+      if (!fresh && now - it->second < interval_) return;
+      it->second = now;
+      if (last_progress_.size() > 1024) last_progress_.clear();  // bounded; only throttling state
+    }
+    if (queue_.size() >= AdminService::kMaxQueuedEvents) {
+      FinishLocked(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                "watch: the client read too slowly; " +
+                                    std::to_string(queue_.size()) + " events were queued"));
+      return;
+    }
+    queue_.push_back(e);
+    WriteNextLocked();
+  }
+  void WriteNextLocked() {
+    if (!subscribed_ || writing_ || finished_ || queue_.empty()) return;
+    writing_ = true;
+    StartWrite(&queue_.front());
+  }
+  void FinishLocked(const grpc::Status& status) {
+    if (finished_) return;
+    finished_ = true;
+    Finish(status);
+  }
+
+  WatchHub& hub_;
+  std::chrono::milliseconds interval_;
+  uint64_t id_ = 0;
+  std::mutex mu_;
+  std::deque<ckptd::v1::WatchEventsResponse> queue_;  // guarded by mu_; front is being written
+  bool writing_ = false;                               // guarded by mu_
+  bool subscribed_ = false;                            // guarded by mu_
+  bool finished_ = false;                              // guarded by mu_
+  std::map<std::pair<std::string, uint64_t>, std::chrono::steady_clock::time_point>
+      last_progress_;  // guarded by mu_
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* AdminService::GetStatus(grpc::CallbackServerContext* ctx,
+                                                  const ckptd::v1::GetStatusRequest*,
+                                                  ckptd::v1::GetStatusResponse* response) {
+  auto* reactor = ctx->DefaultReactor();
+  provider_->GetStatus(FinishWith(reactor, response));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::ListCheckpoints(
+    grpc::CallbackServerContext* ctx, const ckptd::v1::ListCheckpointsRequest* request,
+    ckptd::v1::ListCheckpointsResponse* response) {
+  auto* reactor = ctx->DefaultReactor();
+  provider_->ListCheckpoints(request->job(), FinishWith(reactor, response));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::DescribeCheckpoint(
+    grpc::CallbackServerContext* ctx, const ckptd::v1::DescribeCheckpointRequest* request,
+    ckptd::v1::DescribeCheckpointResponse* response) {
+  auto* reactor = ctx->DefaultReactor();
+  provider_->DescribeCheckpoint(request->job(), request->step(), FinishWith(reactor, response));
+  return reactor;
+}
+
+grpc::ServerWriteReactor<ckptd::v1::WatchEventsResponse>* AdminService::WatchEvents(
+    grpc::CallbackServerContext*, const ckptd::v1::WatchEventsRequest* request) {
+  return new WatchReactor(provider_->watch_hub(), *request);
+}
+
+}  // namespace ckpt

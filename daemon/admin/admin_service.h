@@ -1,0 +1,43 @@
+// AdminService: the gRPC callback service for ckptd.v1.Admin. It only translates: each unary call
+// asks the AdminProvider and finishes the RPC from the provider's reply (no blocking in a
+// reactor, STYLE.md §9); WatchEvents subscribes a bounded per-stream queue to the provider's
+// WatchHub. Status → grpc::Status happens in ToGrpcStatus and nowhere else.
+//
+// Watch streams: each holds at most kMaxQueuedEvents unsent events; a client that falls further
+// behind is ended with RESOURCE_EXHAUSTED rather than growing the daemon's memory. Progress
+// samples of a step are forwarded at most once per the request's progress_interval_ms.
+// Thread safety: gRPC calls it from its own threads; the provider must outlive the server.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include "ckptd/v1/admin.grpc.pb.h"
+#include "daemon/admin/admin_provider.h"
+
+namespace ckpt {
+
+grpc::Status ToGrpcStatus(const Status& status);
+
+class AdminService final : public ckptd::v1::Admin::CallbackService {
+ public:
+  static constexpr size_t kMaxQueuedEvents = 4096;
+
+  explicit AdminService(AdminProvider* provider) : provider_(provider) {}
+
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
+                                      const ckptd::v1::GetStatusRequest* request,
+                                      ckptd::v1::GetStatusResponse* response) override;
+  grpc::ServerUnaryReactor* ListCheckpoints(grpc::CallbackServerContext* ctx,
+                                            const ckptd::v1::ListCheckpointsRequest* request,
+                                            ckptd::v1::ListCheckpointsResponse* response) override;
+  grpc::ServerUnaryReactor* DescribeCheckpoint(
+      grpc::CallbackServerContext* ctx, const ckptd::v1::DescribeCheckpointRequest* request,
+      ckptd::v1::DescribeCheckpointResponse* response) override;
+  grpc::ServerWriteReactor<ckptd::v1::WatchEventsResponse>* WatchEvents(
+      grpc::CallbackServerContext* ctx, const ckptd::v1::WatchEventsRequest* request) override;
+
+ private:
+  AdminProvider* provider_;
+};
+
+}  // namespace ckpt

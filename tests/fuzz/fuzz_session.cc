@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 #include <chrono>
@@ -40,6 +41,10 @@ namespace {
 // reported as a leak).
 struct FuzzDaemon {
   boost::asio::io_context io;
+  // Keeps the loop from stopping when a session's last handler ran (a stopped io_context would
+  // run nothing for the next input).
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work =
+      boost::asio::make_work_guard(io);
   std::string root;
   std::unique_ptr<ckpt::HostPool> pool;
   std::unique_ptr<ckpt::CommitEngine> commit;

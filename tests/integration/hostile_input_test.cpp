@@ -18,6 +18,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <string>
@@ -289,5 +290,38 @@ TEST_CASE("hostile: a catalogue of hostile clients gets clear errors; a good ran
 
   // Whatever the section did, the daemon is up and the good rank still commits exact bytes.
   good_saves();
+  REQUIRE(daemon.Alive());
+}
+
+// Regression: the frame reader once allocated (and zeroed) the whole length a header claimed
+// before any payload arrived, so 4-byte headers claiming 64 MiB on many connections could
+// make the daemon commit gigabytes. Found by fuzz_frame_decoder (each such input took ~20 ms).
+TEST_CASE("hostile: headers claiming 64 MiB frames on 50 connections cost the daemon no memory",
+          "[daemon][hostile]") {
+  TempDir dir;
+  DaemonProcess daemon(DaemonProcess::InDir(dir));
+  auto resident_kib = [&] {
+    std::ifstream in("/proc/" + std::to_string(daemon.pid()) + "/status");
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6));
+    }
+    FAIL("no VmRSS for the daemon");
+    return 0ull;
+  };
+  const uint64_t before = resident_kib();
+  std::vector<std::unique_ptr<RawConnection>> conns;
+  const uint32_t claim = ckpt::kMaxFrameBytes;
+  for (int i = 0; i < 50; ++i) {
+    conns.push_back(std::make_unique<RawConnection>(daemon.socket()));
+    conns.back()->SendBytes(std::string(reinterpret_cast<const char*>(&claim), 4) + "partial");
+  }
+  // A round trip on a fresh connection: the daemon's loop has read every header by then.
+  {
+    RawConnection probe(daemon.socket());
+    REQUIRE(probe.Hello("probe").has_hello());
+  }
+  const uint64_t after = resident_kib();
+  INFO("daemon RSS " << before / 1024 << " MiB before, " << after / 1024 << " MiB after");
+  CHECK(after < before + 256 * 1024);  // 50 × 64 MiB would be 3200 MiB
   REQUIRE(daemon.Alive());
 }

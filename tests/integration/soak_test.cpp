@@ -13,7 +13,7 @@
 #include <dirent.h>
 
 #include <fstream>
-#include <regex>
+#include <cctype>
 #include <set>
 #include <sstream>
 
@@ -114,10 +114,14 @@ TEST_CASE("soak: 16 clients x 200 saves keep the daemon's memory and descriptors
     const std::string name = "soak-" + std::to_string(job);
     INFO("job " << name);
     std::set<uint64_t> committed_in_log;
-    const std::regex line("job '" + name + "' step ([0-9]+): committed");
-    for (auto it = std::sregex_iterator(log.begin(), log.end(), line); it != std::sregex_iterator();
-         ++it) {
-      committed_in_log.insert(std::stoull((*it)[1]));
+    const std::string prefix = "job '" + name + "' step ";
+    for (size_t at = log.find(prefix); at != std::string::npos; at = log.find(prefix, at + 1)) {
+      size_t end = at + prefix.size();
+      uint64_t step = 0;
+      while (end < log.size() && std::isdigit(static_cast<unsigned char>(log[end]))) {
+        step = step * 10 + static_cast<uint64_t>(log[end++] - '0');
+      }
+      if (log.compare(end, 11, ": committed") == 0) committed_in_log.insert(step);
     }
     CHECK(committed_in_log.size() == saves);
     if (!committed_in_log.empty()) {

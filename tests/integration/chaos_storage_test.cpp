@@ -41,7 +41,7 @@ struct Fault {
 
 }  // namespace
 
-TEST_CASE("chaos: random ENOSPC or EIO or short writes fail only their step; training goes on",
+TEST_CASE("chaos: random ENOSPC or EIO or short writes fail only their step while training goes on",
           "[chaos]") {
   const uint64_t seed = ChaosSeed();
   const uint64_t cycles = EnvNumber("CKPT_CHAOS_CYCLES", 30);

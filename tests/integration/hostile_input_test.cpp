@@ -91,7 +91,7 @@ pb::ClientMessage RegisterOf(std::vector<pb::TensorSpec> specs) {
 
 }  // namespace
 
-TEST_CASE("hostile: a catalogue of hostile clients gets clear errors; a good rank is unaffected",
+TEST_CASE("hostile: a catalogue of hostile clients gets clear errors and a good rank is unaffected",
           "[daemon][hostile]") {
   TempDir dir;
   DaemonProcess daemon(DaemonProcess::InDir(dir));

@@ -3,7 +3,8 @@
 # the reliability stages: the libFuzzer harnesses for a bounded time, the unit and integration
 # suites under AddressSanitizer + UndefinedBehaviorSanitizer, and the concurrency tests under
 # ThreadSanitizer. This is the README's test command and what CI runs (.ci/run).
-#   CKPT_TEST_STAGES  which stages, in order (default "main fuzz asan tsan"); e.g. "main" for the
+#   CKPT_TEST_STAGES  which stages, in order (default "main fuzz asan"; add "tsan" once its first
+#                     full run is clean — not yet verified); e.g. "main" for the
 #                     plain suite only
 #   CKPT_BUILD_DIR    build directory of the main stage (default build); the others use
 #                     build-fuzz, build-asan, build-tsan
@@ -14,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/install-deps.sh
 jobs=${CKPT_JOBS:-2}
-stages=${CKPT_TEST_STAGES:-main fuzz asan tsan}
+stages=${CKPT_TEST_STAGES:-main fuzz asan}
 launcher=()
 command -v ccache > /dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
 

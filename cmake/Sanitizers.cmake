@@ -1,4 +1,18 @@
 # CKPT_SANITIZE=address|undefined|thread (or "address,undefined"): applied to every target.
+# CKPT_BUILD_FUZZ=ON (clang only): every target is compiled with coverage for libFuzzer plus
+# AddressSanitizer and UndefinedBehaviorSanitizer, and tests/fuzz/ builds the harnesses (target
+# ckpt_fuzz; scripts/fuzz.sh runs them).
+option(CKPT_BUILD_FUZZ "Build the libFuzzer harnesses in tests/fuzz (needs clang)" OFF)
+if(CKPT_BUILD_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "CKPT_BUILD_FUZZ needs clang: configure with -DCMAKE_CXX_COMPILER=clang++ "
+                        "-DCMAKE_C_COMPILER=clang")
+  endif()
+  if(NOT CKPT_SANITIZE)
+    set(CKPT_SANITIZE "address,undefined")
+  endif()
+  add_compile_options(-fsanitize=fuzzer-no-link)
+endif()
 if(CKPT_SANITIZE)
   string(REPLACE "," ";" _ckpt_sanitizers "${CKPT_SANITIZE}")
   foreach(_s IN LISTS _ckpt_sanitizers)

@@ -21,12 +21,22 @@
 // where an open must be atomic with its existence check), so concurrent writers still overlap.
 #include "common/fault_file_system.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <filesystem>
+#include <fstream>
 #include <optional>
+#include <sstream>
 #include <utility>
 #include <vector>
+
+#include "common/logging.h"
+#include "common/units.h"
 
 namespace ckpt {
 namespace {
@@ -59,6 +69,16 @@ struct FaultInjectingFileSystem::State {
   uint64_t writes_until_eio = 0;       // 0 = off; 1 = the next write fails
   bool fail_data_sync = false;
   bool short_writes = false;
+  uint64_t writes_until_stall = 0;  // 0 = off; 1 = the next write stalls
+  std::string stall_release_fifo;   // "" = released by ReleaseStalls
+  uint64_t stall_generation = 0;    // bumped by ReleaseStalls; a stalled write waits for a bump
+  std::condition_variable stall_cv;
+  uint64_t stalled_writes = 0;
+
+  // ---- control file ("control=FILE"); guarded by mu ----
+  std::string control_path;
+  std::string control_seen;  // identity (inode, size, mtime) of the version last applied
+  std::mutex reload_mu;      // one reload at a time; taken before mu
 
   uint64_t bytes_written = 0;  // every byte written through this filesystem
 
@@ -109,6 +129,7 @@ class FaultFile final : public File {
         epoch_(epoch) {}
 
   Result<size_t> PWrite(const void* data, size_t size, uint64_t offset) override {
+    RETURN_IF_ERROR(MaybeStall(offset));
     size_t n = size;
     {
       std::lock_guard lock(state_->mu);
@@ -190,6 +211,34 @@ class FaultFile final : public File {
   const std::string& path() const override { return base_->path(); }
 
  private:
+  // Blocks this write when it is the one chosen to stall (see StallWriteNumber). The lock is
+  // not held while blocked: other writes, and ReleaseStalls, go on meanwhile.
+  Status MaybeStall(uint64_t offset) {
+    std::unique_lock lock(state_->mu);
+    if (state_->writes_until_stall == 0 || !state_->Applies(path()) ||
+        --state_->writes_until_stall != 0) {
+      return Status::Ok();
+    }
+    ++state_->stalled_writes;
+    const std::string fifo = state_->stall_release_fifo;
+    const uint64_t generation = state_->stall_generation;
+    spdlog::warn("fault injection: {} stalls until released{}", AtOffset("pwrite", path(), offset),
+                 fifo.empty() ? std::string() : " (a writer opening " + fifo + ")");
+    if (fifo.empty()) {
+      state_->stall_cv.wait(lock, [&] { return state_->stall_generation != generation; });
+      return Status::Ok();
+    }
+    lock.unlock();
+    int fd;
+    do {
+      fd = ::open(fifo.c_str(), O_RDONLY | O_CLOEXEC);  // blocks until a writer opens it
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) return ErrnoStatus(errno, "fault injection: open stall FIFO " + fifo);
+    ::close(fd);
+    spdlog::warn("fault injection: {} released", AtOffset("pwrite", path(), offset));
+    return Status::Ok();
+  }
+
   bool DeadLocked() const { return state_->epoch != epoch_; }
   bool Dead() const {
     std::lock_guard lock(state_->mu);
@@ -229,6 +278,103 @@ void FaultInjectingFileSystem::ShortWrites(bool on) {
   state_->short_writes = on;
 }
 
+void FaultInjectingFileSystem::StallWriteNumber(uint64_t n, std::string release_fifo) {
+  std::lock_guard lock(state_->mu);
+  state_->writes_until_stall = n;
+  state_->stall_release_fifo = std::move(release_fifo);
+}
+
+void FaultInjectingFileSystem::ReleaseStalls() {
+  std::lock_guard lock(state_->mu);
+  ++state_->stall_generation;
+  state_->stall_cv.notify_all();
+}
+
+uint64_t FaultInjectingFileSystem::stalled_writes() const {
+  std::lock_guard lock(state_->mu);
+  return state_->stalled_writes;
+}
+
+Status FaultInjectingFileSystem::ApplySpec(std::string_view spec) {
+  std::stringstream ss{std::string(spec)};
+  std::optional<uint64_t> stall_write;
+  std::string stall_release;
+  for (std::string item; std::getline(ss, item, ',');) {
+    while (!item.empty() && std::isspace(static_cast<unsigned char>(item.back()))) item.pop_back();
+    while (!item.empty() && std::isspace(static_cast<unsigned char>(item.front()))) {
+      item.erase(0, 1);
+    }
+    if (item.empty()) continue;
+    const auto eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    const std::string value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    const std::string where = "fault spec item '" + item + "'";
+    if (key == "enospc-after") {
+      ASSIGN_OR_RETURN(uint64_t bytes, ParseByteSize(value), where);
+      FailWithNoSpaceAfter(bytes);
+    } else if (key == "eio-write") {
+      ASSIGN_OR_RETURN(uint64_t n, ParseByteSize(value), where);
+      FailWriteNumber(n);
+    } else if (key == "eio-sync") {
+      FailDataSync(true);
+    } else if (key == "short-writes") {
+      ShortWrites(true);
+    } else if (key == "stall-write") {
+      ASSIGN_OR_RETURN(stall_write, ParseByteSize(value), where);
+    } else if (key == "stall-release") {
+      stall_release = value;
+    } else if (key == "path") {
+      LimitFaultsTo(value);
+    } else if (key == "control") {
+      if (value.empty()) return InvalidArgument(where + ": control needs a file name");
+      std::lock_guard lock(state_->mu);
+      state_->control_path = value;
+      state_->control_seen.clear();
+    } else {
+      return InvalidArgument(where + ": unknown fault '" + key + "'");
+    }
+  }
+  if (stall_write) StallWriteNumber(*stall_write, stall_release);
+  return Status::Ok();
+}
+
+void FaultInjectingFileSystem::ReloadControlFile() {
+  std::string path;
+  {
+    std::lock_guard lock(state_->mu);
+    if (state_->control_path.empty()) return;
+    path = state_->control_path;
+  }
+  std::lock_guard reload(state_->reload_mu);
+  struct stat st = {};
+  std::string identity = "absent";
+  if (::stat(path.c_str(), &st) == 0) {
+    identity = std::to_string(st.st_ino) + ":" + std::to_string(st.st_size) + ":" +
+               std::to_string(st.st_mtim.tv_sec) + "." + std::to_string(st.st_mtim.tv_nsec);
+  }
+  {
+    std::lock_guard lock(state_->mu);
+    if (identity == state_->control_seen) return;
+    state_->control_seen = identity;
+  }
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string spec = text.str();
+  std::replace(spec.begin(), spec.end(), '\n', ',');
+  // The file's spec replaces every fault; the control file itself stays.
+  ClearFaults();
+  if (spec.find("control=") != std::string::npos) {
+    spdlog::error("fault injection: control file {} may not name another control file", path);
+    return;
+  }
+  if (Status st = ApplySpec(spec); !st.ok()) {
+    spdlog::error("fault injection: control file {}: {}", path, st.ToString());
+    return;
+  }
+  spdlog::warn("fault injection: faults now '{}' (from {})", spec, path);
+}
+
 void FaultInjectingFileSystem::LimitFaultsTo(std::string path_substring) {
   std::lock_guard lock(state_->mu);
   state_->limit_to = std::move(path_substring);
@@ -241,6 +387,10 @@ void FaultInjectingFileSystem::ClearFaults() {
   state_->writes_until_eio = 0;
   state_->fail_data_sync = false;
   state_->short_writes = false;
+  state_->writes_until_stall = 0;
+  state_->stall_release_fifo.clear();
+  ++state_->stall_generation;
+  state_->stall_cv.notify_all();
 }
 
 uint64_t FaultInjectingFileSystem::bytes_written() const {
@@ -291,6 +441,7 @@ Status FaultInjectingFileSystem::SimulateCrash() {
 Result<std::unique_ptr<File>> FaultInjectingFileSystem::Open(const std::string& path,
                                                              const OpenOptions& options) {
   const std::string key = Normalize(path);
+  if (options.write) ReloadControlFile();
   if (!options.write) {
     ASSIGN_OR_RETURN(std::unique_ptr<File> file, base_->Open(path, options));
     std::lock_guard lock(state_->mu);

@@ -4,8 +4,17 @@
 //     followed by SyncDir of their directory. Files open at the crash fail every later call.
 //   * ENOSPC once more than N bytes have been written in total;
 //   * EIO on the Nth write or on every DataSync;
-//   * short writes (each PWrite writes at most half of what it was asked, at least 1 byte).
+//   * short writes (each PWrite writes at most half of what it was asked, at least 1 byte);
+//   * a stalled write: the Nth PWrite blocks until released (ReleaseStalls, or a writer opening
+//     a FIFO named in advance), like a write to a hung PFS server.
 // Faults can be limited to paths containing a substring. Thread safe.
+//
+// A daemon takes its faults from a text spec (ApplySpec; the CKPTD_FAULT_INJECTION variable),
+// e.g. "enospc-after=64MiB,eio-write=3,eio-sync,short-writes,stall-write=2,
+// stall-release=/tmp/fifo,path=rank-00001". "control=FILE" makes the filesystem re-read FILE
+// whenever it changes (checked at each open for writing) and replace all faults by the spec it
+// holds, so a test can inject and lift faults in a running daemon (write the file elsewhere and
+// rename it over FILE).
 #pragma once
 
 #include <cstdint>
@@ -13,6 +22,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 #include "common/file_system.h"
@@ -29,13 +39,22 @@ class FaultInjectingFileSystem : public FileSystem {
   void FailWriteNumber(uint64_t n);            // the nth PWrite from now (1-based) fails with EIO
   void FailDataSync(bool on);                  // every DataSync fails with EIO
   void ShortWrites(bool on);
+  // The nth PWrite from now (1-based) on a matching path blocks until ReleaseStalls() or, when
+  // `release_fifo` is not empty, until some process opens that FIFO for writing.
+  void StallWriteNumber(uint64_t n, std::string release_fifo = "");
+  void ReleaseStalls();                        // wakes every write stalled so far
   void LimitFaultsTo(std::string path_substring);  // "" = all paths
-  void ClearFaults();
+  void ClearFaults();  // also releases stalled writes
+
+  // Applies a comma-separated spec (see the top of this file) on top of the current faults.
+  // kInvalidArgument naming the item for an unknown key or a bad number.
+  Status ApplySpec(std::string_view spec);
 
   // Loses everything not durable (see above) and invalidates open files.
   Status SimulateCrash();
 
   uint64_t bytes_written() const;
+  uint64_t stalled_writes() const;  // writes that have stalled so far (released or not)
 
   // FileSystem
   Result<std::unique_ptr<File>> Open(const std::string& path, const OpenOptions& options) override;
@@ -50,6 +69,9 @@ class FaultInjectingFileSystem : public FileSystem {
   struct State;  // shared with the files it hands out
 
  private:
+  // Re-reads the "control=" file when it changed since the last look (any thread).
+  void ReloadControlFile();
+
   FileSystem* base_;
   std::shared_ptr<State> state_;
 };

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -64,8 +65,14 @@ Result<std::optional<Frame>> FrameReader::ReadSome(int fd) {
     if (in_header) {
       n = RecvWithFds(fd, header_ + header_have_, sizeof header_ - header_have_, &fds, &truncated);
     } else {
-      n = RecvWithFds(fd, current_.payload.data() + payload_have_, length_ - payload_have_, &fds,
-                      &truncated);
+      // The buffer grows with the bytes that actually arrive (doubling, from 64 KiB), so a
+      // header that merely claims a large frame costs the reader nothing.
+      if (payload_have_ == current_.payload.size()) {
+        const size_t grown = std::max<size_t>(current_.payload.size() * 2, 64 << 10);
+        current_.payload.resize(std::min<size_t>(grown, length_));
+      }
+      n = RecvWithFds(fd, current_.payload.data() + payload_have_,
+                      current_.payload.size() - payload_have_, &fds, &truncated);
     }
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return std::optional<Frame>();
@@ -100,7 +107,7 @@ Result<std::optional<Frame>> FrameReader::ReadSome(int fd) {
         return InvalidArgument("frame of " + std::to_string(length_) + " bytes is over the " +
                                std::to_string(kMaxFrameBytes) + "-byte limit");
       }
-      current_.payload.assign(length_, '\0');
+      current_.payload.clear();
       payload_have_ = 0;
     } else {
       payload_have_ += static_cast<size_t>(n);

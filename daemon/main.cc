@@ -41,34 +41,14 @@ namespace ckpt {
 namespace {
 
 // CKPTD_FAULT_INJECTION="enospc-after=64MiB,eio-write=3,eio-sync,short-writes,path=rank-00001"
+// (all keys in common/fault_file_system.h: stalled writes, a control file read while running)
 // wraps the storage in the fault-injecting filesystem: how the failure tests make a real daemon
 // meet a full or failing PFS. Never set in production; the daemon logs loudly when it is.
 Result<std::unique_ptr<FaultInjectingFileSystem>> FaultsFromEnv() {
   const char* spec = std::getenv("CKPTD_FAULT_INJECTION");
   if (spec == nullptr || *spec == '\0') return std::unique_ptr<FaultInjectingFileSystem>();
   auto faults = std::make_unique<FaultInjectingFileSystem>(PosixFileSystem());
-  std::stringstream ss(spec);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    const auto eq = item.find('=');
-    const std::string key = item.substr(0, eq);
-    const std::string value = eq == std::string::npos ? "" : item.substr(eq + 1);
-    if (key == "enospc-after") {
-      ASSIGN_OR_RETURN(uint64_t bytes, ParseByteSize(value), "CKPTD_FAULT_INJECTION");
-      faults->FailWithNoSpaceAfter(bytes);
-    } else if (key == "eio-write") {
-      ASSIGN_OR_RETURN(uint64_t n, ParseByteSize(value), "CKPTD_FAULT_INJECTION eio-write");
-      faults->FailWriteNumber(n);
-    } else if (key == "eio-sync") {
-      faults->FailDataSync(true);
-    } else if (key == "short-writes") {
-      faults->ShortWrites(true);
-    } else if (key == "path") {
-      faults->LimitFaultsTo(value);
-    } else {
-      return InvalidArgument("CKPTD_FAULT_INJECTION: unknown fault '" + key + "'");
-    }
-  }
+  RETURN_IF_ERROR(faults->ApplySpec(spec), "CKPTD_FAULT_INJECTION");
   spdlog::warn("CKPTD_FAULT_INJECTION='{}': storage faults are being injected", spec);
   return faults;
 }

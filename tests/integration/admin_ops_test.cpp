@@ -10,30 +10,13 @@
 namespace {
 
 using ckpt::UniqueFd;
+using ckpt::itest::BindDatagramSocket;
 using ckpt::itest::ChildProcess;
 using ckpt::itest::DaemonProcess;
 using ckpt::itest::ExitedWith;
+using ckpt::itest::ReceiveDatagram;
 using ckpt::itest::RequireBinary;
 using ckpt::testing::TempDir;
-
-// Receives one datagram, waiting at most `timeout_ms`; "" on timeout.
-std::string ReceiveDatagram(int fd, int timeout_ms) {
-  pollfd p = {fd, POLLIN, 0};
-  if (::poll(&p, 1, timeout_ms) != 1) return "";
-  char buf[4096];
-  const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
-}
-
-UniqueFd BindDatagramSocket(const std::string& path) {
-  UniqueFd fd(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  REQUIRE(fd);
-  sockaddr_un addr = {};
-  addr.sun_family = AF_UNIX;
-  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path.c_str());
-  REQUIRE(::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  return fd;
-}
 
 // Runs ckptctl with `args` to its end; its exit status and output.
 std::pair<int, std::string> RunCkptctl(const TempDir& dir, const std::vector<std::string>& args) {

@@ -799,6 +799,26 @@ inline ckptd::v1::TensorSpec HostSpec(const std::string& name, const std::string
   return spec;
 }
 
+// A stand-in for systemd's NOTIFY_SOCKET: a bound datagram socket at `path`.
+inline UniqueFd BindDatagramSocket(const std::string& path) {
+  UniqueFd fd(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  REQUIRE(fd);
+  sockaddr_un addr = {};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path.c_str());
+  REQUIRE(::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  return fd;
+}
+
+// Receives one datagram, waiting at most `timeout_ms`; "" on timeout.
+inline std::string ReceiveDatagram(int fd, int timeout_ms) {
+  pollfd p = {fd, POLLIN, 0};
+  if (::poll(&p, 1, timeout_ms) != 1) return "";
+  char buf[4096];
+  const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+}
+
 }  // namespace ckpt::itest
 
 // Every test file including this header registers the listener (each registration prints a

@@ -7,18 +7,11 @@
 namespace {
 
 using ckpt::UniqueFd;
+using ckpt::itest::BindDatagramSocket;
 using ckpt::itest::DaemonProcess;
 using ckpt::itest::ExitedWith;
+using ckpt::itest::ReceiveDatagram;
 using ckpt::testing::TempDir;
-
-// Receives one datagram, waiting at most `timeout_ms`; "" on timeout.
-std::string ReceiveDatagram(int fd, int timeout_ms) {
-  pollfd p = {fd, POLLIN, 0};
-  if (::poll(&p, 1, timeout_ms) != 1) return "";
-  char buf[4096];
-  const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
-}
 
 }  // namespace
 
@@ -26,12 +19,7 @@ TEST_CASE("daemon: under systemd it reports READY=1 once serving and STOPPING=1 
           "[daemon][ops]") {
   TempDir dir;
   const std::string notify_path = dir / "notify.sock";
-  UniqueFd notify(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  REQUIRE(notify);
-  sockaddr_un addr = {};
-  addr.sun_family = AF_UNIX;
-  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", notify_path.c_str());
-  REQUIRE(::bind(notify.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  UniqueFd notify = BindDatagramSocket(notify_path);
 
   auto options = DaemonProcess::InDir(dir);
   options.env.push_back("NOTIFY_SOCKET=" + notify_path);

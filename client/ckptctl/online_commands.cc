@@ -88,7 +88,24 @@ void PrintStatusText(const ckptd::v1::GetStatusResponse& s) {
               << FormatBytes(p.cached_bytes()) << ", in use " << FormatBytes(p.in_use_bytes())
               << "\n";
   }
-  std::cout << "\nclients: " << s.clients_size() << "\n";
+  const bool coordinator = s.role() == "coordinator";
+  if (coordinator) {
+    std::cout << "\nnodes: " << s.nodes_size() << "\n";
+    if (s.nodes_size() > 0) {
+      std::cout << "  " << std::left << std::setw(24) << "NODE" << std::setw(28) << "STREAM"
+                << "JOBS\n";
+      for (const auto& n : s.nodes()) {
+        std::string jobs;
+        for (const auto& j : n.jobs()) jobs += (jobs.empty() ? "" : ",") + j;
+        std::cout << "  " << std::setw(24) << n.node_id() << std::setw(28)
+                  << (n.connected() ? std::string("connected")
+                                    : "lost in " + Duration(n.lease_left_seconds()))
+                  << jobs << "\n";
+      }
+    }
+  } else {
+    std::cout << "\nclients: " << s.clients_size() << "\n";
+  }
   if (s.clients_size() > 0) {
     std::cout << "  " << std::left << std::setw(24) << "JOB" << std::setw(12) << "RANK"
               << std::setw(10) << "PID" << std::setw(8) << "UID" << "CONNECTED\n";
@@ -101,17 +118,28 @@ void PrintStatusText(const ckptd::v1::GetStatusResponse& s) {
   }
   std::cout << "\nsteps in flight: " << s.steps_size() << "\n";
   if (s.steps_size() > 0) {
+    // A coordinator knows ranks, not bytes: its columns count ranks captured and persisted.
     std::cout << "  " << std::setw(24) << "JOB" << std::setw(10) << "STEP" << std::setw(12)
-              << "STATE" << std::setw(8) << "RANKS" << std::setw(22) << "CAPTURED"
-              << std::setw(22) << "PERSISTED" << "AGE\n";
+              << "STATE" << std::setw(8) << "RANKS" << std::setw(22)
+              << (coordinator ? "RANKS CAPTURED" : "CAPTURED") << std::setw(22)
+              << (coordinator ? "RANKS PERSISTED" : "PERSISTED") << "AGE\n";
     for (const auto& st : s.steps()) {
+      uint32_t ranks_captured = 0, ranks_persisted = 0;
+      for (const auto& r : st.ranks()) {
+        ranks_captured += r.captured() ? 1 : 0;
+        ranks_persisted += r.persisted() ? 1 : 0;
+      }
       std::cout << "  " << std::setw(24) << st.job() << std::setw(10) << st.step()
                 << std::setw(12) << StateName(st.state()) << std::setw(8)
                 << (std::to_string(st.ranks_saved()) + "/" + std::to_string(st.world_size()))
                 << std::setw(22)
-                << (FormatBytes(st.bytes_captured()) + " " + Percent(st.bytes_captured(), st.bytes_total()))
+                << (coordinator ? std::to_string(ranks_captured) + "/" + std::to_string(st.world_size())
+                                : FormatBytes(st.bytes_captured()) + " " +
+                                      Percent(st.bytes_captured(), st.bytes_total()))
                 << std::setw(22)
-                << (FormatBytes(st.bytes_persisted()) + " " + Percent(st.bytes_persisted(), st.bytes_total()))
+                << (coordinator ? std::to_string(ranks_persisted) + "/" + std::to_string(st.world_size())
+                                : FormatBytes(st.bytes_persisted()) + " " +
+                                      Percent(st.bytes_persisted(), st.bytes_total()))
                 << Duration(st.age_seconds()) << "\n";
     }
   }

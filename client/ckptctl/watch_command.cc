@@ -88,13 +88,28 @@ int RunWatch(const AdminTarget& target, const WatchOptions& options) {
       const std::string rate =
           it == last.end() ? std::string() : RateAndEta(it->second, now, p.bytes_total());
       last[{p.job(), p.step()}] = now;
+      // A coordinator sends ranks without bytes: its bars count ranks captured / persisted.
+      uint64_t done_captured = p.bytes_captured(), done_persisted = p.bytes_persisted();
+      uint64_t total = p.bytes_total();
+      if (total == 0 && p.ranks_size() > 0) {
+        done_captured = done_persisted = 0;
+        total = p.world_size();
+        for (const auto& r : p.ranks()) {
+          done_captured += r.captured() ? 1 : 0;
+          done_persisted += r.persisted() ? 1 : 0;
+        }
+      }
+      const bool by_rank = total != p.bytes_total();
       std::cout << (tty ? "\r" : "") << "job '" << p.job() << "' step " << p.step() << " "
                 << ckptd::v1::StepState_Name(p.state()).substr(11) << " " << p.ranks_saved()
                 << "/" << p.world_size() << " ranks  captured "
-                << Bar(p.bytes_captured(), p.bytes_total(), 20) << " persisted "
-                << Bar(p.bytes_persisted(), p.bytes_total(), 20) << " "
-                << FormatBytes(p.bytes_persisted()) << "/" << FormatBytes(p.bytes_total())
-                << (rate.empty() ? "" : "  " + rate) << (tty ? "\033[K" : "\n") << std::flush;
+                << Bar(done_captured, total, 20) << " persisted "
+                << Bar(done_persisted, total, 20) << " "
+                << (by_rank ? std::to_string(done_persisted) + "/" + std::to_string(total) +
+                                  " ranks persisted"
+                            : FormatBytes(p.bytes_persisted()) + "/" + FormatBytes(p.bytes_total()))
+                << (rate.empty() || by_rank ? "" : "  " + rate) << (tty ? "\033[K" : "\n")
+                << std::flush;
       progress_line_open = tty;
     }
     if (options.max_events != 0 && events >= options.max_events) {

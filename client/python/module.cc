@@ -212,10 +212,11 @@ class PyClient {
   }
 
   // (step, extra, bytes_from_memory, bytes_from_storage, missing)
-  py::tuple Load(std::optional<uint64_t> step, bool strict, uint64_t cuda_stream) {
+  py::tuple Load(std::optional<uint64_t> step, bool strict, uint64_t cuda_stream,
+                 const std::string& job) {
     auto result = [&] {
       py::gil_scoped_release release;
-      return client_->Load(step, strict, ToStream(cuda_stream));
+      return client_->Load(ckpt::LoadOptions{step, strict, job, ToStream(cuda_stream)});
     }();
     ThrowIfError(result.status());
     py::list missing;
@@ -278,8 +279,9 @@ PYBIND11_MODULE(_ckptd, m) {
       .def("wait", &PyClient::Wait, py::arg("step"), py::arg("state"), py::arg("timeout"))
       .def("latest", &PyClient::Latest)
       .def("load", &PyClient::Load, py::arg("step"), py::arg("strict"),
-           py::arg("cuda_stream") = 0,
-           "Returns (step, extra, bytes_from_memory, bytes_from_storage, missing).")
+           py::arg("cuda_stream") = 0, py::arg("job") = std::string(),
+           "Returns (step, extra, bytes_from_memory, bytes_from_storage, missing). job: "
+           "another job's checkpoint (empty: this client's job).")
       .def("close", &PyClient::Close)
       .def_property_readonly("node_id", &PyClient::node_id);
 }

@@ -190,7 +190,7 @@ class Client::Impl {
   Status WaitSnapshot(std::optional<milliseconds> timeout);
   Status Wait(uint64_t step, WaitState state, std::optional<milliseconds> timeout);
   Result<std::optional<uint64_t>> Latest();
-  Result<LoadResult> Load(std::optional<uint64_t> step, bool strict, CudaStream stream);
+  Result<LoadResult> Load(const LoadOptions& options);
   void Close();
   const std::string& node_id() const { return node_id_; }
 
@@ -757,18 +757,21 @@ Result<std::optional<uint64_t>> Client::Impl::Latest() {
   return std::optional<uint64_t>(reply->latest().step());
 }
 
-Result<LoadResult> Client::Impl::Load(std::optional<uint64_t> step, bool strict,
-                                      CudaStream stream) {
+Result<LoadResult> Client::Impl::Load(const LoadOptions& options) {
+  const std::optional<uint64_t> step = options.step;
+  const CudaStream stream = options.stream;
+  const std::string& job = options.job.empty() ? options_.job : options.job;
   OutgoingFrame frame;
   pb::Load* load = frame.message.mutable_load();
   load->set_has_step(step.has_value());
   load->set_step(step.value_or(0));
-  load->set_strict(strict);
+  load->set_strict(options.strict);
+  if (!options.job.empty() && options.job != options_.job) load->set_job(options.job);
   std::vector<OutgoingFrame> frames;
   frames.push_back(std::move(frame));
   auto reply = Call(std::move(frames), pb::DaemonMessage::kLoad, std::nullopt,
-                    step ? "load of step " + std::to_string(*step) + " of job " + options_.job
-                         : "load of the latest step of job " + options_.job);
+                    step ? "load of step " + std::to_string(*step) + " of job " + job
+                         : "load of the latest step of job " + job);
   if (!reply.ok()) return reply.status();
   const pb::LoadReply& lr = reply->load();
   LoadResult result;
@@ -839,11 +842,12 @@ Status Client::Wait(uint64_t step, WaitState state, std::optional<milliseconds> 
 }
 Result<std::optional<uint64_t>> Client::Latest() { return impl_->Latest(); }
 Result<LoadResult> Client::Load(std::optional<uint64_t> step, bool strict) {
-  return impl_->Load(step, strict, nullptr);
+  return impl_->Load(LoadOptions{step, strict, {}, nullptr});
 }
 Result<LoadResult> Client::Load(std::optional<uint64_t> step, bool strict, CudaStream stream) {
-  return impl_->Load(step, strict, stream);
+  return impl_->Load(LoadOptions{step, strict, {}, stream});
 }
+Result<LoadResult> Client::Load(const LoadOptions& options) { return impl_->Load(options); }
 void Client::Close() { impl_->Close(); }
 const std::string& Client::node_id() const { return impl_->node_id(); }
 

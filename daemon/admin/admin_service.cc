@@ -6,14 +6,9 @@
 #include <mutex>
 
 #include "common/logging.h"
+#include "daemon/grpc_status.h"
 
 namespace ckpt {
-
-grpc::Status ToGrpcStatus(const Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  // StatusCode mirrors the gRPC codes one to one (common/status.h).
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), status.message());
-}
 
 namespace {
 

@@ -249,6 +249,7 @@ void CoordinatorCore::Decide(const std::string& job, uint64_t step, StepRecord& 
   d->set_state(state);
   d->set_reason(reason);
   Broadcast(job, e);
+  if (config_.on_step_state) config_.on_step_state(job, step, state, reason);
   if (state == ckptd::v1::STEP_STATE_ABORTED || state == ckptd::v1::STEP_STATE_FAILED) {
     s.manifests.clear();
     ++commits_in_flight_;
@@ -306,7 +307,8 @@ Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
     }
     StepRecord fresh;
     fresh.world_size = req.world_size();
-    fresh.deadline = Clock::now() + config_.step_timeout;
+    fresh.first_report = Clock::now();
+    fresh.deadline = fresh.first_report + config_.step_timeout;
     it = j.steps.emplace(req.step(), std::move(fresh)).first;
     cv_.notify_all();
   }
@@ -597,6 +599,29 @@ void CoordinatorCore::TimerLoop() {
     }
     cv_.wait_until(lock, next);
   }
+}
+
+CoordinatorCore::Snapshot CoordinatorCore::TakeSnapshot() {
+  Snapshot out;
+  std::lock_guard lock(mu_);
+  for (const auto& [name, j] : jobs_) {
+    for (const auto& [n, s] : j.steps) {
+      if (Terminal(s.state)) continue;
+      out.steps.push_back(StepView{name, n, s.world_size, s.state, s.saved, s.captured,
+                                   s.persisted, s.first_report});
+    }
+  }
+  for (const auto& [id, node] : nodes_) {
+    NodeView v;
+    v.node_id = id;
+    v.attached = node.sink != nullptr;
+    v.lease_expires = node.lost_at;
+    for (const auto& [name, j] : jobs_) {
+      if (j.nodes.count(id) != 0) v.jobs.push_back(name);
+    }
+    out.nodes.push_back(std::move(v));
+  }
+  return out;
 }
 
 Result<std::optional<uint64_t>> CoordinatorCore::Latest(const std::string& job) {

@@ -68,6 +68,33 @@ class CoordinatorCore {
     size_t finished_steps_kept = 64;  // per job, to answer late reports
     std::string writer = "ckpt-coordinator";
     std::function<void(std::string_view point)> on_commit_point;  // CommitEngine::Config::on_point
+    // Every state a step reaches (CAPTURED … COMMITTED / ABORTED / FAILED), for the Admin API's
+    // watch streams. Called with the core's mutex held: it must only queue.
+    std::function<void(const std::string& job, uint64_t step, ckptd::v1::StepState state,
+                       const std::string& reason)>
+        on_step_state;
+  };
+
+  // What the Admin API shows of the core: steps in flight and the nodes that registered.
+  struct StepView {
+    std::string job;
+    uint64_t step = 0;
+    uint32_t world_size = 0;
+    ckptd::v1::StepState state = ckptd::v1::STEP_STATE_PENDING;
+    std::map<uint32_t, std::string> saved;  // rank → node
+    std::set<uint32_t> captured;
+    std::set<uint32_t> persisted;
+    std::chrono::steady_clock::time_point first_report;
+  };
+  struct NodeView {
+    std::string node_id;
+    bool attached = false;  // its event stream is open
+    std::optional<std::chrono::steady_clock::time_point> lease_expires;  // while detached
+    std::vector<std::string> jobs;
+  };
+  struct Snapshot {
+    std::vector<StepView> steps;  // not yet COMMITTED / ABORTED / FAILED, by job then step
+    std::vector<NodeView> nodes;
   };
   CoordinatorCore(Config config, FileSystem* fs);
   ~CoordinatorCore();
@@ -89,6 +116,8 @@ class CoordinatorCore {
   Result<std::optional<uint64_t>> Latest(const std::string& job);
   Result<std::vector<uint64_t>> List(const std::string& job);
 
+  Snapshot TakeSnapshot();
+
   // Test and benchmark hooks.
   std::optional<WriterAssignment> CurrentPlan(const std::string& job);
   // Blocks until no commit is queued or running (benchmarks).
@@ -103,6 +132,7 @@ class CoordinatorCore {
     std::set<uint32_t> captured;
     std::set<uint32_t> persisted;
     std::map<std::string, ckptd::v1::NodeManifest> manifests;  // node → cumulative manifest
+    std::chrono::steady_clock::time_point first_report;
     std::chrono::steady_clock::time_point deadline;
     bool committing = false;
   };

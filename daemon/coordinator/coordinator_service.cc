@@ -4,48 +4,9 @@
 #include <mutex>
 
 #include "common/logging.h"
+#include "daemon/grpc_status.h"
 
 namespace ckpt {
-
-grpc::Status ToGrpcStatus(const Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  grpc::StatusCode code = grpc::StatusCode::INTERNAL;
-  switch (s.code()) {
-    case StatusCode::kInvalidArgument:
-      code = grpc::StatusCode::INVALID_ARGUMENT;
-      break;
-    case StatusCode::kNotFound:
-      code = grpc::StatusCode::NOT_FOUND;
-      break;
-    case StatusCode::kFailedPrecondition:
-      code = grpc::StatusCode::FAILED_PRECONDITION;
-      break;
-    case StatusCode::kUnavailable:
-      code = grpc::StatusCode::UNAVAILABLE;
-      break;
-    case StatusCode::kAborted:
-      code = grpc::StatusCode::ABORTED;
-      break;
-    case StatusCode::kResourceExhausted:
-      code = grpc::StatusCode::RESOURCE_EXHAUSTED;
-      break;
-    case StatusCode::kDeadlineExceeded:
-      code = grpc::StatusCode::DEADLINE_EXCEEDED;
-      break;
-    case StatusCode::kPermissionDenied:
-      code = grpc::StatusCode::PERMISSION_DENIED;
-      break;
-    case StatusCode::kOutOfRange:
-      code = grpc::StatusCode::OUT_OF_RANGE;
-      break;
-    case StatusCode::kUnimplemented:
-      code = grpc::StatusCode::UNIMPLEMENTED;
-      break;
-    default:
-      break;
-  }
-  return grpc::Status(code, s.message());
-}
 
 namespace {
 

@@ -43,7 +43,4 @@ class CoordinatorService final : public ckptd::v1::Coordinator::CallbackService 
   std::string incarnation_;
 };
 
-// The one place a Status becomes a grpc::Status.
-grpc::Status ToGrpcStatus(const Status& s);
-
 }  // namespace ckpt

@@ -1,6 +1,9 @@
 // ckpt-coordinator: the global coordinator of multi-node jobs (DESIGN.md §6). Scans the
 // storage root (commits every fully persisted step, removes the rest), then serves
 // ckptd.v1.Coordinator until SIGTERM/SIGINT. See coordinator_core.h for the protocol.
+// The same endpoint serves ckptd.v1.Admin (role "coordinator", coordinator_admin_provider.h),
+// grpc.health.v1.Health and reflection, so `ckptctl --admin HOST:7470 status` works as against a
+// daemon. Under systemd (NOTIFY_SOCKET) it sends READY=1 once serving and STOPPING=1 on a signal.
 //
 //   ckpt-coordinator --listen ADDR --storage-root DIR [--keep N] [--step-timeout 10m]
 //                    [--lease 10s] [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]
@@ -18,9 +21,12 @@
 #include "common/file_system.h"
 #include "common/logging.h"
 #include "common/units.h"
+#include "daemon/admin/admin_service.h"
+#include "daemon/coordinator/coordinator_admin_provider.h"
 #include "daemon/coordinator/coordinator_core.h"
 #include "daemon/coordinator/coordinator_service.h"
 #include "daemon/coordinator/transport_security.h"
+#include "daemon/systemd_notify.h"
 #include "daemon/version.h"
 
 namespace {
@@ -82,6 +88,21 @@ int main(int argc, char** argv) {
   config.step_timeout = *timeout;
   config.lease = *lease_ms;
   config.writer = std::string("ckpt-coordinator ") + ckpt::kVersion;
+  ckpt::CoordinatorAdminProvider::Sources admin_sources;
+  admin_sources.fs = ckpt::PosixFileSystem();
+  admin_sources.storage_root = root;
+  admin_sources.version = ckpt::kVersion;
+  admin_sources.config = {{"listen", listen},
+                          {"storage-root", root},
+                          {"keep", std::to_string(keep)},
+                          {"step-timeout", step_timeout},
+                          {"lease", lease},
+                          {"tls", tls.enabled() ? (tls.ca.empty() ? "server" : "mutual") : "off"}};
+  ckpt::CoordinatorAdminProvider admin(std::move(admin_sources));
+  config.on_step_state = [&admin](const std::string& job, uint64_t step,
+                                  ckptd::v1::StepState state, const std::string& reason) {
+    admin.OnStepState(job, step, state, reason);
+  };
   // CKPT_COORDINATOR_CRASH_AT=<point>[:<n>] kills this process (SIGKILL) at that point of its
   // n-th commit (default 1st): how the crash tests stop it mid-commit. Never set in production.
   if (const char* crash = std::getenv("CKPT_COORDINATOR_CRASH_AT"); crash && *crash) {
@@ -119,13 +140,19 @@ int main(int argc, char** argv) {
   sigaddset(&stop, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
+  admin.Start(&core);
   ckpt::CoordinatorService service(&core, RandomHex());
+  ckpt::AdminService admin_service(&admin);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(listen, *creds, &port);
   builder.RegisterService(&service);
+  builder.RegisterService(&admin_service);
+  // Without this gRPC sets SO_REUSEPORT, and a second coordinator on the same port would start
+  // and silently share it with the first.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // Notice dead peers quickly even when no RST arrives (a node that vanished).
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
@@ -139,12 +166,18 @@ int main(int argc, char** argv) {
     spdlog::error("cannot listen on {}", listen);
     return 1;
   }
-  spdlog::info("ready: serving ckptd.v1.Coordinator on {}{}", listen,
+  admin.SetServing(true);
+  spdlog::info("ready: serving ckptd.v1.Coordinator and ckptd.v1.Admin on {}{}", listen,
                tls.enabled() ? (tls.ca.empty() ? " (TLS)" : " (mutual TLS)") : " (plaintext)");
+  ckpt::NotifySystemd("READY=1\nSTATUS=serving on " + listen);
 
   int signo = 0;
   sigwait(&stop, &signo);
   spdlog::info("signal {}: stopping", signo);
+  ckpt::NotifySystemd("STOPPING=1\nSTATUS=stopping");
+  admin.SetServing(false);
+  server->GetHealthCheckService()->SetServingStatus(false);
+  admin.Close();  // ends watch streams now instead of at the shutdown deadline
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   core.Stop();
   spdlog::info("stopped");

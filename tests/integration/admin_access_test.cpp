@@ -1,6 +1,6 @@
 // Access control between jobs on one daemon: a session loads its own job's checkpoints, or
 // those of a job the daemon shares by config (shared-jobs), never another job's. Spoken through
-// the raw protocol (Load.job), which is what a client that offers cross-job loads sends.
+// the raw protocol (Load.job) and through the C++ client's Load(LoadOptions{.job = …}).
 #include "tests/integration/daemon_harness.h"  // first: it configures Catch
 
 namespace {
@@ -100,4 +100,47 @@ TEST_CASE("access: a session loads a shared job's checkpoint but not an unshared
     REQUIRE(reply.has_error());
     CHECK(reply.error().code() == static_cast<uint32_t>(ckpt::StatusCode::kInvalidArgument));
   }
+}
+
+TEST_CASE("access: the C++ client loads a shared job's checkpoint through LoadOptions::job",
+          "[daemon][ops][access]") {
+  TempDir dir;
+  auto options = DaemonProcess::InDir(dir);
+  options.flags = {"--shared-jobs", "base-model"};
+  DaemonProcess daemon(options);
+  CommitBaseModel(daemon, "base-model");
+  CommitBaseModel(daemon, "private-job");
+
+  HostBuffer target;
+  auto client = daemon.Connect("finetune");
+  ckpt::HostTensor t;
+  t.name = "w";
+  t.dtype = "float32";
+  t.global_shape = {kFloats};
+  t.fd = target.fd.get();
+  t.nbytes = kBytes;
+  REQUIRE_OK(client->Register({&t, 1}));
+
+  ckpt::LoadOptions denied;
+  denied.job = "private-job";
+  auto refused = client->Load(denied);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().code() == ckpt::StatusCode::kPermissionDenied);
+  CHECK_THAT(refused.status().message(), Catch::Contains("'private-job'"));
+  for (uint64_t i = 0; i < kFloats; ++i) {
+    if (target.data[i] != 0.0f) FAIL("element " << i << " was written");
+  }
+
+  ckpt::LoadOptions shared;
+  shared.job = "base-model";  // newest committed step of base-model
+  auto loaded = client->Load(shared);
+  REQUIRE_OK(loaded);
+  CHECK(loaded->step == 1);
+  for (uint64_t i = 0; i < kFloats; ++i) {
+    if (target.data[i] != static_cast<float>(i) * 0.5f) FAIL("element " << i << " differs");
+  }
+  // Its own job has nothing committed: NOT_FOUND, not a denial.
+  auto own = client->Load(std::nullopt, true);
+  REQUIRE_FALSE(own.ok());
+  CHECK(own.status().code() == ckpt::StatusCode::kNotFound);
 }

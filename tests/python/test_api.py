@@ -315,5 +315,36 @@ class DeadDaemonTest(unittest.TestCase):
         self.assertLess(time.monotonic() - t0, 5)
 
 
+class SharedJobTest(unittest.TestCase):
+    """load(job=...) reads another job's checkpoint when the daemon shares it, never otherwise."""
+
+    def setUp(self):
+        self.daemon = util.Daemon("--shared-jobs", "pretrain").start()
+        self.addCleanup(self.daemon.cleanup)
+
+    def commit(self, job, value):
+        with self.daemon.client(job) as c:
+            c.save(1, {"w": torch.full((64,), value)}, extra=job.encode())
+            c.wait(1, "committed", timeout=30)
+
+    def test_load_from_a_shared_job_only(self):
+        self.commit("pretrain", 2.5)
+        self.commit("private", 7.0)
+        with self.daemon.client("finetune") as c:
+            target = {"w": torch.zeros(64)}
+            self.assertEqual(c.load(target, job="pretrain"), b"pretrain")
+            self.assertEqual(c.last_load.step, 1)
+            self.assertTrue(torch.equal(target["w"], torch.full((64,), 2.5)))
+
+            untouched = {"w": torch.zeros(64)}
+            with self.assertRaises(ckptd.Error) as cm:
+                c.load(untouched, job="private")
+            self.assertEqual(cm.exception.code, "PERMISSION_DENIED", str(cm.exception))
+            self.assertIn("'private'", str(cm.exception))
+            self.assertTrue(torch.equal(untouched["w"], torch.zeros(64)))
+            with self.assertRaises(ckptd.Error):
+                c.load(untouched, job=3)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -235,6 +235,7 @@ class DeployTest(unittest.TestCase):
 
     def test_coordinator_unit(self):
         unit = unit_file("ckpt-coordinator.service")["Service"]
+        self.assertEqual(unit["Type"], "notify")
         self.assertIn("on-failure", unit["Restart"])
         self.check_argv(unit["ExecStart"].split(), "ckpt-coordinator.service")
 

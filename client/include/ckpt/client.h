@@ -121,6 +121,17 @@ struct LoadResult {
   std::vector<std::string> missing;     // non-strict loads: registered tensors not in the step
 };
 
+// Everything a load can be asked for; Load(step, strict[, stream]) is the common case.
+struct LoadOptions {
+  std::optional<uint64_t> step;  // nullopt: the newest committed step
+  bool strict = true;            // a registered tensor missing from the step is an error
+  // Whose checkpoint: empty = this client's job. Another job (e.g. a fine-tuning run starting
+  // from a pretraining job's checkpoint) only when the daemon's shared-jobs setting lists it;
+  // otherwise kPermissionDenied naming both jobs.
+  std::string job;
+  CudaStream stream = nullptr;  // as in Load(step, strict, stream)
+};
+
 class Client {
  public:
   // Connects to options.socket, retrying while the socket does not exist or refuses
@@ -188,6 +199,8 @@ class Client {
   // As above; when CUDA tensors were filled, `stream` is made to wait on the daemon's "loaded"
   // events before this returns, so work enqueued on it afterwards sees the loaded bytes.
   Result<LoadResult> Load(std::optional<uint64_t> step, bool strict, CudaStream stream);
+  // The general form (another job's checkpoint, see LoadOptions).
+  Result<LoadResult> Load(const LoadOptions& options);
 
   // Shuts the connection down and joins the reader thread. Calls waiting in other threads return
   // kCancelled promptly; later calls return kCancelled. Idempotent; safe to call concurrently

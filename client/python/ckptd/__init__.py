@@ -403,17 +403,21 @@ class Client:
         """The newest committed step of this job, or None."""
         return self._c.latest()
 
-    def load(self, tensors, step=None, strict=True):
+    def load(self, tensors, step=None, strict=True, job=None):
         """Fill ``tensors`` ({name: torch.Tensor | Shard | FlatShard}, CPU or CUDA, contiguous) in place
         from ``step`` (None: the newest committed one), whatever sharding it was saved with.
         Returns this rank's ``extra`` bytes; details in ``self.last_load`` (a LoadInfo).
         strict=False leaves tensors missing from the step untouched (listed in
-        ``last_load.missing``) instead of raising NOT_FOUND."""
+        ``last_load.missing``) instead of raising NOT_FOUND. ``job`` loads another job's
+        checkpoint (e.g. fine-tuning from a pretraining run): the daemon allows it only for jobs
+        its ``shared-jobs`` setting lists, and raises PERMISSION_DENIED otherwise."""
         if step is not None:
             step = _as_uint(step, "step")
+        if job is not None and not isinstance(job, str):
+            raise _error("job must be a string, not %r" % (job,))
         self._register(tensors)
         loaded, extra, from_memory, from_storage, missing = self._c.load(
-            step, bool(strict), _cuda_stream(self._registered))
+            step, bool(strict), _cuda_stream(self._registered), job or "")
         self.last_load = LoadInfo(loaded, extra, from_memory, from_storage, list(missing))
         return extra
 

@@ -1,0 +1,167 @@
+#include "daemon/coordinator/coordinator_admin_provider.h"
+
+#include "daemon/admin/checkpoint_catalog.h"
+
+namespace ckpt {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+int64_t UnixMillisNow() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+ckptd::v1::StepStatus ToStepStatus(const CoordinatorCore::StepView& s, Clock::time_point now) {
+  ckptd::v1::StepStatus out;
+  out.set_job(s.job);
+  out.set_step(s.step);
+  out.set_state(s.state);
+  out.set_world_size(s.world_size);
+  out.set_ranks_saved(static_cast<uint32_t>(s.saved.size()));
+  out.set_age_seconds(Seconds(now - s.first_report));
+  for (const auto& [rank, node] : s.saved) {
+    auto* r = out.add_ranks();
+    r->set_rank(rank);
+    r->set_node_id(node);
+    r->set_captured(s.captured.count(rank) != 0);
+    r->set_persisted(s.persisted.count(rank) != 0);
+  }
+  return out;
+}
+
+Status ShuttingDown() { return Unavailable("the coordinator is shutting down"); }
+
+}  // namespace
+
+CoordinatorAdminProvider::CoordinatorAdminProvider(Sources sources)
+    : sources_(std::move(sources)) {}
+
+void CoordinatorAdminProvider::Start(CoordinatorCore* core) {
+  core_ = core;
+  worker_.Start();
+  sampler_ = std::thread([this] { SampleLoop(); });
+}
+
+CoordinatorAdminProvider::~CoordinatorAdminProvider() {
+  Close();
+  worker_.Stop();
+}
+
+void CoordinatorAdminProvider::Close() {
+  {
+    std::lock_guard lock(mu_);
+    closed_ = true;
+  }
+  cv_.notify_all();
+  if (sampler_.joinable()) sampler_.join();
+  hub_.CloseAll();
+}
+
+bool CoordinatorAdminProvider::Post(std::function<void()> f) {
+  std::lock_guard lock(mu_);
+  if (closed_) return false;
+  worker_.Post(std::move(f));
+  return true;
+}
+
+void CoordinatorAdminProvider::OnStepState(const std::string& job, uint64_t step,
+                                           ckptd::v1::StepState state, const std::string& reason) {
+  if (state == ckptd::v1::STEP_STATE_ABORTED || state == ckptd::v1::STEP_STATE_FAILED) {
+    ckptd::v1::Failure f;
+    f.set_job(job);
+    f.set_step(step);
+    f.set_state(state);
+    f.set_reason(reason);
+    f.set_unix_time_ms(UnixMillisNow());
+    std::lock_guard lock(mu_);
+    failures_.push_back(std::move(f));
+    while (failures_.size() > kFailuresKept) failures_.pop_front();
+  }
+  ckptd::v1::WatchEventsResponse e;
+  auto* change = e.mutable_state_change();
+  change->set_job(job);
+  change->set_step(step);
+  change->set_state(state);
+  change->set_reason(reason);
+  hub_.Publish(job, std::move(e));
+}
+
+void CoordinatorAdminProvider::GetStatus(Reply<ckptd::v1::GetStatusResponse> reply) {
+  auto shared = std::make_shared<decltype(reply)>(std::move(reply));
+  if (!Post([this, shared] { (*shared)(CollectStatus()); })) (*shared)(ShuttingDown());
+}
+
+ckptd::v1::GetStatusResponse CoordinatorAdminProvider::CollectStatus() {
+  // The core's mutex first and alone: OnStepState takes ours while the core holds its own.
+  CoordinatorCore::Snapshot snap = core_->TakeSnapshot();
+  const auto now = Clock::now();
+  ckptd::v1::GetStatusResponse out;
+  out.set_node_id(sources_.node_id);
+  out.set_version(sources_.version);
+  out.set_role("coordinator");
+  out.set_uptime_seconds(Seconds(now - started_));
+  out.set_serving(serving_);
+  for (const auto& [k, v] : sources_.config) {
+    auto* e = out.add_config();
+    e->set_key(k);
+    e->set_value(v);
+  }
+  for (const auto& s : snap.steps) *out.add_steps() = ToStepStatus(s, now);
+  for (const auto& n : snap.nodes) {
+    auto* ns = out.add_nodes();
+    ns->set_node_id(n.node_id);
+    ns->set_connected(n.attached);
+    if (!n.attached && n.lease_expires) {
+      ns->set_lease_left_seconds(std::max(0.0, Seconds(*n.lease_expires - now)));
+    }
+    for (const auto& j : n.jobs) ns->add_jobs(j);
+  }
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& f : failures_) *out.add_recent_failures() = f;
+  }
+  out.set_watch_streams(static_cast<uint32_t>(hub_.subscribers()));
+  return out;
+}
+
+void CoordinatorAdminProvider::ListCheckpoints(const std::string& job,
+                                               Reply<ckptd::v1::ListCheckpointsResponse> reply) {
+  auto shared = std::make_shared<decltype(reply)>(std::move(reply));
+  if (!Post([this, job, shared] {
+        (*shared)(ListCommittedCheckpoints(sources_.fs, sources_.storage_root, job));
+      })) {
+    (*shared)(ShuttingDown());
+  }
+}
+
+void CoordinatorAdminProvider::DescribeCheckpoint(
+    const std::string& job, uint64_t step, Reply<ckptd::v1::DescribeCheckpointResponse> reply) {
+  auto shared = std::make_shared<decltype(reply)>(std::move(reply));
+  if (!Post([this, job, step, shared] {
+        (*shared)(DescribeCommittedCheckpoint(sources_.fs, sources_.storage_root, job, step));
+      })) {
+    (*shared)(ShuttingDown());
+  }
+}
+
+void CoordinatorAdminProvider::SampleLoop() {
+  std::unique_lock lock(mu_);
+  while (!cv_.wait_for(lock, kProgressTick, [this] { return closed_; })) {
+    if (hub_.subscribers() == 0) continue;
+    lock.unlock();
+    const CoordinatorCore::Snapshot snap = core_->TakeSnapshot();
+    const auto now = Clock::now();
+    for (const auto& s : snap.steps) {
+      ckptd::v1::WatchEventsResponse e;
+      *e.mutable_progress() = ToStepStatus(s, now);
+      hub_.Publish(s.job, std::move(e));
+    }
+    lock.lock();
+  }
+}
+
+}  // namespace ckpt

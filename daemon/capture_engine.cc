@@ -1,3 +1,4 @@
+#include "daemon/thread_priority.h"
 #include "daemon/capture_engine.h"
 
 #include <algorithm>
@@ -37,6 +38,7 @@ void CaptureEngine::Submit(std::shared_ptr<CaptureJob> job) {
 }
 
 void CaptureEngine::Run() {
+  SetThisThreadNice(config_.nice);
   while (true) {
     std::shared_ptr<CaptureJob> job;
     {

@@ -38,6 +38,7 @@ class CaptureEngine {
  public:
   struct Config {
     int threads = 2;
+    int nice = 0;  // of the copy threads (thread_priority.h)
   };
   // Slots of one job whose device copies may be in flight at once.
   static constexpr size_t kSlotsInFlight = 4;

@@ -80,6 +80,10 @@ std::vector<Option> Options() {
        integer("capture-threads", &DaemonConfig::capture_threads)},
       {"flush-threads", "threads writing the pool to storage (queue depth)",
        integer("flush-threads", &DaemonConfig::flush_threads)},
+      {"worker-nice",
+       "nice value (0-19) of the capture, flush and storage threads, so the loop answering "
+       "trainers preempts them",
+       integer("worker-nice", &DaemonConfig::worker_nice)},
       {"step-timeout", "abort a step some rank has not saved within this, e.g. 10m",
        duration("step-timeout", &DaemonConfig::step_timeout)},
       {"shutdown-timeout", "on SIGTERM, wait this long for in-flight steps",
@@ -174,6 +178,10 @@ Status Validate(DaemonConfig& c) {
   if (c.capture_threads < 1 || c.flush_threads < 1) {
     return InvalidArgument("capture-threads and flush-threads must be at least 1");
   }
+  if (c.worker_nice < 0 || c.worker_nice > 19) {
+    return InvalidArgument("worker-nice " + std::to_string(c.worker_nice) +
+                           " is not between 0 and 19");
+  }
   unsigned mode = 0;
   auto [p, ec] = std::from_chars(c.socket_mode.data(), c.socket_mode.data() + c.socket_mode.size(),
                                  mode, 8);
@@ -217,6 +225,7 @@ std::string DaemonConfig::ToYaml() const {
   out << YAML::Key << "checksum-chunk" << YAML::Value << ExactSize(checksum_chunk);
   out << YAML::Key << "capture-threads" << YAML::Value << capture_threads;
   out << YAML::Key << "flush-threads" << YAML::Value << flush_threads;
+  out << YAML::Key << "worker-nice" << YAML::Value << worker_nice;
   out << YAML::Key << "step-timeout" << YAML::Value << std::to_string(step_timeout.count()) + "ms";
   out << YAML::Key << "shutdown-timeout" << YAML::Value
       << std::to_string(shutdown_timeout.count()) + "ms";

@@ -27,6 +27,7 @@ struct DaemonConfig {
   uint64_t checksum_chunk = 1ull << 20;
   int capture_threads = 2;
   int flush_threads = 8;
+  int worker_nice = 10;  // capture, flush and storage threads (daemon/thread_priority.h)
   std::chrono::milliseconds step_timeout{std::chrono::minutes(10)};
   std::chrono::milliseconds shutdown_timeout{std::chrono::minutes(5)};
   uint64_t capture_throttle = 0;  // bytes/s, 0 = unthrottled

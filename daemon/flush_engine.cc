@@ -1,3 +1,4 @@
+#include "daemon/thread_priority.h"
 #include "daemon/flush_engine.h"
 
 #include "common/checksum.h"
@@ -48,6 +49,7 @@ void FlushEngine::ReleaseToken(const std::shared_ptr<CaptureJob>& job) {
 }
 
 void FlushEngine::Run() {
+  SetThisThreadNice(config_.nice);
   while (true) {
     Item item;
     {

@@ -25,6 +25,7 @@ class FlushEngine {
  public:
   struct Config {
     int threads = 8;
+    int nice = 0;  // of the writer threads (thread_priority.h)
   };
   // `hot` (may be null) adopts written slots so the newest step stays resident.
   FlushEngine(const Config& config, HostPool* pool, HotCache* hot);

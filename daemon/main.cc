@@ -164,11 +164,11 @@ int RunDaemon(const DaemonConfig& config) {
   // ---- end CUDA backend
 
   boost::asio::io_context io;
-  TaskPool storage;
+  TaskPool storage(1, config.worker_nice);
   HotCache hot(pool->get());
   (*pool)->SetReclaimer([&hot] { return hot.ReclaimOne(); });
-  FlushEngine flush({config.flush_threads}, pool->get(), &hot);
-  CaptureEngine capture({config.capture_threads}, pool->get(), &flush);
+  FlushEngine flush({config.flush_threads, config.worker_nice}, pool->get(), &hot);
+  CaptureEngine capture({config.capture_threads, config.worker_nice}, pool->get(), &flush);
   NodeState::Config node_config;
   node_config.node_id = config.node_id;
   node_config.storage_root = config.storage_root;

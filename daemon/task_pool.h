@@ -11,11 +11,15 @@
 #include <thread>
 #include <vector>
 
+#include "daemon/thread_priority.h"
+
 namespace ckpt {
 
 class TaskPool {
  public:
-  explicit TaskPool(int threads = 1) : size_(threads < 1 ? 1 : threads) {}
+  // `nice`: of the pool's threads (thread_priority.h); 0 leaves them as they are.
+  explicit TaskPool(int threads = 1, int nice = 0)
+      : size_(threads < 1 ? 1 : threads), nice_(nice) {}
   ~TaskPool() { Stop(); }
   TaskPool(const TaskPool&) = delete;
   TaskPool& operator=(const TaskPool&) = delete;
@@ -44,6 +48,7 @@ class TaskPool {
 
  private:
   void Run() {
+    SetThisThreadNice(nice_);
     while (true) {
       std::function<void()> task;
       {
@@ -58,6 +63,7 @@ class TaskPool {
   }
 
   const int size_;
+  const int nice_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_;  // guarded by mu_

@@ -167,7 +167,10 @@ int RunDaemon(const DaemonConfig& config) {
   TaskPool storage(1, config.worker_nice);
   HotCache hot(pool->get());
   (*pool)->SetReclaimer([&hot] { return hot.ReclaimOne(); });
-  FlushEngine flush({config.flush_threads, config.worker_nice}, pool->get(), &hot);
+  // Writers one step below the copy threads: a capture is what wait_snapshot (the trainer)
+  // waits for, a write only what wait(persisted) waits for, and the CPU they share is finite.
+  const int flush_nice = config.worker_nice == 0 ? 0 : std::min(19, config.worker_nice + 5);
+  FlushEngine flush({config.flush_threads, flush_nice}, pool->get(), &hot);
   CaptureEngine capture({config.capture_threads, config.worker_nice}, pool->get(), &flush);
   NodeState::Config node_config;
   node_config.node_id = config.node_id;

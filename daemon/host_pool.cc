@@ -23,26 +23,44 @@ Result<std::unique_ptr<HostPool>> HostPool::Create(const Config& config) {
   if (count > UINT32_MAX) return InvalidArgument("host pool has too many slots");
   const uint64_t bytes = count * config.slot_size;
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE | MAP_NORESERVE, -1, 0);
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) {
     return ErrnoStatus(errno, "mapping the host pool of " + FormatBytes(bytes));
   }
-  bool locked = false;
-  if (config.lock_memory) {
-    if (::mlock(p, bytes) == 0) {
-      locked = true;
+  std::unique_ptr<HostPool> pool(new HostPool(static_cast<std::byte*>(p), config.slot_size,
+                                              static_cast<uint32_t>(count), config.lock_memory));
+  if (!config.defer_pin) RETURN_IF_ERROR(pool->Pin());
+  return pool;
+}
+
+Status HostPool::Pin() {
+  const uint64_t bytes = size_bytes();
+  // Populate first, with an error when the memory is not there (MAP_POPULATE would not say).
+  // Kernels before 5.14 lack MADV_POPULATE_WRITE: touching every page does the same.
+#ifdef MADV_POPULATE_WRITE
+  if (::madvise(base_, bytes, MADV_POPULATE_WRITE) != 0) {
+    if (errno != EINVAL) {
+      return ErrnoStatus(errno, "populating the host pool of " + FormatBytes(bytes));
+    }
+    for (uint64_t off = 0; off < bytes; off += 4096) base_[off] = std::byte{0};
+  }
+#else
+  for (uint64_t off = 0; off < bytes; off += 4096) base_[off] = std::byte{0};
+#endif
+  if (lock_memory_) {
+    if (::mlock(base_, bytes) == 0) {
+      locked_ = true;
     } else {
       spdlog::warn("host pool: mlock of {} refused ({}); the pool stays unpinned (raise "
                    "LimitMEMLOCK / RLIMIT_MEMLOCK)",
                    FormatBytes(bytes), std::strerror(errno));
     }
   }
-  return std::unique_ptr<HostPool>(new HostPool(static_cast<std::byte*>(p), config.slot_size,
-                                                static_cast<uint32_t>(count), locked));
+  return Status::Ok();
 }
 
-HostPool::HostPool(std::byte* base, uint64_t slot_size, uint32_t slot_count, bool locked)
-    : base_(base), slot_size_(slot_size), slot_count_(slot_count), locked_(locked) {
+HostPool::HostPool(std::byte* base, uint64_t slot_size, uint32_t slot_count, bool lock_memory)
+    : base_(base), slot_size_(slot_size), slot_count_(slot_count), lock_memory_(lock_memory) {
   free_.reserve(slot_count);
   // Highest first so that pop_back hands out low slots first (nicer to read in debug logs).
   for (uint32_t i = slot_count; i-- > 0;) free_.push_back(i);

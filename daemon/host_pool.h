@@ -29,10 +29,16 @@ class HostPool {
     uint64_t size = 1ull << 30;       // bytes, rounded down to whole slots
     uint64_t slot_size = 16ull << 20; // multiple of 4096
     bool lock_memory = true;          // mlock, best effort (logged when refused)
+    // Map only; the caller populates and pins with Pin() — seconds for a large pool — once its
+    // health endpoint can say NOT_SERVING meanwhile. Nothing may use the slots before Pin().
+    bool defer_pin = false;
   };
 
-  // Maps and populates the region. kResourceExhausted when the memory is not available.
+  // Maps the region and, unless config.defer_pin, populates and pins it (Pin()).
   static Result<std::unique_ptr<HostPool>> Create(const Config& config);
+  // Faults every page in and mlocks the region (best effort, see locked()). kResourceExhausted
+  // when the memory cannot be populated. Call once, before any Acquire.
+  Status Pin();
   ~HostPool();
   HostPool(const HostPool&) = delete;
   HostPool& operator=(const HostPool&) = delete;
@@ -58,16 +64,17 @@ class HostPool {
   uint32_t slot_count() const { return slot_count_; }
   uint32_t free_slots() const;
   uint64_t size_bytes() const { return uint64_t{slot_count_} * slot_size_; }
-  bool locked() const { return locked_; }
+  bool locked() const { return locked_.load(std::memory_order_relaxed); }
   std::byte* base() const { return base_; }
 
  private:
-  HostPool(std::byte* base, uint64_t slot_size, uint32_t slot_count, bool locked);
+  HostPool(std::byte* base, uint64_t slot_size, uint32_t slot_count, bool lock_memory);
 
   std::byte* const base_;
   const uint64_t slot_size_;
   const uint32_t slot_count_;
-  const bool locked_;
+  const bool lock_memory_;
+  std::atomic<bool> locked_{false};
   mutable std::mutex mu_;
   std::condition_variable freed_;
   std::vector<SlotId> free_;  // guarded by mu_

@@ -1,8 +1,10 @@
 // ckptd: the node checkpoint daemon. Builds its components in dependency order, serves until
 // SIGTERM/SIGINT, then drains: stops accepting, lets in-flight steps persist and commit within
 // --shutdown-timeout, stops components in reverse order, exits 0.
+#include <fcntl.h>
 #include <grp.h>
 #include <sys/resource.h>
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -81,6 +83,17 @@ Result<std::unique_ptr<CoordinatorLink>> MakeCoordinatorLink(const DaemonConfig&
   return std::make_unique<CoordinatorLink>(io, std::move(link));
 }
 
+// CKPTD_HOLD_BEFORE_PIN=<fifo>: waits, before pinning the host pool, until a writer opens the
+// FIFO — how a test observes the daemon while it is still starting (health NOT_SERVING, no
+// trainer socket yet). Never set in production.
+void HoldBeforePinForTests() {
+  const char* fifo = std::getenv("CKPTD_HOLD_BEFORE_PIN");
+  if (fifo == nullptr || *fifo == 0) return;
+  spdlog::warn("CKPTD_HOLD_BEFORE_PIN={}: holding until it is opened for writing", fifo);
+  const int fd = ::open(fifo, O_RDONLY | O_CLOEXEC);  // blocks until the writer comes
+  if (fd >= 0) ::close(fd);
+}
+
 // ---- operations helpers (daemon/admin) ----
 // --socket-group: a group name or a numeric gid; -1 when not set.
 Result<int64_t> ResolveSocketGroup(const std::string& group) {
@@ -135,14 +148,13 @@ int RunDaemon(const DaemonConfig& config) {
     for (const auto& path : *removed) spdlog::warn("recovery: removed uncommitted {}", path);
   }
 
-  auto pool = HostPool::Create({config.host_pool, config.slot_size, true});
+  // Mapped now, populated and pinned once the admin endpoint is up (it says NOT_SERVING
+  // meanwhile: pinning a large pool takes seconds).
+  auto pool = HostPool::Create({config.host_pool, config.slot_size, true, /*defer_pin=*/true});
   if (!pool.ok()) {
     spdlog::error("host pool: {}", pool.status().ToString());
     return 1;
   }
-  spdlog::info("host pool: {} in {} slots of {} ({})", FormatBytes((*pool)->size_bytes()),
-               (*pool)->slot_count(), FormatBytes(config.slot_size),
-               (*pool)->locked() ? "pinned" : "not pinned");
 
   // ---- CUDA backend (daemon/device/). Enumerates GPUs only: contexts, copy streams and the
   // host pool's cudaHostRegister come with the first client of a GPU. No driver or no GPU: runs
@@ -249,6 +261,17 @@ int RunDaemon(const DaemonConfig& config) {
   }
   SystemdWatchdog watchdog(io);
   // ---- end of operations setup ----
+
+  HoldBeforePinForTests();
+  if (Status st = (*pool)->Pin(); !st.ok()) {
+    spdlog::error("host pool: {}", st.ToString());
+    admin_provider.Close();
+    admin.Stop();
+    return 1;
+  }
+  spdlog::info("host pool: {} in {} slots of {} ({})", FormatBytes((*pool)->size_bytes()),
+               (*pool)->slot_count(), FormatBytes(config.slot_size),
+               (*pool)->locked() ? "pinned" : "not pinned");
 
   LocalServer server(io, server_config, &services);
 

@@ -555,10 +555,21 @@ void NodeState::OnCommitted(const std::string& job, uint64_t step, Status st) {
     return;
   }
   SetState(*s, ckptd::v1::STEP_STATE_COMMITTED);
-  for (auto& [r, rs] : s->ranks) rs.capture.reset();
+  ReleaseCaptures(*s);
   Prune(jobs_[job]);
   TryCommit(job);
   CheckDrained();
+}
+
+void NodeState::ReleaseCaptures(Step& s) {
+  // Called right after the step's waiters were answered, when a trainer's next Save may already
+  // be queued behind this handler: the captures (per-tensor checksum lists, the data file's
+  // writer — O(tensors) to free) are dropped on the storage thread, not here on the loop.
+  std::vector<std::shared_ptr<CaptureJob>> done;
+  for (auto& [r, rs] : s.ranks) {
+    if (rs.capture) done.push_back(std::move(rs.capture));
+  }
+  if (!done.empty()) storage_->Post([done = std::move(done)] {});
 }
 
 void NodeState::Prune(Job& j) {
@@ -811,7 +822,7 @@ void NodeState::OnCoordinatorEvent(const ckptd::v1::CoordinatorEvent& event) {
       if (Terminal(s->state)) break;
       s->decided_globally = true;
       SetState(*s, ckptd::v1::STEP_STATE_COMMITTED);
-      for (auto& [r, rs] : s->ranks) rs.capture.reset();
+      ReleaseCaptures(*s);
       Prune(jobs_[d.job()]);  // may erase *s
       CheckDrained();
       break;

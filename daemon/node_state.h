@@ -200,6 +200,7 @@ class NodeState : public CoordinatorLink::Handler {
   void TryCommit(const std::string& job);
   void OnCommitted(const std::string& job, uint64_t step, Status status);
   void Publish(const Step& s);
+  void ReleaseCaptures(Step& s);
   void Prune(Job& j);
   void CheckDrained();
 

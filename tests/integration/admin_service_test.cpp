@@ -261,6 +261,41 @@ TEST_CASE("admin: a watch stream gets every state of a step in order, then progr
   reader->Finish().IgnoreError();
 }
 
+TEST_CASE("admin: health is NOT_SERVING while the host pool is pinned, before the trainer socket",
+          "[admin][ops]") {
+  TempDir dir;
+  const std::string hold = dir / "hold";
+  REQUIRE(::mkfifo(hold.c_str(), 0600) == 0);
+  auto options = DaemonProcess::InDir(dir);
+  options.env = {"CKPTD_HOLD_BEFORE_PIN=" + hold};  // the daemon waits there, before Pin()
+  // The harness's constructor returns once a trainer can say hello: run it aside while the
+  // daemon is held, and look at it meanwhile. No assertion runs here until it has returned.
+  auto started =
+      std::async(std::launch::async, [&options] { return std::make_unique<DaemonProcess>(options); });
+  auto channel = grpc::CreateChannel("unix:" + options.socket + ".admin",
+                                     grpc::InsecureChannelCredentials());
+  std::optional<HealthCheckResponse::ServingStatus> while_held;
+  const bool answered = PollUntil([&] {
+    HealthCheckResponse r;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    if (!Health::NewStub(channel)->Check(&ctx, {}, &r).ok()) return false;
+    while_held = r.status();
+    return true;
+  });
+  const bool socket_while_held = std::filesystem::exists(options.socket);
+  {
+    const int fd = ::open(hold.c_str(), O_WRONLY | O_CLOEXEC);  // releases the daemon
+    if (fd >= 0) ::close(fd);
+  }
+  auto daemon = started.get();
+  REQUIRE(answered);
+  CHECK(while_held == HealthCheckResponse::NOT_SERVING);
+  CHECK_FALSE(socket_while_held);
+  CHECK(Health(AdminChannel(*daemon)) == HealthCheckResponse::SERVING);
+  CHECK_THAT(daemon->Log(), Catch::Contains("CKPTD_HOLD_BEFORE_PIN"));
+}
+
 TEST_CASE("admin: health is NOT_SERVING and status says draining while the daemon drains",
           "[admin][ops]") {
   TempDir dir;

@@ -3,6 +3,8 @@
 // waiter proves it found the pool empty by calling the reclaimer, which signals the test.
 #include "daemon/host_pool.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -97,6 +99,23 @@ TEST_CASE("HostPool::Create validates the slot size and rounds the size down", "
   REQUIRE_FALSE(small.ok());
   CHECK(small.status().code() == StatusCode::kInvalidArgument);
   CHECK_THAT(small.status().message(), Contains("smaller than one slot"));
+}
+
+TEST_CASE("a deferred pool is mapped first and populated by Pin, its memory resident after",
+          "[host_pool]") {
+  auto pool = HostPool::Create(HostPool::Config{
+      .size = 4 * kSlot, .slot_size = kSlot, .lock_memory = false, .defer_pin = true});
+  REQUIRE_OK(pool);
+  const size_t pages = (*pool)->size_bytes() / 4096;
+  std::vector<unsigned char> resident(pages);
+  REQUIRE(::mincore((*pool)->base(), (*pool)->size_bytes(), resident.data()) == 0);
+  CHECK(std::count_if(resident.begin(), resident.end(), [](unsigned char c) { return c & 1; }) ==
+        0);  // nothing faulted in yet
+  REQUIRE_OK((*pool)->Pin());
+  REQUIRE(::mincore((*pool)->base(), (*pool)->size_bytes(), resident.data()) == 0);
+  CHECK(std::count_if(resident.begin(), resident.end(), [](unsigned char c) { return c & 1; }) ==
+        static_cast<long>(pages));
+  CHECK_FALSE((*pool)->locked());  // lock_memory = false
 }
 
 TEST_CASE("slots are disjoint, writable, and come back in any order", "[host_pool]") {

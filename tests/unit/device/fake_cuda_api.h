@@ -83,6 +83,8 @@ class FakeCudaApi final : public CudaApi {
       streams.swap(streams_);
     }
     for (auto& [id, s] : streams) s->Stop();
+    streams.clear();
+    destroyed_events_.clear();  // no stream op can reach them any more
   }
 
   // ---- the simulated trainer -----------------------------------------------------------------
@@ -260,7 +262,9 @@ class FakeCudaApi final : public CudaApi {
     for (auto it = ipc_events_.begin(); it != ipc_events_.end();) {
       it = it->second == e ? ipc_events_.erase(it) : std::next(it);
     }
-    delete e;
+    // As cudaEventDestroy: a record still queued on a stream completes first, so the event's
+    // memory lives until the streams are gone (the destructor), not just until this call.
+    destroyed_events_.emplace_back(e);
   }
   Result<std::string> IpcEventHandle(int device, EventHandle event) override {
     RETURN_IF_ERROR(Alive(device));
@@ -430,6 +434,7 @@ class FakeCudaApi final : public CudaApi {
   std::map<ino_t, std::shared_ptr<Allocation>> vmm_;
   std::set<DevicePtr> open_ipc_;
   std::map<std::string, Event*> ipc_events_;
+  std::vector<std::unique_ptr<Event>> destroyed_events_;  // guarded by mu_
   std::map<int, std::shared_ptr<Stream>> streams_;
   std::map<int, int> contexts_;
   std::set<int> lost_;

@@ -248,6 +248,42 @@ class ApiTest(unittest.TestCase):
         self.assertTrue(torch.equal(opt.state[whole.bias]["exp_avg_sq"], torch.cat(
             [halves[r][1].state[halves[r][0].bias]["exp_avg_sq"] for r in range(2)])))
 
+    def test_checkpointer_load_into_a_fresh_trainer_keeps_ties_and_survives_failure(self):
+        import ckptd.torch
+
+        def trainer(seed):
+            torch.manual_seed(seed)
+            emb = torch.nn.Embedding(10, 4)
+            head = torch.nn.Linear(4, 10, bias=False)
+            head.weight = emb.weight                       # tied: one Parameter, two names
+            model = torch.nn.ModuleDict({"emb": emb, "head": head})
+            return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+        model, opt = trainer(0)
+        model["head"](model["emb"](torch.tensor([1, 2]))).sum().backward()
+        opt.step()
+        ck = ckptd.torch.Checkpointer(self.client("fresh"), model, opt)
+        ck.save(1)
+        ck.client.wait(1, "committed", timeout=30)
+
+        # A restarted trainer: different initial values, not in shared memory, no momentum yet.
+        fresh, fresh_opt = trainer(1)
+        weight = fresh["emb"].weight
+        before = weight.detach().clone()
+        self.assertFalse(weight.is_shared())
+        ck2 = ckptd.torch.Checkpointer(self.client("fresh"), fresh, fresh_opt)
+        with self.assertRaises(ckptd.Error):
+            ck2.load(step=5)                               # no such step: nothing changes
+        self.assertTrue(torch.equal(fresh["emb"].weight, before))
+        self.assertEqual(ck2.load(), 1)
+        self.assertIs(fresh["emb"].weight, weight)         # the same Parameter object...
+        self.assertIs(fresh["head"].weight, weight)        # ...still tied
+        self.assertIs(fresh_opt.param_groups[0]["params"][0], weight)
+        self.assertTrue(weight.is_shared())                # rebacked: saves register it as is
+        self.assertTrue(torch.equal(weight, model["emb"].weight))
+        self.assertTrue(torch.equal(fresh_opt.state[weight]["momentum_buffer"],
+                                    opt.state[model["emb"].weight]["momentum_buffer"]))
+
     def test_context_manager(self):
         with self.daemon.client("ctx") as c:
             self.assertIsNone(c.latest())

@@ -300,11 +300,18 @@ def _cuda_stream(tensors):
     return 0
 
 
+def _storage_object(t):
+    """The storage under tensor ``t`` (holding it keeps the memory alive)."""
+    return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+
+
 def _quick_key(name, value):
     """What makes a later call's entry identical to a registered one: the same tensor object,
     still with the same memory, dtype, shape and strides, and the same shard geometry. Cheap
-    (no fd lookups), so an unchanged set costs ~1 µs per tensor. The registered tensors are kept
-    alive, so their id()s cannot be reused meanwhile."""
+    (no fd lookups), so an unchanged set costs ~1 µs per tensor. The registered tensors *and
+    their storages* are kept alive, so neither their id()s nor their memory can be reused
+    meanwhile: a tensor whose ``.data`` was replaced cannot come back with a new storage at the
+    old address (and the old descriptor number) and pass for the registered one."""
     if isinstance(value, Shard):
         t, geometry = value.tensor, ("box", value.global_shape, value.offsets)
     elif isinstance(value, FlatShard):
@@ -339,6 +346,7 @@ class Client:
         self._lock = threading.Lock()
         self._registered_key = None
         self._registered = ()   # the registered tensors, kept alive while registered
+        self._registered_storages = ()  # and their storages (see _quick_key)
         self.last_load = None
         self._c = _ckptd.Client(job, rank, world_size, self.socket, local_rank,
                                 10.0 if connect_timeout is None else connect_timeout)
@@ -367,6 +375,7 @@ class Client:
             self._c.register(specs)
             self._registered_key = keys
             self._registered = tuple(kept)
+            self._registered_storages = tuple(_storage_object(t) for t in kept)
 
     def save(self, step, tensors, extra=b"", on_full="wait"):
         """Checkpoint ``tensors`` ({name: torch.Tensor | Shard | FlatShard}) as ``step``.
@@ -427,6 +436,7 @@ class Client:
         with self._lock:
             self._registered_key = None
             self._registered = ()
+            self._registered_storages = ()
 
     def __enter__(self):
         return self

@@ -73,6 +73,46 @@ class RNGState:
             g.set_state(tensor(s))
 
 
+def _storage_span(t):
+    """(data_ptr, nbytes) of the storage under CPU tensor ``t`` (torch 1.13 and 2.x)."""
+    st = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+    return st.data_ptr(), st.nbytes()
+
+
+def _back_with_empty_shared_memory(tensors):
+    """Before a load that overwrites them: gives each CPU tensor of ``tensors`` that is not yet in
+    shared memory a fresh, empty shared-memory storage, in place (``t.data = ...``: a Parameter
+    stays the same object, so the optimizer's references hold). Registering it then copies
+    nothing, where ``Tensor.share_memory_()`` would allocate shared memory and copy the old
+    values into it just before the daemon overwrites them — most of a Python restore's time.
+    Only a tensor that alone covers its whole storage is rebacked: tied weights are one object
+    and are done once; views into a shared buffer (flat parameters) keep the copying path.
+    Returns [(tensor, previous data)] for _put_back."""
+    by_storage = {}
+    for t in tensors.values():
+        if isinstance(t, torch.Tensor) and t.device.type == "cpu" and not t.is_shared():
+            by_storage.setdefault(_storage_span(t)[0], {})[id(t)] = t
+    rebacked = []
+    for group in by_storage.values():
+        if len(group) != 1:
+            continue
+        (t,) = group.values()
+        nbytes = t.numel() * t.element_size()
+        if (nbytes == 0 or t.storage_offset() != 0 or not t.is_contiguous()
+                or _storage_span(t)[1] != nbytes):
+            continue
+        previous = t.data
+        t.data = ckptd._shared_empty(t.shape, t.dtype)
+        rebacked.append((t, previous))
+    return rebacked
+
+
+def _put_back(rebacked):
+    """Undoes _back_with_empty_shared_memory after a failed load: the old values come back."""
+    for t, previous in rebacked:
+        t.data = previous
+
+
 def _fail(message, code="FAILED_PRECONDITION"):
     e = ckptd.Error(message)
     e.code = code
@@ -324,7 +364,14 @@ class Checkpointer:
         # Phase 1: the model's tensors (their registration does not depend on the checkpoint);
         # this also brings back the rank's extra blob.
         tensors, _ = self._model_state()
-        extra = self.client.load(self._shard(tensors), step=step, strict=strict)
+        # A strict load fills every tensor or fails: the tensors can be given empty shared
+        # memory instead of having their old values copied there (put back if it fails).
+        rebacked = _back_with_empty_shared_memory(tensors) if strict else []
+        try:
+            extra = self.client.load(self._shard(tensors), step=step, strict=strict)
+        except BaseException:
+            _put_back(rebacked)
+            raise
         from_memory = self.client.last_load.bytes_from_memory
         from_storage = self.client.last_load.bytes_from_storage
         try:
@@ -340,7 +387,12 @@ class Checkpointer:
         # Phase 2: the optimizer's state tensors, created from the metadata when missing.
         opt_tensors = self._restore_optimizer(meta["optimizer"])
         if opt_tensors:
-            self.client.load(self._shard(opt_tensors), step=step, strict=strict)
+            rebacked = _back_with_empty_shared_memory(opt_tensors) if strict else []
+            try:
+                self.client.load(self._shard(opt_tensors), step=step, strict=strict)
+            except BaseException:
+                _put_back(rebacked)
+                raise
             from_memory += self.client.last_load.bytes_from_memory
             from_storage += self.client.last_load.bytes_from_storage
         # Where the restore came from: the daemon's memory (hot) or storage.

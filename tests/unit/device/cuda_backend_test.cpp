@@ -300,6 +300,7 @@ TEST_CASE("A save's event handle is opened once per client and stale handles are
   backend.Clear();
   CHECK(backend.cached_events() == 0);
   CHECK(rig.fake->live_events() == live - 1);
+  rig.fake->DestroyEvent(0, event);  // the trainer's own event, as the trainer would at exit
 }
 
 }  // namespace

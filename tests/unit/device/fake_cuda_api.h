@@ -84,7 +84,7 @@ class FakeCudaApi final : public CudaApi {
     }
     for (auto& [id, s] : streams) s->Stop();
     streams.clear();
-    destroyed_events_.clear();  // no stream op can reach them any more
+    retired_events_.clear();  // no stream op can reach them any more
   }
 
   // ---- the simulated trainer -----------------------------------------------------------------
@@ -145,7 +145,12 @@ class FakeCudaApi final : public CudaApi {
   std::string RecordTrainerEvent(int device, StreamHandle stream, EventHandle* event_out = nullptr) {
     EventHandle e = event_out != nullptr && *event_out != nullptr ? *event_out
                                                                   : *CreateEvent(device, true);
-    if (event_out != nullptr) *event_out = e;
+    if (event_out != nullptr) {
+      *event_out = e;
+    } else {  // the test has no handle to destroy it with: the fake frees it at the end
+      std::lock_guard l(mu_);
+      retired_events_.emplace_back(static_cast<Event*>(e));
+    }
     (void)RecordEvent(device, e, stream);
     return *IpcEventHandle(device, e);
   }
@@ -264,7 +269,7 @@ class FakeCudaApi final : public CudaApi {
     }
     // As cudaEventDestroy: a record still queued on a stream completes first, so the event's
     // memory lives until the streams are gone (the destructor), not just until this call.
-    destroyed_events_.emplace_back(e);
+    retired_events_.emplace_back(e);
   }
   Result<std::string> IpcEventHandle(int device, EventHandle event) override {
     RETURN_IF_ERROR(Alive(device));
@@ -434,7 +439,9 @@ class FakeCudaApi final : public CudaApi {
   std::map<ino_t, std::shared_ptr<Allocation>> vmm_;
   std::set<DevicePtr> open_ipc_;
   std::map<std::string, Event*> ipc_events_;
-  std::vector<std::unique_ptr<Event>> destroyed_events_;  // guarded by mu_
+  // Freed once the streams are gone (a queued record may still reach them): destroyed events,
+  // and the trainer events RecordTrainerEvent made without handing them out. Guarded by mu_.
+  std::vector<std::unique_ptr<Event>> retired_events_;
   std::map<int, std::shared_ptr<Stream>> streams_;
   std::map<int, int> contexts_;
   std::set<int> lost_;

@@ -212,10 +212,21 @@ class PosixFileSystemImpl final : public FileSystem {
   }
 
   Status RemoveAll(const std::string& path) override {
+    // Two processes may remove one tree at once (a daemon and a restarted coordinator both
+    // clean up a failed step): entries vanish under the walk (ENOENT), or a directory is not
+    // empty yet when its last entry is being removed by the other. Another pass settles it.
     std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-    if (ec) return ErrnoStatus(ec.value(), OnPath("remove_all", path));
-    return Status::Ok();
+    for (int pass = 0; pass < 4; ++pass) {
+      ec.clear();
+      std::filesystem::remove_all(path, ec);
+      if (!ec) return Status::Ok();
+      if (ec != std::errc::no_such_file_or_directory && ec != std::errc::directory_not_empty) {
+        break;
+      }
+    }
+    std::error_code exists_ec;
+    if (!std::filesystem::exists(path, exists_ec) && !exists_ec) return Status::Ok();
+    return ErrnoStatus(ec.value(), OnPath("remove_all", path));
   }
 
   Result<std::vector<std::string>> ListDir(const std::string& path) override {

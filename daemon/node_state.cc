@@ -768,7 +768,17 @@ void NodeState::OnCoordinatorConnected() {
       if (reg.second) ReportRegistration(name, rank, reg.first, *reg.second);
     }
     for (auto& [n, s] : j.steps) {
-      if (Terminal(s.state)) continue;
+      if (Terminal(s.state)) {
+        // Failed here, but the report may have died with the previous coordinator: without its
+        // decision the step's files are never cleaned up (MaybeCleanup waits for it). Report
+        // the failure again; the answer carries the decision.
+        if (s.state != ckptd::v1::STEP_STATE_COMMITTED && !s.decided_globally) {
+          std::vector<uint32_t> ranks;
+          for (const auto& [r, rs] : s.ranks) ranks.push_back(r);
+          Report(s, s.state, std::move(ranks), s.reason);
+        }
+        continue;
+      }
       std::vector<uint32_t> saved, captured;
       for (const auto& [r, rs] : s.ranks) {
         saved.push_back(r);

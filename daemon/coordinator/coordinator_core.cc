@@ -74,7 +74,10 @@ Result<std::vector<std::string>> CoordinatorCore::RecoverJob(const std::string& 
   auto entries = fs_->ListDir(job_dir);
   if (!entries.ok()) return report;  // a plain file in the root
   for (const auto& name : *entries) {
-    if (name.ends_with(".tmp")) RETURN_IF_ERROR(fs_->RemoveAll(JoinPath(job_dir, name)));
+    if (!name.ends_with(".tmp")) continue;
+    if (Status st = fs_->RemoveAll(JoinPath(job_dir, name)); !st.ok()) {
+      report.push_back("job '" + job + "': leftover " + name + " not removed: " + st.message());
+    }
   }
   ASSIGN_OR_RETURN(auto steps, ListUncommittedSteps(fs_, job_dir));
   for (uint64_t step : steps) {
@@ -112,10 +115,18 @@ Result<std::vector<std::string>> CoordinatorCore::RecoverJob(const std::string& 
       report.push_back(StepName(job, step) + ": committed (every rank was persisted)");
       continue;
     }
-    RETURN_IF_ERROR(commit_.RemoveStep(job, step), "recovery of " + StepName(job, step));
-    std::lock_guard lock(mu_);
-    jobs_[job].recovered_aborted.insert(step);
-    report.push_back(StepName(job, step) + ": removed (" + committed.message() + ")");
+    // A daemon may still be writing into the directory (the coordinator restarted under a live
+    // step): removal can then fail (ENOTEMPTY as a file appears). Not fatal — the step is
+    // aborted either way, and the daemon, told so when it reports the step again, removes the
+    // directory once its writers have let go.
+    const Status removed = commit_.RemoveStep(job, step);
+    {
+      std::lock_guard lock(mu_);
+      jobs_[job].recovered_aborted.insert(step);
+    }
+    report.push_back(StepName(job, step) + ": removed (" + committed.message() + ")" +
+                     (removed.ok() ? "" : "; not all of it yet: " + removed.message() +
+                                              " (its writer removes the rest when told)"));
   }
   return report;
 }

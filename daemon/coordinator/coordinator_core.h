@@ -9,7 +9,9 @@
 //   * Start() scans the root before serving: a step directory without MANIFEST whose node
 //     manifests cover every rank is committed, every other one is removed and remembered as
 //     aborted (a daemon that re-reports it is told so). A crash at any point therefore leaves
-//     each step committed-and-complete or absent, and LATEST names a committed step.
+//     each step committed-and-complete or absent, and LATEST names a committed step. A daemon
+//     still writing a step during the scan can make its removal fail: the scan goes on (the
+//     step is aborted all the same) and that daemon removes the directory when told.
 //
 // Rules while serving:
 //   * a step commits when all world_size ranks reported PERSISTED and every earlier in-flight

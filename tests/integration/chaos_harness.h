@@ -199,6 +199,17 @@ inline void RequireNoUncommittedSteps(const std::string& root, const std::string
   std::ostringstream s;
   for (uint64_t x : all) s << x << " ";
   INFO("step directories: " << s.str() << "(" << committed.size() << " committed)");
+  std::ostringstream left;
+  for (uint64_t x : all) {
+    if (std::find(committed.begin(), committed.end(), x) != committed.end()) continue;
+    left << "step " << x << ":";
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(ckpt::StepDir(root, job, x), ec)) {
+      left << " " << e.path().filename().string();
+    }
+    left << "; ";
+  }
+  INFO("uncommitted leftovers: " << left.str());
   REQUIRE(clean);
 }
 

@@ -1,9 +1,11 @@
-// Chaos: SIGKILL of a trainer rank or of the daemon at random moments across many save cycles
-// of a 4-rank job (chaos_harness.h). After every kill, once the killed process is back:
+// Chaos: SIGKILL of a trainer rank, of the daemon or (second test) of ckpt-coordinator at random
+// moments across many save cycles of a 4-rank job (chaos_harness.h). After every kill, once the
+// killed process is back:
 //   * LATEST names a committed step, every committed step passes `ckptctl verify` and holds
 //     exactly the bytes the ranks saved; retention kept at most --keep steps;
 //   * a restarted daemon left no uncommitted step directory behind (checked with the trainers
-//     frozen, so nothing new can appear before the check);
+//     frozen, so nothing new can appear before the check; with a coordinator, whose scan and
+//     abort decide what is removed, this is checked at the end instead);
 //   * a restarted rank restores the latest step bit-exact (it Loads it and compares);
 //   * nothing but the killed process was restarted: the other ranks (and the daemon, for a
 //     trainer kill) keep their pids, and the next cycle without a kill commits on every rank.
@@ -11,6 +13,7 @@
 // repeats a run (the seed is printed at start and on failure). The last line of output sums
 // up: cycles, kills by victim, steps committed and failed.
 #include "tests/integration/chaos_harness.h"  // first: it configures Catch
+#include "tests/integration/coordinator_harness.h"
 
 #include <signal.h>
 
@@ -22,24 +25,37 @@ using namespace ckpt::itest;         // NOLINT: test helpers
 using namespace ckpt::itest::chaos;  // NOLINT
 using ckpt::testing::TempDir;
 
-// Who is killed. A coordinator victim joins once the multi-node coordinator exists.
-enum class ChaosVictim { kNone, kTrainer, kDaemon };
+// Who is killed.
+enum class ChaosVictim { kNone, kTrainer, kDaemon, kCoordinator };
 
 const char* VictimName(ChaosVictim v) {
   switch (v) {
     case ChaosVictim::kNone: return "none";
     case ChaosVictim::kTrainer: return "trainer";
     case ChaosVictim::kDaemon: return "daemon";
+    case ChaosVictim::kCoordinator: return "coordinator";
   }
   return "?";
 }
 
 class KillChaos {
  public:
-  KillChaos(const TempDir& dir, uint64_t seed, uint32_t keep)
+  // With `with_coordinator`, the daemon runs in coordinator mode against a ckpt-coordinator on
+  // the same root (which then owns commit and retention), and the coordinator is a victim too.
+  KillChaos(const TempDir& dir, uint64_t seed, uint32_t keep, bool with_coordinator = false)
       : dir_(dir), rng_(seed), keep_(keep) {
     options_ = DaemonProcess::InDir(dir);
     options_.flags = {"--keep", std::to_string(keep)};
+    if (with_coordinator) {
+      CoordinatorProcess::Options c;
+      c.socket = dir / "coord.sock";
+      c.storage_root = options_.storage_root;
+      c.log_path = dir / "coordinator.log";
+      c.flags = {"--keep", std::to_string(keep)};
+      coordinator_.emplace(c);
+      options_.flags.insert(options_.flags.end(),
+                            {"--node-id", "n0", "--coordinator", coordinator_->address()});
+    }
     job_.seed = seed;
     daemon_.emplace(options_);
     for (uint32_t r = 0; r < job_.world_size; ++r) StartTrainer(r);
@@ -52,14 +68,17 @@ class KillChaos {
     const uint32_t roll = allow_kill ? Uniform(100) : 100;
     if (roll < 30) {
       victim = ChaosVictim::kTrainer;
-    } else if (roll < 50) {
+    } else if (roll < (coordinator_ ? 42u : 50u)) {
       victim = ChaosVictim::kDaemon;
+    } else if (coordinator_ && roll < 55) {
+      victim = ChaosVictim::kCoordinator;
     }
     INFO("victim this cycle: " << VictimName(victim));
     const auto start = Clock::now();
     const auto kill_at =
         start + std::chrono::microseconds(Uniform(static_cast<uint32_t>(cycle_us_ * 1.2) + 1));
     const pid_t daemon_pid = daemon_->pid();
+    const pid_t coordinator_pid = coordinator_ ? coordinator_->process().pid() : 0;
     std::vector<pid_t> pids;
     for (auto& t : trainers_) pids.push_back(t->pid());
 
@@ -76,8 +95,10 @@ class KillChaos {
         if (victim == ChaosVictim::kTrainer) {
           victim_rank = Uniform(job_.world_size);
           KillTrainer(victim_rank, step, &replies);
-        } else {
+        } else if (victim == ChaosVictim::kDaemon) {
           KillDaemon();
+        } else {
+          KillCoordinator();
         }
         continue;
       }
@@ -125,6 +146,9 @@ class KillChaos {
       REQUIRE(trainers_[r]->pid() == pids[r]);
     }
     if (victim != ChaosVictim::kDaemon) REQUIRE(daemon_->pid() == daemon_pid);
+    if (coordinator_ && victim != ChaosVictim::kCoordinator) {
+      REQUIRE(coordinator_->process().pid() == coordinator_pid);
+    }
 
     uint32_t ok = 0;
     for (const auto& r : replies) ok += r->ends_with(" ok") ? 1 : 0;
@@ -168,6 +192,7 @@ class KillChaos {
     std::ostringstream s;
     s << "chaos kill: " << cycles << " cycles, " << kills_[ChaosVictim::kTrainer]
       << " trainer kills, " << kills_[ChaosVictim::kDaemon] << " daemon kills, "
+      << kills_[ChaosVictim::kCoordinator] << " coordinator kills, "
       << steps_committed_ << " steps committed on all ranks, " << steps_failed_
       << " failed (killed), " << restores_ << " restarted ranks restored bit-exact";
     return s.str();
@@ -177,6 +202,9 @@ class KillChaos {
   uint32_t Uniform(uint32_t n) { return std::uniform_int_distribution<uint32_t>(0, n - 1)(rng_); }
 
   void StartTrainer(uint32_t rank) {
+    // Read before the rank starts: a step may commit while it starts (and after it asked for
+    // the latest one), so "nothing to restore" is checked against what was committed before.
+    const std::vector<uint64_t> committed_before = CommittedSteps(options_.storage_root, job_.job);
     auto t = std::make_unique<ChaosTrainer>(
         job_.TrainerArgs(options_.socket, rank),
         dir_ / ("trainer-" + std::to_string(rank) + ".log"));
@@ -188,7 +216,7 @@ class KillChaos {
       REQUIRE(std::find(committed.begin(), committed.end(), *restored) != committed.end());
       ++restores_;
     } else {
-      REQUIRE(committed.empty());
+      REQUIRE(committed_before.empty());
     }
     if (rank < trainers_.size()) {
       trainers_[rank] = std::move(t);
@@ -217,6 +245,12 @@ class KillChaos {
     REQUIRE(KilledBy(*status, SIGKILL));
     daemon_.reset();
     daemon_.emplace(options_);
+    if (coordinator_) {
+      // The root is the coordinator's: it aborts the dead daemon's steps (the node came back
+      // as a new process) and removes them; Finish checks that nothing uncommitted is left.
+      for (auto& t : trainers_) t->Signal(SIGCONT);
+      return;
+    }
     const std::vector<uint64_t> all = AllStepDirs(options_.storage_root, job_.job);
     const std::vector<uint64_t> committed = CommittedSteps(options_.storage_root, job_.job);
     INFO("after the restart: " << all.size() << " step directories, " << committed.size()
@@ -225,11 +259,21 @@ class KillChaos {
     for (auto& t : trainers_) t->Signal(SIGCONT);
   }
 
+  // Kills ckpt-coordinator and starts it again on the same root at once (its recovery scan
+  // commits what every rank persisted and removes the rest). The daemon reconnects by itself
+  // and re-reports; no rank or daemon is restarted.
+  void KillCoordinator() {
+    const int status = coordinator_->Kill();
+    REQUIRE(KilledBy(status, SIGKILL));
+    coordinator_->Restart();
+  }
+
   const TempDir& dir_;
   std::mt19937_64 rng_;
   uint32_t keep_;
   DaemonProcess::Options options_;
   ChaosJob job_;
+  std::optional<CoordinatorProcess> coordinator_;  // declared first: outlives the daemon
   std::optional<DaemonProcess> daemon_;
   std::vector<std::unique_ptr<ChaosTrainer>> trainers_;
   uint32_t retention_slack_ = 0;  // kills since the last clean commit
@@ -250,6 +294,20 @@ TEST_CASE("chaos: random SIGKILL of trainers and the daemon across save cycles k
   KillChaos chaos(dir, seed, /*keep=*/3);
   for (uint64_t step = 1; step <= cycles; ++step) chaos.Cycle(step);
   // A last cycle without a kill: everyone commits, LATEST is that step.
+  chaos.Cycle(cycles + 1, /*allow_kill=*/false);
+  chaos.Finish();
+  std::cout << chaos.Summary(cycles) << "\n";
+}
+
+TEST_CASE("chaos: random SIGKILL of trainers, the daemon and ckpt-coordinator keeps every "
+          "committed step intact",
+          "[chaos][coordinator]") {
+  const uint64_t seed = ChaosSeed();
+  const uint64_t cycles = EnvNumber("CKPT_CHAOS_CYCLES", 50);
+  INFO("chaos seed " << seed << " (repeat with CKPT_CHAOS_SEED=" << seed << ")");
+  TempDir dir;
+  KillChaos chaos(dir, seed, /*keep=*/3, /*with_coordinator=*/true);
+  for (uint64_t step = 1; step <= cycles; ++step) chaos.Cycle(step);
   chaos.Cycle(cycles + 1, /*allow_kill=*/false);
   chaos.Finish();
   std::cout << chaos.Summary(cycles) << "\n";

@@ -59,10 +59,14 @@ stage_tsan() {
   cmake --build build-tsan -j "$jobs" --target "${sanitized_targets[@]}"
   # The concurrency tests: the unit tests (the daemon's threaded components: host pool, hot cache,
   # task pool, fault filesystem, PWriteAll from many threads) and the integration tests that
-  # drive the multi-threaded daemon with concurrent clients (daemon, chaos, soak, hostile). Suppressions: tests/tsan.supp (each one justified there).
+  # drive the multi-threaded daemon with concurrent clients (daemon, chaos, hostile). Not the
+  # soak: its RSS-stays-flat check does not hold under TSan's shadow memory (main and asan run
+  # it); nor the one test that fork()s a trainer from the multi-threaded test process, which TSan
+  # does not support (the child exits 66). Suppressions: tests/tsan.supp (each one justified).
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
     ctest --test-dir build-tsan --output-on-failure -j "$jobs" --timeout 900 \
-      -R "${CKPT_TSAN_TESTS:-^unit: |^integration: (daemon|chaos|soak|hostile)}"
+      -R "${CKPT_TSAN_TESTS:-^unit:|^integration:(daemon|chaos|hostile)}" \
+      -E "${CKPT_TSAN_EXCLUDE:-a trainer killed right after its step was captured}"
 }
 
 for stage in $stages; do

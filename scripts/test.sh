@@ -3,10 +3,8 @@
 # the reliability stages: the libFuzzer harnesses for a bounded time, the unit and integration
 # suites under AddressSanitizer + UndefinedBehaviorSanitizer, and the concurrency tests under
 # ThreadSanitizer. This is the README's test command and what CI runs (.ci/run).
-#   CKPT_TEST_STAGES  which stages, in order (default "main"). "main fuzz asan" passed on the
-#                     reliability work alone; on the merged tree (coordinator, admin, CUDA
-#                     backend) fuzz/asan have not been run yet and tsan never has — they join the
-#                     default once they pass there
+#   CKPT_TEST_STAGES  which stages, in order (default "main asan tsan fuzz"; "main" alone is the
+#                     quick check while developing)
 #   CKPT_BUILD_DIR    build directory of the main stage (default build); the others use
 #                     build-fuzz, build-asan, build-tsan
 #   CKPT_FUZZ_SECONDS seconds per fuzz harness (default 20, four harnesses)
@@ -16,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/install-deps.sh
 jobs=${CKPT_JOBS:-2}
-stages=${CKPT_TEST_STAGES:-main}
+stages=${CKPT_TEST_STAGES:-main asan tsan fuzz}
 launcher=()
 command -v ccache > /dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
 

@@ -9,6 +9,7 @@
 // Watch streams subscribe to watch_hub(), which the provider publishes into.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -33,5 +34,32 @@ class AdminProvider {
   // Outlives the AdminServer that serves this provider.
   virtual WatchHub& watch_hub() = 0;
 };
+
+// What both providers record and publish when a step changes state: the recent-failure entry
+// (stamped now) and the watch event.
+inline ckptd::v1::Failure MakeFailure(const std::string& job, uint64_t step,
+                                      ckptd::v1::StepState state, const std::string& reason) {
+  ckptd::v1::Failure f;
+  f.set_job(job);
+  f.set_step(step);
+  f.set_state(state);
+  f.set_reason(reason);
+  f.set_unix_time_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
+                         std::chrono::system_clock::now().time_since_epoch())
+                         .count());
+  return f;
+}
+
+inline ckptd::v1::WatchEventsResponse StateChangeEvent(const std::string& job, uint64_t step,
+                                                       ckptd::v1::StepState state,
+                                                       const std::string& reason) {
+  ckptd::v1::WatchEventsResponse e;
+  auto* change = e.mutable_state_change();
+  change->set_job(job);
+  change->set_step(step);
+  change->set_state(state);
+  change->set_reason(reason);
+  return e;
+}
 
 }  // namespace ckpt

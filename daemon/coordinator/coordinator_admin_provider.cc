@@ -9,12 +9,6 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-int64_t UnixMillisNow() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 ckptd::v1::StepStatus ToStepStatus(const CoordinatorCore::StepView& s, Clock::time_point now) {
   ckptd::v1::StepStatus out;
   out.set_job(s.job);
@@ -71,23 +65,11 @@ bool CoordinatorAdminProvider::Post(std::function<void()> f) {
 void CoordinatorAdminProvider::OnStepState(const std::string& job, uint64_t step,
                                            ckptd::v1::StepState state, const std::string& reason) {
   if (state == ckptd::v1::STEP_STATE_ABORTED || state == ckptd::v1::STEP_STATE_FAILED) {
-    ckptd::v1::Failure f;
-    f.set_job(job);
-    f.set_step(step);
-    f.set_state(state);
-    f.set_reason(reason);
-    f.set_unix_time_ms(UnixMillisNow());
     std::lock_guard lock(mu_);
-    failures_.push_back(std::move(f));
+    failures_.push_back(MakeFailure(job, step, state, reason));
     while (failures_.size() > kFailuresKept) failures_.pop_front();
   }
-  ckptd::v1::WatchEventsResponse e;
-  auto* change = e.mutable_state_change();
-  change->set_job(job);
-  change->set_step(step);
-  change->set_state(state);
-  change->set_reason(reason);
-  hub_.Publish(job, std::move(e));
+  hub_.Publish(job, StateChangeEvent(job, step, state, reason));
 }
 
 void CoordinatorAdminProvider::GetStatus(Reply<ckptd::v1::GetStatusResponse> reply) {

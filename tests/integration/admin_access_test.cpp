@@ -28,17 +28,23 @@ struct HostBuffer {
   float* data;
 };
 
-// Job `job` saves step 1 of tensor "w" (values i * 0.5) and waits for its commit.
-void CommitBaseModel(const DaemonProcess& daemon, const std::string& job) {
-  HostBuffer buffer;
-  for (uint64_t i = 0; i < kFloats; ++i) buffer.data[i] = static_cast<float>(i) * 0.5f;
-  auto client = daemon.Connect(job);
+// Tensor "w": the whole of `buffer`.
+ckpt::HostTensor TensorW(const HostBuffer& buffer) {
   ckpt::HostTensor t;
   t.name = "w";
   t.dtype = "float32";
   t.global_shape = {kFloats};
   t.fd = buffer.fd.get();
   t.nbytes = kBytes;
+  return t;
+}
+
+// Job `job` saves step 1 of tensor "w" (values i * 0.5) and waits for its commit.
+void CommitBaseModel(const DaemonProcess& daemon, const std::string& job) {
+  HostBuffer buffer;
+  for (uint64_t i = 0; i < kFloats; ++i) buffer.data[i] = static_cast<float>(i) * 0.5f;
+  auto client = daemon.Connect(job);
+  const ckpt::HostTensor t = TensorW(buffer);
   REQUIRE_OK(client->Register({&t, 1}));
   REQUIRE_OK(client->Save(1));
   REQUIRE_OK(client->Wait(1, ckpt::WaitState::kCommitted));
@@ -113,12 +119,7 @@ TEST_CASE("access: the C++ client loads a shared job's checkpoint through LoadOp
 
   HostBuffer target;
   auto client = daemon.Connect("finetune");
-  ckpt::HostTensor t;
-  t.name = "w";
-  t.dtype = "float32";
-  t.global_shape = {kFloats};
-  t.fd = target.fd.get();
-  t.nbytes = kBytes;
+  const ckpt::HostTensor t = TensorW(target);
   REQUIRE_OK(client->Register({&t, 1}));
 
   ckpt::LoadOptions denied;

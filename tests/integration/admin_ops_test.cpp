@@ -16,17 +16,8 @@ using ckpt::itest::DaemonProcess;
 using ckpt::itest::ExitedWith;
 using ckpt::itest::ReceiveDatagram;
 using ckpt::itest::RequireBinary;
+using ckpt::itest::RunCkptctl;
 using ckpt::testing::TempDir;
-
-// Runs ckptctl with `args` to its end; its exit status and output.
-std::pair<int, std::string> RunCkptctl(const TempDir& dir, const std::vector<std::string>& args) {
-  const std::string log = dir / "ckptctl.out";
-  std::filesystem::remove(log);
-  ChildProcess p(RequireBinary("ckptctl"), args, log);
-  const int status = p.Wait();
-  REQUIRE(WIFEXITED(status));
-  return {WEXITSTATUS(status), ckpt::itest::ReadWholeFile(log)};
-}
 
 }  // namespace
 

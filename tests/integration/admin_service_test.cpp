@@ -11,11 +11,14 @@
 #include <future>
 
 #include "ckptd/v1/admin.grpc.pb.h"
+#include "tests/integration/admin_client.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 namespace {
 
 using ckpt::itest::DaemonProcess;
+using ckpt::itest::Deadline;
+using ckpt::itest::GetStatus;
 using ckpt::itest::ExitedWith;
 using ckpt::itest::InProcessRank;
 using ckpt::itest::PollUntil;
@@ -26,21 +29,6 @@ using grpc::health::v1::HealthCheckResponse;
 
 std::shared_ptr<grpc::Channel> AdminChannel(const DaemonProcess& d) {
   return grpc::CreateChannel("unix:" + d.admin_socket(), grpc::InsecureChannelCredentials());
-}
-
-std::unique_ptr<grpc::ClientContext> Deadline() {
-  auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  return ctx;
-}
-
-ckptd::v1::GetStatusResponse GetStatus(Admin::Stub& admin) {
-  ckptd::v1::GetStatusResponse s;
-  auto ctx = Deadline();
-  const grpc::Status st = admin.GetStatus(ctx.get(), {}, &s);
-  INFO("GetStatus: " << st.error_message());
-  REQUIRE(st.ok());
-  return s;
 }
 
 HealthCheckResponse::ServingStatus Health(const std::shared_ptr<grpc::Channel>& channel) {

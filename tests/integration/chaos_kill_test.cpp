@@ -282,33 +282,30 @@ class KillChaos {
   uint64_t steps_committed_ = 0, steps_failed_ = 0, restores_ = 0;
 };
 
-}  // namespace
-
-TEST_CASE("chaos: random SIGKILL of trainers and the daemon across save cycles keeps every "
-          "committed step intact",
-          "[chaos]") {
+// CKPT_CHAOS_CYCLES cycles (default 50) with random kills, then one without: everyone commits
+// and LATEST is that step. The seed is printed (INFO) on failure.
+void RunKillChaos(bool with_coordinator) {
   const uint64_t seed = ChaosSeed();
   const uint64_t cycles = EnvNumber("CKPT_CHAOS_CYCLES", 50);
   INFO("chaos seed " << seed << " (repeat with CKPT_CHAOS_SEED=" << seed << ")");
   TempDir dir;
-  KillChaos chaos(dir, seed, /*keep=*/3);
+  KillChaos chaos(dir, seed, /*keep=*/3, with_coordinator);
   for (uint64_t step = 1; step <= cycles; ++step) chaos.Cycle(step);
-  // A last cycle without a kill: everyone commits, LATEST is that step.
   chaos.Cycle(cycles + 1, /*allow_kill=*/false);
   chaos.Finish();
   std::cout << chaos.Summary(cycles) << "\n";
 }
 
+}  // namespace
+
+TEST_CASE("chaos: random SIGKILL of trainers and the daemon across save cycles keeps every "
+          "committed step intact",
+          "[chaos]") {
+  RunKillChaos(/*with_coordinator=*/false);
+}
+
 TEST_CASE("chaos: random SIGKILL of trainers, the daemon and ckpt-coordinator keeps every "
           "committed step intact",
           "[chaos][coordinator]") {
-  const uint64_t seed = ChaosSeed();
-  const uint64_t cycles = EnvNumber("CKPT_CHAOS_CYCLES", 50);
-  INFO("chaos seed " << seed << " (repeat with CKPT_CHAOS_SEED=" << seed << ")");
-  TempDir dir;
-  KillChaos chaos(dir, seed, /*keep=*/3, /*with_coordinator=*/true);
-  for (uint64_t step = 1; step <= cycles; ++step) chaos.Cycle(step);
-  chaos.Cycle(cycles + 1, /*allow_kill=*/false);
-  chaos.Finish();
-  std::cout << chaos.Summary(cycles) << "\n";
+  RunKillChaos(/*with_coordinator=*/true);
 }

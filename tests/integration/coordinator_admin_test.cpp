@@ -7,18 +7,20 @@
 #include <grpcpp/grpcpp.h>
 
 #include "ckptd/v1/admin.grpc.pb.h"
+#include "tests/integration/admin_client.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 namespace {
 
 using ckpt::itest::BindDatagramSocket;
-using ckpt::itest::ChildProcess;
 using ckpt::itest::CoordinatorProcess;
+using ckpt::itest::Deadline;
 using ckpt::itest::ExitedWith;
+using ckpt::itest::GetStatus;
 using ckpt::itest::ModelRank;
 using ckpt::itest::PollUntil;
 using ckpt::itest::ReceiveDatagram;
-using ckpt::itest::RequireBinary;
+using ckpt::itest::RunCkptctl;
 using ckpt::itest::StartNodes;
 using ckpt::testing::TempDir;
 using ckptd::v1::Admin;
@@ -34,37 +36,12 @@ CoordinatorProcess::Options CoordinatorIn(const TempDir& dir, std::vector<std::s
   return o;
 }
 
-std::unique_ptr<grpc::ClientContext> Deadline() {
-  auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  return ctx;
-}
-
-ckptd::v1::GetStatusResponse GetStatus(Admin::Stub& admin) {
-  ckptd::v1::GetStatusResponse s;
-  auto ctx = Deadline();
-  const grpc::Status st = admin.GetStatus(ctx.get(), {}, &s);
-  INFO("GetStatus: " << st.error_message());
-  REQUIRE(st.ok());
-  return s;
-}
-
 const ckptd::v1::NodeStatus* FindNode(const ckptd::v1::GetStatusResponse& s,
                                       const std::string& id) {
   for (const auto& n : s.nodes()) {
     if (n.node_id() == id) return &n;
   }
   return nullptr;
-}
-
-// Runs ckptctl with `args` to its end; its exit status and output.
-std::pair<int, std::string> RunCkptctl(const TempDir& dir, const std::vector<std::string>& args) {
-  const std::string log = dir / "ckptctl.out";
-  std::filesystem::remove(log);
-  ChildProcess p(RequireBinary("ckptctl"), args, log);
-  const int status = p.Wait();
-  REQUIRE(WIFEXITED(status));
-  return {WEXITSTATUS(status), ckpt::itest::ReadWholeFile(log)};
 }
 
 }  // namespace

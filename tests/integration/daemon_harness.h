@@ -799,6 +799,17 @@ inline ckptd::v1::TensorSpec HostSpec(const std::string& name, const std::string
   return spec;
 }
 
+// Runs ckptctl with `args` to its end; its exit status and output.
+inline std::pair<int, std::string> RunCkptctl(const testing::TempDir& dir,
+                                              const std::vector<std::string>& args) {
+  const std::string log = dir / "ckptctl.out";
+  std::filesystem::remove(log);
+  ChildProcess p(RequireBinary("ckptctl"), args, log);
+  const int status = p.Wait();
+  REQUIRE(WIFEXITED(status));
+  return {WEXITSTATUS(status), ReadWholeFile(log)};
+}
+
 // A stand-in for systemd's NOTIFY_SOCKET: a bound datagram socket at `path`.
 inline UniqueFd BindDatagramSocket(const std::string& path) {
   UniqueFd fd(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));

@@ -29,7 +29,9 @@ $python "$trainer" --socket "$socket" --job demo --steps 20 --kill-at 12 || true
 $python -c "import ckptd, sys; c = ckptd.Client('demo', 0, 1, socket=sys.argv[1]); c.wait(12, 'committed'); c.close()" "$socket"
 latest=$(cat "$root/demo/LATEST")
 echo "== the daemon committed step $latest without the trainer; on disk:"
-"$build/bin/ckptctl" inspect "$root/demo/step-$(printf %010d "$latest")" | head -8
+# (Through a file: with pipefail, `| head` would fail the script when ckptctl outlives head.)
+"$build/bin/ckptctl" inspect "$root/demo/step-$(printf %010d "$latest")" > "$work/inspect.txt"
+head -8 "$work/inspect.txt"
 "$build/bin/ckptctl" verify "$root/demo/step-$(printf %010d "$latest")"
 
 echo "== run 2: a new trainer process resumes"

@@ -3,7 +3,7 @@
 //   capture thread:  for each slot of the plan's layout: take a pool slot (waiting for space
 //                    — the backpressure), copy the slot's pieces out of trainer memory,
 //                    hand the slot to the flush engine.
-//   flush threads:   checksum the slot's pieces, write the slot with one aligned pwrite, hand
+//   flush threads:   write the slot with one aligned pwrite, checksum the slot's pieces, hand
 //                    the slot to the hot cache (or back to the pool).
 //   whoever finishes last: fdatasync the data file and report the rank persisted.
 //

@@ -64,14 +64,14 @@ void FlushEngine::Run() {
     if (!job.cancelled.load()) {
       const Slot& slot = job.plan->layout.slots[item.slot_index];
       const std::byte* data = pool_->slot_data(item.pool_slot);
-      // Checksum each piece here rather than during capture: the slot is immutable now, and the
-      // writers wait on storage anyway, so this costs the trainer nothing.
-      for (const SlotPiece& piece : slot.pieces) {
-        job.checksums[piece.shard][piece.chunk_index] = Xxh3(data + piece.slot_offset, piece.length);
-      }
-      Status s = job.writer->WriteAt(slot.file_offset, pool_->slot_data(item.pool_slot),
-                                     slot.length);
+      // Write first, checksum after (see flush_engine.h): the slot stays ours and immutable
+      // until it is released or adopted below, so the checksum still covers the stored bytes.
+      Status s = job.writer->WriteAt(slot.file_offset, data, slot.length);
       if (s.ok()) {
+        for (const SlotPiece& piece : slot.pieces) {
+          job.checksums[piece.shard][piece.chunk_index] =
+              Xxh3(data + piece.slot_offset, piece.length);
+        }
         job.bytes_written.fetch_add(slot.length, std::memory_order_relaxed);
         if (hot_ != nullptr && !job.cancelled.load()) {
           hot_->Adopt(job.job, job.step, job.data_file, slot.file_offset, slot.length,

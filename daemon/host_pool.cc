@@ -9,6 +9,38 @@
 #include "common/units.h"
 
 namespace ckpt {
+namespace {
+
+constexpr uint64_t kHugePage = 2ull << 20;
+
+// Maps `bytes` of anonymous memory at a 2 MiB boundary and asks for transparent huge pages.
+// With them the pool's 16 MiB slot is 8 pages instead of 4,096: the O_DIRECT write of a slot
+// pins 8 pages per pwrite instead of 4,096 (get_user_pages was ~10% of the daemon's CPU in a
+// capture+flush profile), and copies into the pool take ~500x fewer TLB misses. Measured with
+// bench_daemon, ckptd on one core: capture 0.59-0.63 -> 0.80-0.82 of memcpy together with the
+// flush engine's write-then-checksum order (flush_engine.h). Where THP is off
+// (/sys/kernel/mm/transparent_hugepage/enabled = never) the pool simply keeps 4 KiB pages.
+Result<std::byte*> MapHugePageAligned(uint64_t bytes) {
+  // Map one huge page more than needed and trim both ends to the first 2 MiB boundary: kernels
+  // before 6.7 do not align large anonymous mappings by themselves.
+  const uint64_t span = bytes + kHugePage;
+  void* p = ::mmap(nullptr, span, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    return ErrnoStatus(errno, "mapping the host pool of " + FormatBytes(bytes));
+  }
+  auto* raw = static_cast<std::byte*>(p);
+  const uint64_t head = (kHugePage - reinterpret_cast<uintptr_t>(raw) % kHugePage) % kHugePage;
+  if (head > 0) ::munmap(raw, head);
+  ::munmap(raw + head + bytes, span - head - bytes);
+  std::byte* base = raw + head;
+  if (::madvise(base, bytes, MADV_HUGEPAGE) != 0) {
+    spdlog::debug("host pool: no transparent huge pages ({}); 4 KiB pages", std::strerror(errno));
+  }
+  return base;
+}
+
+}  // namespace
 
 Result<std::unique_ptr<HostPool>> HostPool::Create(const Config& config) {
   if (config.slot_size == 0 || config.slot_size % kIoAlignment != 0) {
@@ -22,13 +54,9 @@ Result<std::unique_ptr<HostPool>> HostPool::Create(const Config& config) {
   }
   if (count > UINT32_MAX) return InvalidArgument("host pool has too many slots");
   const uint64_t bytes = count * config.slot_size;
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) {
-    return ErrnoStatus(errno, "mapping the host pool of " + FormatBytes(bytes));
-  }
-  std::unique_ptr<HostPool> pool(new HostPool(static_cast<std::byte*>(p), config.slot_size,
-                                              static_cast<uint32_t>(count), config.lock_memory));
+  ASSIGN_OR_RETURN(std::byte* base, MapHugePageAligned(bytes));
+  std::unique_ptr<HostPool> pool(
+      new HostPool(base, config.slot_size, static_cast<uint32_t>(count), config.lock_memory));
   if (!config.defer_pin) RETURN_IF_ERROR(pool->Pin());
   return pool;
 }

@@ -9,10 +9,14 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <future>
+#include <map>
 #include <mutex>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -116,6 +120,55 @@ TEST_CASE("a deferred pool is mapped first and populated by Pin, its memory resi
   CHECK(std::count_if(resident.begin(), resident.end(), [](unsigned char c) { return c & 1; }) ==
         static_cast<long>(pages));
   CHECK_FALSE((*pool)->locked());  // lock_memory = false
+}
+
+// The smaps fields ("Size" -> "6144 kB") of the mapping that starts at `base`; empty if none.
+std::map<std::string, std::string> SmapsFields(const void* base) {
+  std::ifstream smaps("/proc/self/smaps");
+  std::map<std::string, std::string> fields;
+  std::string line;
+  bool in_entry = false;
+  char want[32];
+  std::snprintf(want, sizeof want, "%lx-", reinterpret_cast<unsigned long>(base));
+  while (std::getline(smaps, line)) {
+    const size_t colon = line.find(':');
+    const bool header = colon == std::string::npos || line.find(' ') < colon;
+    if (header) {
+      if (in_entry) break;
+      in_entry = line.rfind(want, 0) == 0;
+    } else if (in_entry) {
+      const size_t value = line.find_first_not_of(' ', colon + 1);
+      fields[line.substr(0, colon)] = value == std::string::npos ? "" : line.substr(value);
+    }
+  }
+  return fields;
+}
+
+bool TransparentHugePagesOn() {
+  std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string mode;
+  std::getline(f, mode);
+  return mode.find("[always]") != std::string::npos || mode.find("[madvise]") != std::string::npos;
+}
+
+TEST_CASE("the pool is 2 MiB aligned, trimmed to its slots, and eligible for huge pages",
+          "[host_pool]") {
+  constexpr uint64_t kHuge = 2ull << 20;
+  auto pool = MakePool(3, kHuge);
+  const auto base = reinterpret_cast<uintptr_t>(pool->base());
+  CHECK(base % kHuge == 0);
+  // The alignment slack around the pool was given back: the mapping is exactly the slots.
+  auto fields = SmapsFields(pool->base());
+  REQUIRE_FALSE(fields.empty());
+  CHECK(fields["Size"] == "6144 kB");
+  if (TransparentHugePagesOn()) {
+    CHECK(fields["THPeligible"] == "1");
+  } else {
+    WARN("transparent huge pages are off on this machine: eligibility not checked");
+  }
+  // Huge pages or not, every byte of every slot is ordinary writable memory.
+  for (uint32_t i = 0; i < pool->slot_count(); ++i) std::memset(pool->slot_data(i), i + 1, kHuge);
+  CHECK(static_cast<int>(pool->slot_data(2)[kHuge - 1]) == 3);
 }
 
 TEST_CASE("slots are disjoint, writable, and come back in any order", "[host_pool]") {

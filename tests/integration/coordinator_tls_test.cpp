@@ -73,6 +73,9 @@ TEST_CASE(
   co.flags = {"--tls-cert",       dir / "server.pem", "--tls-key",
               dir / "server.key", "--tls-client-ca",  dir / "ca.pem"};
   CoordinatorProcess coordinator(co);
+  // The socket accepts a moment before the coordinator logs its ready line (read it once there).
+  CHECK(ckpt::itest::PollUntil(
+      [&] { return coordinator.Log().find("ready: ") != std::string::npos; }));
   CHECK(coordinator.Log().find("(mutual TLS)") != std::string::npos);
 
   const std::vector<std::string> tls = {

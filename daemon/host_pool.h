@@ -2,8 +2,8 @@
 //
 // One region of `size` bytes is mapped (2 MiB aligned, on transparent huge pages where the
 // kernel allows) and populated once at start (and pinned: mlock where RLIMIT_MEMLOCK allows;
-// the CUDA backend registers it with cudaHostRegister), then cut into
-// equal slots of `slot_size` bytes — the unit of capture and of one aligned write. Slots are
+// the CUDA backend registers it with cudaHostRegister), then cut into equal slots of
+// `slot_size` bytes — the unit of capture and of one aligned write. Slots are
 // handed out and returned in any order, so a slow write of one step never blocks the freeing of
 // another's. The pool never grows: when every slot is taken, Acquire waits (backpressure on
 // capture, and through it on wait_snapshot), unless the caller gave up (its cancel flag).

@@ -13,23 +13,37 @@ using ckptd::v1::StepState;
 
 std::string_view StepStateName(StepState s) {
   switch (s) {
-    case ckptd::v1::STEP_STATE_PENDING: return "pending";
-    case ckptd::v1::STEP_STATE_CAPTURING: return "capturing";
-    case ckptd::v1::STEP_STATE_CAPTURED: return "captured";
-    case ckptd::v1::STEP_STATE_PERSISTING: return "persisting";
-    case ckptd::v1::STEP_STATE_PERSISTED: return "persisted";
-    case ckptd::v1::STEP_STATE_COMMITTED: return "committed";
-    case ckptd::v1::STEP_STATE_ABORTED: return "aborted";
-    case ckptd::v1::STEP_STATE_FAILED: return "failed";
-    default: return "unknown";
+    case ckptd::v1::STEP_STATE_PENDING:
+      return "pending";
+    case ckptd::v1::STEP_STATE_CAPTURING:
+      return "capturing";
+    case ckptd::v1::STEP_STATE_CAPTURED:
+      return "captured";
+    case ckptd::v1::STEP_STATE_PERSISTING:
+      return "persisting";
+    case ckptd::v1::STEP_STATE_PERSISTED:
+      return "persisted";
+    case ckptd::v1::STEP_STATE_COMMITTED:
+      return "committed";
+    case ckptd::v1::STEP_STATE_ABORTED:
+      return "aborted";
+    case ckptd::v1::STEP_STATE_FAILED:
+      return "failed";
+    default:
+      return "unknown";
   }
 }
 
 NodeState::NodeState(boost::asio::io_context& io, Config config, FileSystem* fs, HostPool* pool,
-                     HotCache* hot, CaptureEngine* capture, CommitEngine* commit,
-                     TaskPool* storage)
-    : io_(io), config_(std::move(config)), fs_(fs), pool_(pool), hot_(hot), capture_(capture),
-      commit_(commit), storage_(storage) {}
+                     HotCache* hot, CaptureEngine* capture, CommitEngine* commit, TaskPool* storage)
+    : io_(io),
+      config_(std::move(config)),
+      fs_(fs),
+      pool_(pool),
+      hot_(hot),
+      capture_(capture),
+      commit_(commit),
+      storage_(storage) {}
 
 NodeState::~NodeState() { *alive_ = false; }
 
@@ -103,10 +117,10 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
     Step& s = it->second;
     if (link_ == nullptr) {  // with a coordinator, its step timeout applies
       s.timeout = std::make_unique<boost::asio::steady_timer>(io_, config_.step_timeout);
-      s.timeout->async_wait([this, alive = alive_, j = req.job, n = req.step](
-                                const boost::system::error_code& ec) {
-        if (!ec && *alive) OnTimeout(j, n);
-      });
+      s.timeout->async_wait(
+          [this, alive = alive_, j = req.job, n = req.step](const boost::system::error_code& ec) {
+            if (!ec && *alive) OnTimeout(j, n);
+          });
     }
   }
   Step& s = it->second;
@@ -150,7 +164,8 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
                                 std::to_string(pool_->free_slots()) + " are free)"};
       spdlog::warn("{}: {}", ctx, out.reason);
       s.ranks[req.rank] = RankSave{req.session_id, req.pid, nullptr, {}, false, false, true};
-      FailLocally(s, ckptd::v1::STEP_STATE_FAILED, "rank " + std::to_string(req.rank) + " " + out.reason);
+      FailLocally(s, ckptd::v1::STEP_STATE_FAILED,
+                  "rank " + std::to_string(req.rank) + " " + out.reason);
       return out;
     }
     capture->reserved_slots = std::move(*slots);
@@ -196,9 +211,9 @@ void NodeState::OnRankCaptured(const std::string& job, uint64_t step, uint32_t r
   captured_rank.captured = true;
   captured_rank.captured_at = std::chrono::steady_clock::now();
   if (observer_ != nullptr && captured_rank.capture) {
-    observer_->OnRankCaptured(job, step, rank, captured_rank.capture->plan->total_bytes,
-                              std::chrono::duration<double>(captured_rank.captured_at -
-                                                            captured_rank.accepted).count());
+    observer_->OnRankCaptured(
+        job, step, rank, captured_rank.capture->plan->total_bytes,
+        std::chrono::duration<double>(captured_rank.captured_at - captured_rank.accepted).count());
   }
   if (link_ != nullptr) {  // the coordinator decides when the whole step is captured
     if (!Terminal(s->state)) Report(*s, ckptd::v1::STEP_STATE_CAPTURED, {rank});
@@ -230,9 +245,9 @@ void NodeState::OnRankPersisted(const std::string& job, uint64_t step, uint32_t 
   }
   rs.persisted = true;
   if (observer_ != nullptr && rs.capture) {
-    observer_->OnRankPersisted(job, step, rank, rs.capture->plan->total_bytes,
-                               std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                             rs.captured_at).count());
+    observer_->OnRankPersisted(
+        job, step, rank, rs.capture->plan->total_bytes,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - rs.captured_at).count());
   }
   if (Terminal(s->state)) {
     MaybeCleanup(*s);
@@ -320,8 +335,8 @@ void NodeState::MaybeCleanup(Step& s) {
 void NodeState::ResolveWaiters(Step& s) {
   std::vector<Waiter> keep;
   std::vector<std::pair<Done, Status>> ready;
-  const bool failed = s.state == ckptd::v1::STEP_STATE_ABORTED ||
-                      s.state == ckptd::v1::STEP_STATE_FAILED;
+  const bool failed =
+      s.state == ckptd::v1::STEP_STATE_ABORTED || s.state == ckptd::v1::STEP_STATE_FAILED;
   for (auto& w : s.waiters) {
     bool reached;
     if (w.rank_captured) {
@@ -383,8 +398,8 @@ void NodeState::Latest(const std::string& job,
                        std::function<void(Result<std::optional<uint64_t>>)> done) {
   if (link_ != nullptr) {
     // The coordinator's answer; if it cannot be reached, the storage root's (same truth).
-    link_->Latest(job, [this, alive = alive_, job, done = std::move(done)](
-                           Result<std::optional<uint64_t>> r) mutable {
+    link_->Latest(job, [this, alive = alive_, job,
+                        done = std::move(done)](Result<std::optional<uint64_t>> r) mutable {
       if (!*alive) return;
       if (r.ok()) {
         done(std::move(r));
@@ -393,9 +408,10 @@ void NodeState::Latest(const std::string& job,
       spdlog::warn("{}; reading LATEST from the storage root instead", r.status().message());
       storage_->Post([this, alive, job, done = std::move(done)]() mutable {
         auto latest = commit_->Latest(job);
-        boost::asio::post(io_, [alive, done = std::move(done), latest = std::move(latest)]() mutable {
-          if (*alive) done(std::move(latest));
-        });
+        boost::asio::post(io_,
+                          [alive, done = std::move(done), latest = std::move(latest)]() mutable {
+                            if (*alive) done(std::move(latest));
+                          });
       });
     });
     return;
@@ -436,9 +452,9 @@ void NodeState::OnSessionClosed(uint64_t session_id, const std::string& job, uin
     auto it = s.ranks.find(rank);
     if (it == s.ranks.end() || it->second.session_id != session_id || it->second.captured) continue;
     FailLocally(s, ckptd::v1::STEP_STATE_ABORTED,
-             "rank " + std::to_string(rank) + " (pid " + std::to_string(pid) +
-                 ") disconnected before its snapshot of step " + std::to_string(n) +
-                 " was captured");
+                "rank " + std::to_string(rank) + " (pid " + std::to_string(pid) +
+                    ") disconnected before its snapshot of step " + std::to_string(n) +
+                    " was captured");
   }
 }
 
@@ -577,9 +593,9 @@ void NodeState::Prune(Job& j) {
   for (const auto& [n, s] : j.steps) finished += Terminal(s.state) ? 1 : 0;
   for (auto it = j.steps.begin(); it != j.steps.end() && finished > config_.finished_steps_kept;) {
     const Step& s = it->second;
-    bool removable = Terminal(s.state) && s.waiters.empty() &&
-                     (s.state == ckptd::v1::STEP_STATE_COMMITTED || s.cleanup_posted ||
-                      link_ != nullptr);
+    bool removable =
+        Terminal(s.state) && s.waiters.empty() &&
+        (s.state == ckptd::v1::STEP_STATE_COMMITTED || s.cleanup_posted || link_ != nullptr);
     if (removable) {
       it = j.steps.erase(it);
       --finished;
@@ -683,7 +699,8 @@ void NodeState::ReportNodeManifest(Step& s) {
     Status st = node.status();
     if (st.ok()) {
       st = WriteFileAtomically(
-          fs_, JoinPath(StepDir(config_.storage_root, job, step), NodeManifestFileName(node->node_id())),
+          fs_,
+          JoinPath(StepDir(config_.storage_root, job, step), NodeManifestFileName(node->node_id())),
           EncodeNodeManifest(*node));
     }
     std::shared_ptr<const ckptd::v1::NodeManifest> manifest;

@@ -12,9 +12,12 @@ namespace {
 constexpr uint32_t kProtocolVersion = 1;
 }
 
-Session::Session(boost::asio::local::stream_protocol::socket socket, uint64_t id,
-                 int32_t peer_pid, uint32_t peer_uid, SessionServices* services)
-    : socket_(std::move(socket)), id_(id), peer_pid_(peer_pid), peer_uid_(peer_uid),
+Session::Session(boost::asio::local::stream_protocol::socket socket, uint64_t id, int32_t peer_pid,
+                 uint32_t peer_uid, SessionServices* services)
+    : socket_(std::move(socket)),
+      id_(id),
+      peer_pid_(peer_pid),
+      peer_uid_(peer_uid),
       services_(services) {}
 
 Session::~Session() = default;
@@ -57,14 +60,15 @@ void Session::OnReadable() {
 void Session::Dispatch(Frame frame) {
   ckptd::v1::ClientMessage m;
   if (!m.ParseFromString(frame.payload)) {
-    SendError(0, InvalidArgument("protocol error: a frame of " +
-                                 std::to_string(frame.payload.size()) +
-                                 " bytes is not a ClientMessage"));
+    SendError(0,
+              InvalidArgument("protocol error: a frame of " + std::to_string(frame.payload.size()) +
+                              " bytes is not a ClientMessage"));
     Close("unparseable frame");
     return;
   }
   if (!hello_ && m.body_case() != ckptd::v1::ClientMessage::kHello) {
-    SendError(m.request_id(), FailedPrecondition("protocol error: the first message must be Hello"));
+    SendError(m.request_id(),
+              FailedPrecondition("protocol error: the first message must be Hello"));
     Close("no hello");
     return;
   }
@@ -97,19 +101,19 @@ void Session::Handle(const ckptd::v1::ClientMessage& m, std::vector<UniqueFd> fd
       HandleWait(id, m.wait().step(), m.wait().state());
       return;
     case ckptd::v1::ClientMessage::kLatest: {
-      services_->node->Latest(job_, [self = shared_from_this(), id](
-                                        Result<std::optional<uint64_t>> latest) {
-        if (self->closed_) return;
-        if (!latest.ok()) {
-          self->SendError(id, latest.status());
-          return;
-        }
-        ckptd::v1::DaemonMessage reply;
-        reply.set_request_id(id);
-        reply.mutable_latest()->set_has_step(latest->has_value());
-        if (latest->has_value()) reply.mutable_latest()->set_step(**latest);
-        self->Send(reply);
-      });
+      services_->node->Latest(
+          job_, [self = shared_from_this(), id](Result<std::optional<uint64_t>> latest) {
+            if (self->closed_) return;
+            if (!latest.ok()) {
+              self->SendError(id, latest.status());
+              return;
+            }
+            ckptd::v1::DaemonMessage reply;
+            reply.set_request_id(id);
+            reply.mutable_latest()->set_has_step(latest->has_value());
+            if (latest->has_value()) reply.mutable_latest()->set_step(**latest);
+            self->Send(reply);
+          });
       return;
     }
     case ckptd::v1::ClientMessage::kLoad:
@@ -145,8 +149,8 @@ void Session::HandleHello(uint64_t id, const ckptd::v1::Hello& hello) {
   rank_ = hello.rank();
   world_size_ = hello.world_size();
   services_->node->AddSink(job_, weak_from_this());
-  spdlog::info("session {}: job '{}' rank {}/{} (pid {}, client {})", id_, job_, rank_,
-               world_size_, peer_pid_, EscapeForLog(hello.client_version()));
+  spdlog::info("session {}: job '{}' rank {}/{} (pid {}, client {})", id_, job_, rank_, world_size_,
+               peer_pid_, EscapeForLog(hello.client_version()));
   if (services_->observer != nullptr) {
     services_->observer->OnClientConnected({id_, job_, rank_, world_size_, peer_pid_, peer_uid_});
   }
@@ -167,10 +171,9 @@ void Session::HandleRegister(uint64_t id, const ckptd::v1::Register& reg,
   if (pending_error_.ok()) {
     if (pending_specs_.size() + reg.tensors_size() > kMaxTensorsPerRegistration ||
         pending_fds_.size() + fds.size() > kMaxFdsPerRegistration) {
-      pending_error_ = InvalidArgument("registration is over the limits of " +
-                                       std::to_string(kMaxTensorsPerRegistration) +
-                                       " tensors and " + std::to_string(kMaxFdsPerRegistration) +
-                                       " descriptors");
+      pending_error_ = InvalidArgument(
+          "registration is over the limits of " + std::to_string(kMaxTensorsPerRegistration) +
+          " tensors and " + std::to_string(kMaxFdsPerRegistration) + " descriptors");
     } else {
       for (const auto& spec : reg.tensors()) {
         pending_specs_.push_back(spec);
@@ -256,18 +259,18 @@ void Session::HandleSave(uint64_t id, const ckptd::v1::Save& save) {
   // for them now, before any copy of this step can be enqueued (cuda_backend.h).
   if (save.cuda_events_size() > 0) {
     if (cuda_memory_ == nullptr) {
-      SendError(id, FailedPrecondition("save of step " + std::to_string(save.step()) +
-                                       " carries CUDA events but no CUDA memory is registered" +
-                                       (services_->cuda == nullptr
-                                            ? " (and this daemon has no CUDA backend)"
-                                            : "")));
+      SendError(id,
+                FailedPrecondition(
+                    "save of step " + std::to_string(save.step()) +
+                    " carries CUDA events but no CUDA memory is registered" +
+                    (services_->cuda == nullptr ? " (and this daemon has no CUDA backend)" : "")));
       return;
     }
     for (const auto& event : save.cuda_events()) {
       Status st = cuda_memory_->WaitForClientEvent(event);
       if (!st.ok()) {
-        SendError(id, st.WithContext("save of step " + std::to_string(save.step()) +
-                                     " (job '" + job_ + "' rank " + std::to_string(rank_) + ")"));
+        SendError(id, st.WithContext("save of step " + std::to_string(save.step()) + " (job '" +
+                                     job_ + "' rank " + std::to_string(rank_) + ")"));
         return;
       }
     }
@@ -358,8 +361,8 @@ void Session::HandleLoad(uint64_t id, const ckptd::v1::Load& load) {
       spdlog::debug("session {}: load after a failed save: {}", self->id_, captured.ToString());
     }
     const auto load_started = std::chrono::steady_clock::now();
-    self->services_->loads->Load(std::move(req), [self, id, plan, load_started](
-                                                     Result<LoadService::Outcome> out) {
+    self->services_->loads->Load(std::move(req), [self, id, plan,
+                                                  load_started](Result<LoadService::Outcome> out) {
       if (out.ok() && self->services_->observer != nullptr) {
         self->services_->observer->OnLoad(
             self->job_, out->step, out->bytes_from_memory, out->bytes_from_storage,
@@ -436,23 +439,24 @@ void Session::WriteNext() {
     return;
   }
   writing_ = true;
-  boost::asio::async_write(socket_, boost::asio::buffer(out_.front()),
-                           [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
-                             self->writing_ = false;
-                             if (self->closed_) {
-                               // Close ran while this write was in flight: it left the queue
-                               // (and the buffer being written) to us.
-                               self->out_.clear();
-                               return;
-                             }
-                             if (ec) {
-                               self->Close("write: " + ec.message());
-                               return;
-                             }
-                             self->out_bytes_ -= self->out_.front().size();
-                             self->out_.pop_front();
-                             self->WriteNext();
-                           });
+  boost::asio::async_write(
+      socket_, boost::asio::buffer(out_.front()),
+      [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+        self->writing_ = false;
+        if (self->closed_) {
+          // Close ran while this write was in flight: it left the queue
+          // (and the buffer being written) to us.
+          self->out_.clear();
+          return;
+        }
+        if (ec) {
+          self->Close("write: " + ec.message());
+          return;
+        }
+        self->out_bytes_ -= self->out_.front().size();
+        self->out_.pop_front();
+        self->WriteNext();
+      });
 }
 
 void Session::Close(const std::string& why) {

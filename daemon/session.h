@@ -31,9 +31,9 @@
 #include "common/data_layout.h"
 #include "common/frame_io.h"
 #include "daemon/capture_plan.h"
+#include "daemon/daemon_observer.h"
 #include "daemon/device/cuda_backend.h"
 #include "daemon/device/host_fd_backend.h"
-#include "daemon/daemon_observer.h"
 #include "daemon/host_memory.h"
 #include "daemon/node_state.h"
 
@@ -44,7 +44,7 @@ class LoadService;
 // What sessions need from the rest of the daemon; owned by the daemon, outlives sessions.
 struct SessionServices {
   NodeState* node = nullptr;
-  LoadService* loads = nullptr;  // may be null: loads unsupported
+  LoadService* loads = nullptr;         // may be null: loads unsupported
   device::CudaDevices* cuda = nullptr;  // may be null: no GPU on this machine / no CUDA build
   LayoutOptions layout;
   std::string node_id;

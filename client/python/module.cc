@@ -70,15 +70,17 @@ ckpt::WaitState ParseWaitState(const std::string& state) {
   if (state == "captured") return ckpt::WaitState::kCaptured;
   if (state == "persisted") return ckpt::WaitState::kPersisted;
   if (state == "committed") return ckpt::WaitState::kCommitted;
-  throw StatusError(ckpt::InvalidArgument("wait: state must be \"captured\", \"persisted\" or "
-                                          "\"committed\", not \"" + state + "\""));
+  throw StatusError(
+      ckpt::InvalidArgument("wait: state must be \"captured\", \"persisted\" or "
+                            "\"committed\", not \"" +
+                            state + "\""));
 }
 
 ckpt::OnFull ParseOnFull(const std::string& on_full) {
   if (on_full == "wait") return ckpt::OnFull::kWait;
   if (on_full == "skip") return ckpt::OnFull::kSkip;
-  throw StatusError(ckpt::InvalidArgument("save: on_full must be \"wait\" or \"skip\", not \"" +
-                                          on_full + "\""));
+  throw StatusError(
+      ckpt::InvalidArgument("save: on_full must be \"wait\" or \"skip\", not \"" + on_full + "\""));
 }
 
 // One registered shard as the Python layer hands it over:
@@ -239,8 +241,9 @@ class PyClient {
 }  // namespace
 
 PYBIND11_MODULE(_ckptd, m) {
-  m.doc() = "Native part of the ckptd Python client (wraps the C++ ckpt::Client). "
-            "Use the `ckptd` package, not this module.";
+  m.doc() =
+      "Native part of the ckptd Python client (wraps the C++ ckpt::Client). "
+      "Use the `ckptd` package, not this module.";
 
   g_error_type = PyErr_NewExceptionWithDoc(
       "ckptd.Error",
@@ -278,8 +281,8 @@ PYBIND11_MODULE(_ckptd, m) {
       .def("wait_snapshot", &PyClient::WaitSnapshot, py::arg("timeout"))
       .def("wait", &PyClient::Wait, py::arg("step"), py::arg("state"), py::arg("timeout"))
       .def("latest", &PyClient::Latest)
-      .def("load", &PyClient::Load, py::arg("step"), py::arg("strict"),
-           py::arg("cuda_stream") = 0, py::arg("job") = std::string(),
+      .def("load", &PyClient::Load, py::arg("step"), py::arg("strict"), py::arg("cuda_stream") = 0,
+           py::arg("job") = std::string(),
            "Returns (step, extra, bytes_from_memory, bytes_from_storage, missing). job: "
            "another job's checkpoint (empty: this client's job).")
       .def("close", &PyClient::Close)

@@ -23,29 +23,28 @@
 // mu_ and then send_mu_ but never while holding either.
 #include "ckpt/client.h"
 
+#include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
-
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
 #include <map>
-#include <system_error>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 #include <utility>
 
 #include "ckptd/v1/local.pb.h"
+#include "client/src/cuda_export.h"
 #include "common/dtype.h"
 #include "common/frame_io.h"
 #include "common/names.h"
-#include "client/src/cuda_export.h"
 
 #ifndef CKPT_CLIENT_VERSION
 #define CKPT_CLIENT_VERSION "0.0.0"
@@ -77,8 +76,8 @@ std::string StateName(pb::StepState state) {
 
 Status FromDaemonError(const pb::Error& error) {
   const uint32_t c = error.code();
-  std::string message = error.message().empty() ? "ckptd reported an error without a message"
-                                                 : error.message();
+  std::string message =
+      error.message().empty() ? "ckptd reported an error without a message" : error.message();
   if (c >= 1 && c <= static_cast<uint32_t>(StatusCode::kDataLoss)) {
     return Status(static_cast<StatusCode>(c), std::move(message));
   }
@@ -150,7 +149,9 @@ struct RegisteredTensor {
   bool operator==(const RegisteredTensor&) const = default;
 };
 
-bool MulOverflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul_overflow(a, b, out); }
+bool MulOverflows(uint64_t a, uint64_t b, uint64_t* out) {
+  return __builtin_mul_overflow(a, b, out);
+}
 
 // Elements of the shard `t` describes; kInvalidArgument naming the tensor when the geometry's
 // ranks do not match the shape or the count overflows.
@@ -158,8 +159,8 @@ template <typename Tensor>
 Result<uint64_t> ShardElements(const Tensor& t) {
   if (t.flat) return t.numel;
   const bool whole = t.offsets.empty() && t.lengths.empty();
-  if (!whole && (t.offsets.size() != t.global_shape.size() ||
-                 t.lengths.size() != t.global_shape.size())) {
+  if (!whole &&
+      (t.offsets.size() != t.global_shape.size() || t.lengths.size() != t.global_shape.size())) {
     return InvalidArgument("tensor '" + EscapeForLog(t.name) + "': box with " +
                            std::to_string(t.offsets.size()) + " offsets and " +
                            std::to_string(t.lengths.size()) + " lengths for a " +
@@ -219,7 +220,7 @@ class Client::Impl {
   void OnEvent(const pb::Event& event);
   // Records why the connection is unusable (the first reason wins) and wakes every waiter.
   void Break(Status why);
-  void ForgetLocked(const PendingCall& call);  // requires mu_
+  void ForgetLocked(const PendingCall& call);        // requires mu_
   std::string LastStateLocked(uint64_t step) const;  // requires mu_
   std::string Lost(std::string_view why) const {
     return "connection to ckptd at " + options_.socket + " lost: " + std::string(why);
@@ -234,17 +235,17 @@ class Client::Impl {
 
   // Serializes writes on the socket; held across all frames of one Register.
   std::mutex send_mu_;
-  bool socket_closed_ = false;     // guarded by send_mu_
-  uint64_t next_request_id_ = 1;   // guarded by send_mu_: ids increase in send order
+  bool socket_closed_ = false;    // guarded by send_mu_
+  uint64_t next_request_id_ = 1;  // guarded by send_mu_: ids increase in send order
 
   std::mutex mu_;
   std::condition_variable cv_;
   Status connection_;  // guarded by mu_: OK while usable, else why not (sticky)
   std::unordered_map<uint64_t, std::shared_ptr<PendingCall>> pending_;  // guarded by mu_
-  std::map<uint64_t, StepEvent> events_;   // guarded by mu_: newest kTrackedSteps steps
+  std::map<uint64_t, StepEvent> events_;     // guarded by mu_: newest kTrackedSteps steps
   std::optional<uint64_t> last_saved_step_;  // guarded by mu_
 
-  std::mutex register_mu_;  // serializes Register
+  std::mutex register_mu_;                                   // serializes Register
   std::optional<std::vector<RegisteredTensor>> registered_;  // guarded by register_mu_
   // GPUs (ordinal → UUID) holding the registered CUDA tensors; Save records an event on each.
   std::map<int, std::string> cuda_devices_;  // guarded by mu_
@@ -279,10 +280,9 @@ Result<pb::DaemonMessage> Client::Impl::Call(std::vector<OutgoingFrame> frames,
           payloads[i].size() > kMaxFrameBytes) {
         std::lock_guard lock(mu_);
         ForgetLocked(*call);
-        return InvalidArgument(std::string(what) + ": request of " +
-                               std::to_string(payloads[i].size()) +
-                               " bytes cannot be framed (limit " +
-                               std::to_string(kMaxFrameBytes) + ")");
+        return InvalidArgument(
+            std::string(what) + ": request of " + std::to_string(payloads[i].size()) +
+            " bytes cannot be framed (limit " + std::to_string(kMaxFrameBytes) + ")");
       }
     }
     for (size_t i = 0; i < frames.size(); ++i) {
@@ -349,8 +349,8 @@ void Client::Impl::ReaderLoop() {
     pb::DaemonMessage message;
     if (!message.ParseFromString((*frame)->payload)) {
       ::shutdown(socket_.get(), SHUT_RDWR);  // the stream cannot be trusted any more
-      Break(Unavailable(Lost("undecodable frame of " +
-                             std::to_string((*frame)->payload.size()) + " bytes")));
+      Break(Unavailable(
+          Lost("undecodable frame of " + std::to_string((*frame)->payload.size()) + " bytes")));
       return;
     }
     if (!(*frame)->fds.empty()) {
@@ -459,8 +459,8 @@ Status Client::Impl::Register(std::span<const HostTensor> tensors,
     RETURN_IF_ERROR(ValidateTensorName(t.name), "register");
     const std::string label = "register: tensor '" + EscapeForLog(t.name) + "'";
     ASSIGN_OR_RETURN(DTypeInfo dtype, LookupDType(t.dtype), label);
-    if (t.fd < 0) return InvalidArgument(label + ": no file descriptor (fd " +
-                                         std::to_string(t.fd) + ")");
+    if (t.fd < 0)
+      return InvalidArgument(label + ": no file descriptor (fd " + std::to_string(t.fd) + ")");
     auto st = stats.find(t.fd);
     if (st == stats.end()) {
       struct stat s;
@@ -488,9 +488,19 @@ Status Client::Impl::Register(std::span<const HostTensor> tensors,
                              ") lie past the end of fd " + std::to_string(t.fd) + " (" +
                              std::to_string(st->second.st_size) + " bytes)");
     }
-    identity.push_back(RegisteredTensor{t.name, t.dtype, t.global_shape, t.flat, t.offsets,
-                                        t.lengths, t.flat_offset, t.numel, st->second.st_dev,
-                                        st->second.st_ino, t.fd_offset, t.nbytes, {}});
+    identity.push_back(RegisteredTensor{t.name,
+                                        t.dtype,
+                                        t.global_shape,
+                                        t.flat,
+                                        t.offsets,
+                                        t.lengths,
+                                        t.flat_offset,
+                                        t.numel,
+                                        st->second.st_dev,
+                                        st->second.st_ino,
+                                        t.fd_offset,
+                                        t.nbytes,
+                                        {}});
   }
   // CUDA tensors: exported on every call — an address says nothing about which allocation is
   // there now (a freed and re-allocated address gets a new handle).
@@ -498,7 +508,7 @@ Status Client::Impl::Register(std::span<const HostTensor> tensors,
   exports.reserve(cuda.size());
   std::map<int, std::string> devices;
   if (!cuda.empty()) {
-    ASSIGN_OR_RETURN(detail::CudaExporter* exporter, detail::CudaExporter::Get(), "register");
+    ASSIGN_OR_RETURN(detail::CudaExporter * exporter, detail::CudaExporter::Get(), "register");
     for (const CudaTensor& t : cuda) {
       RETURN_IF_ERROR(ValidateTensorName(t.name), "register");
       const std::string label = "register: tensor '" + EscapeForLog(t.name) + "'";
@@ -514,11 +524,10 @@ Status Client::Impl::Register(std::span<const HostTensor> tensors,
       if (t.device_ptr == nullptr) return InvalidArgument(label + ": no device pointer");
       ASSIGN_OR_RETURN(detail::CudaExport e, exporter->Export(t.device_ptr, t.nbytes), label);
       devices[e.device] = e.device_uuid;
-      identity.push_back(RegisteredTensor{t.name, t.dtype, t.global_shape, t.flat, t.offsets,
-                                          t.lengths, t.flat_offset, t.numel, 0, 0, e.offset,
-                                          t.nbytes,
-                                          e.vmm ? "vmm:" + std::to_string(identity.size())
-                                                : e.device_uuid + e.ipc_handle});
+      identity.push_back(RegisteredTensor{
+          t.name, t.dtype, t.global_shape, t.flat, t.offsets, t.lengths, t.flat_offset, t.numel, 0,
+          0, e.offset, t.nbytes,
+          e.vmm ? "vmm:" + std::to_string(identity.size()) : e.device_uuid + e.ipc_handle});
       exports.push_back(std::move(e));
     }
   }
@@ -649,7 +658,7 @@ Status Client::Impl::Save(uint64_t step, std::string_view extra, OnFull on_full,
   if (!devices.empty()) {
     // Record first, send after: the daemon's wait must see this record (a wait on an event not
     // yet recorded returns at once).
-    ASSIGN_OR_RETURN(detail::CudaExporter* exporter, detail::CudaExporter::Get(),
+    ASSIGN_OR_RETURN(detail::CudaExporter * exporter, detail::CudaExporter::Get(),
                      "save of step " + std::to_string(step));
     for (const auto& [ordinal, uuid] : devices) {
       ASSIGN_OR_RETURN(std::string handle, exporter->RecordSaveEvent(ordinal, stream),
@@ -726,9 +735,9 @@ Status Client::Impl::Wait(uint64_t step, WaitState state, std::optional<millisec
   }
   std::vector<OutgoingFrame> frames;
   frames.push_back(std::move(frame));
-  auto reply = Call(std::move(frames), pb::DaemonMessage::kWait, timeout,
-                    "wait for step " + std::to_string(step) + " of job " + options_.job +
-                        " to be " + state_name);
+  auto reply = Call(
+      std::move(frames), pb::DaemonMessage::kWait, timeout,
+      "wait for step " + std::to_string(step) + " of job " + options_.job + " to be " + state_name);
   if (!reply.ok()) {
     if (reply.status().code() == StatusCode::kDeadlineExceeded) {
       std::lock_guard lock(mu_);
@@ -781,7 +790,7 @@ Result<LoadResult> Client::Impl::Load(const LoadOptions& options) {
   result.bytes_from_storage = lr.bytes_from_storage();
   result.missing.assign(lr.missing().begin(), lr.missing().end());
   if (lr.cuda_events_size() > 0) {
-    ASSIGN_OR_RETURN(detail::CudaExporter* exporter, detail::CudaExporter::Get(), "load");
+    ASSIGN_OR_RETURN(detail::CudaExporter * exporter, detail::CudaExporter::Get(), "load");
     for (const auto& e : lr.cuda_events()) {
       RETURN_IF_ERROR(exporter->WaitLoaded(e.device_uuid(), e.ipc_event_handle(), stream),
                       "load of step " + std::to_string(lr.step()));

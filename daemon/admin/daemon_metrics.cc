@@ -32,15 +32,16 @@ class DaemonMetrics::PoolCollector final : public prometheus::Collectable {
   PoolCollector(const HostPool* pool, const HotCache* hot) : pool_(pool), hot_(hot) {}
   std::vector<prometheus::MetricFamily> Collect() const override {
     const uint64_t total = pool_->size_bytes();
-    const uint64_t free_bytes = std::min<uint64_t>(
-        total, uint64_t{pool_->free_slots()} * pool_->slot_size());
+    const uint64_t free_bytes =
+        std::min<uint64_t>(total, uint64_t{pool_->free_slots()} * pool_->slot_size());
     const uint64_t cached = std::min(hot_->resident_bytes(), total - free_bytes);
     prometheus::MetricFamily f;
     f.name = "ckptd_pool_bytes";
     f.help = "Bytes of the host staging pool by state (free, cached for restores, in use)";
     f.type = prometheus::MetricType::Gauge;
-    for (const auto& [state, value] :
-         {std::pair{"free", free_bytes}, {"cached", cached}, {"in_use", total - free_bytes - cached}}) {
+    for (const auto& [state, value] : {std::pair{"free", free_bytes},
+                                       {"cached", cached},
+                                       {"in_use", total - free_bytes - cached}}) {
       prometheus::ClientMetric m;
       m.label.push_back({"state", state});
       m.gauge.value = static_cast<double>(value);
@@ -155,15 +156,15 @@ std::string DaemonMetrics::Render() const {
   return prometheus::TextSerializer().Serialize(families);
 }
 
-void DaemonMetrics::OnStepState(const std::string& job, uint64_t step,
-                                ckptd::v1::StepState state, const std::string& reason) {
+void DaemonMetrics::OnStepState(const std::string& job, uint64_t step, ckptd::v1::StepState state,
+                                const std::string& reason) {
   const auto key = std::make_pair(job, step);
   switch (state) {
     case ckptd::v1::STEP_STATE_COMMITTED:
       steps_committed_.Increment();
-      last_commit_.Set(std::chrono::duration<double>(
-                           std::chrono::system_clock::now().time_since_epoch())
-                           .count());
+      last_commit_.Set(
+          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+              .count());
       in_flight_.erase(key);
       break;
     case ckptd::v1::STEP_STATE_ABORTED:

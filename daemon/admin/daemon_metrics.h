@@ -84,7 +84,7 @@ class DaemonMetrics final : public DaemonObserver {
   prometheus::Gauge& last_commit_;
   prometheus::Gauge& clients_;
   std::set<std::pair<std::string, uint64_t>> in_flight_;  // loop-owned
-  std::set<uint64_t> sessions_;                            // loop-owned
+  std::set<uint64_t> sessions_;                           // loop-owned
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::string bound_address_;
 };

@@ -67,10 +67,10 @@ struct ClientOptions {
 // the daemon (SCM_RIGHTS) and never closes it. The memory behind the fd must stay alive and
 // must not be modified between Save and the end of the WaitSnapshot that follows it.
 struct HostTensor {
-  std::string name;                   // fully qualified name, e.g. "layers.0.attn.wq.weight"
-  std::string dtype;                  // PyTorch name: "float32", "bfloat16", "int32", ...
-  std::vector<uint64_t> global_shape; // shape of the whole (unsharded) tensor; {} for a scalar
-  bool flat = false;                  // false: a box shard; true: a flat-range shard
+  std::string name;                    // fully qualified name, e.g. "layers.0.attn.wq.weight"
+  std::string dtype;                   // PyTorch name: "float32", "bfloat16", "int32", ...
+  std::vector<uint64_t> global_shape;  // shape of the whole (unsharded) tensor; {} for a scalar
+  bool flat = false;                   // false: a box shard; true: a flat-range shard
   // Box shard: offsets[d] .. offsets[d]+lengths[d] along each dimension. Both empty = the
   // whole tensor.
   std::vector<uint64_t> offsets, lengths;
@@ -114,11 +114,11 @@ enum class WaitState { kCaptured, kPersisted, kCommitted };
 enum class OnFull { kWait, kSkip };
 
 struct LoadResult {
-  uint64_t step = 0;                    // the step that was loaded
-  std::string extra;                    // this rank's opaque blob passed to Save
-  uint64_t bytes_from_memory = 0;       // served from the daemon's host memory (hot restore)
-  uint64_t bytes_from_storage = 0;      // read from storage
-  std::vector<std::string> missing;     // non-strict loads: registered tensors not in the step
+  uint64_t step = 0;                 // the step that was loaded
+  std::string extra;                 // this rank's opaque blob passed to Save
+  uint64_t bytes_from_memory = 0;    // served from the daemon's host memory (hot restore)
+  uint64_t bytes_from_storage = 0;   // read from storage
+  std::vector<std::string> missing;  // non-strict loads: registered tensors not in the step
 };
 
 // Everything a load can be asked for; Load(step, strict[, stream]) is the common case.

@@ -4,6 +4,11 @@ load with `ckptd --print-config`, and the numbers that must agree do (grace peri
 the drain timeout, memory limits covering the pool, the trainer's group and socket directory
 matching the daemon's).
 
+Without the binaries: the systemd units' hardening (a dedicated user, no capabilities, a
+read-only system with the storage root writable), the DaemonSet's rolling update, and the
+Prometheus alerting rules (`promtool check rules` and their `promtool test rules` unit tests;
+skipped where promtool is not installed: Debian package prometheus, deploy/install-deps.sh).
+
 ckpt-coordinator is built only when the coordinator is part of the tree; without it, its flags
 (and the daemon's coordinator-* link keys) cannot be checked and the checks say so by skipping.
 """
@@ -11,6 +16,7 @@ ckpt-coordinator is built only when the coordinator is part of the tree; without
 import glob
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 import unittest
@@ -109,6 +115,22 @@ def configmap_ckptd_yaml():
     return yaml.safe_load(find("ConfigMap", "ckptd-config")["data"]["ckptd.yaml"])
 
 
+def example_config():
+    with open(os.path.join(DEPLOY, "ckptd.yaml")) as f:
+        return yaml.safe_load(f)
+
+
+def covers(paths, path):
+    """Whether one of the space-separated unit paths (a leading '-' or '+' allowed) is `path` or
+    a directory above it."""
+    path = os.path.normpath(path)
+    for p in paths.split():
+        p = os.path.normpath(p.lstrip("-+"))
+        if path == p or path.startswith(p.rstrip("/") + "/"):
+            return True
+    return False
+
+
 class DeployTest(unittest.TestCase):
     def setUp(self):
         for name in ("ckptd", "ckptctl"):
@@ -192,7 +214,6 @@ class DeployTest(unittest.TestCase):
         config = configmap_ckptd_yaml()
         ds = find("DaemonSet", "ckptd")
         pod = ds["spec"]["template"]["spec"]
-        self.assertEqual(ds["spec"]["updateStrategy"]["type"], "OnDelete")
         self.assertGreater(pod["terminationGracePeriodSeconds"], seconds(config["shutdown-timeout"]))
         (c,) = pod["containers"]
         res = c["resources"]
@@ -238,6 +259,122 @@ class DeployTest(unittest.TestCase):
         self.assertEqual(unit["Type"], "notify")
         self.assertIn("on-failure", unit["Restart"])
         self.check_argv(unit["ExecStart"].split(), "ckpt-coordinator.service")
+
+
+class StaticDeployTest(unittest.TestCase):
+    """What needs no binary: the units' sandbox, the DaemonSet's update strategy, and that the
+    alert tests cover every alert."""
+
+    def check_hardening(self, name, storage_root):
+        unit = unit_file(name)
+        service = unit["Service"]
+        self.assertEqual(service.get("User"), "ckptd", "%s: a dedicated user, not root" % name)
+        self.assertEqual(service.get("Group"), "ckptd", name)
+        self.assertEqual(service.get("NoNewPrivileges"), "yes", name)
+        self.assertEqual(service.get("CapabilityBoundingSet"), "", "%s: no capabilities" % name)
+        self.assertEqual(service.get("ProtectSystem"), "strict", name)
+        self.assertTrue(covers(service.get("ReadWritePaths", ""), storage_root),
+                        "%s: ReadWritePaths=%r leaves the storage root %s read-only"
+                        % (name, service.get("ReadWritePaths"), storage_root))
+        self.assertTrue(covers(unit["Unit"].get("RequiresMountsFor", ""), storage_root),
+                        "%s: RequiresMountsFor does not name the storage root %s"
+                        % (name, storage_root))
+        for key in ("ProtectHome", "PrivateTmp", "ProtectKernelTunables", "ProtectKernelModules",
+                    "ProtectControlGroups", "RestrictNamespaces", "LockPersonality",
+                    "RestrictRealtime", "RestrictSUIDSGID"):
+            self.assertEqual(service.get(key), "yes", "%s: %s" % (name, key))
+        self.assertEqual(service.get("SystemCallArchitectures"), "native", name)
+        self.assertEqual(set(service.get("RestrictAddressFamilies", "").split()),
+                         {"AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK"}, name)
+        return service
+
+    def test_ckptd_unit_is_hardened(self):
+        config = example_config()
+        service = self.check_hardening("ckptd.service", config["storage-root"])
+        # The pool is pinned through the rlimit, not a capability; the GPU needs /dev/nvidia*.
+        self.assertEqual(service["LimitMEMLOCK"], "infinity")
+        self.assertNotIn("AmbientCapabilities", {k for k, v in service.items() if v})
+        self.assertNotEqual(service.get("PrivateDevices"), "yes", "CUDA needs /dev/nvidia*")
+        self.assertNotIn("DeviceAllow", service, "CUDA needs /dev/nvidia*")
+        self.assertNotEqual(service.get("ProtectClock"), "yes",
+                            "implies a DeviceAllow= list on older systemd")
+        self.assertNotEqual(service.get("MemoryDenyWriteExecute"), "yes", "the CUDA driver JITs")
+        # The socket's group is the daemon's own (chown to it needs no capability), and the
+        # socket's directory is the unit's RuntimeDirectory.
+        self.assertEqual(str(config["socket-group"]), service["Group"])
+        argv = service["ExecStart"].split()
+        socket = argv[argv.index("--socket") + 1]
+        self.assertEqual(os.path.dirname(socket), "/run/" + service["RuntimeDirectory"])
+
+    def test_coordinator_unit_is_hardened(self):
+        service = unit_file("ckpt-coordinator.service")["Service"]
+        argv = service["ExecStart"].split()
+        root = argv[argv.index("--storage-root") + 1]
+        service = self.check_hardening("ckpt-coordinator.service", root)
+        self.assertEqual(service.get("PrivateDevices"), "yes")
+        self.assertEqual(service.get("MemoryDenyWriteExecute"), "yes")
+
+    def test_sysusers_creates_the_units_user(self):
+        with open(os.path.join(DEPLOY, "systemd", "ckptd.sysusers")) as f:
+            lines = [l.split() for l in f if l.strip() and not l.startswith("#")]
+        self.assertIn(["u", "ckptd"], [l[:2] for l in lines])
+
+    def test_daemonset_rolls_one_node_at_a_time(self):
+        ds = find("DaemonSet", "ckptd")
+        strategy = ds["spec"]["updateStrategy"]
+        self.assertEqual(strategy["type"], "RollingUpdate")
+        rolling = strategy["rollingUpdate"]
+        # A surge pod would be a second daemon on the node's socket.
+        self.assertEqual(rolling["maxSurge"], 0)
+        unavailable = rolling["maxUnavailable"]
+        self.assertTrue(isinstance(unavailable, int) and unavailable >= 1
+                        or re.fullmatch(r"[1-9][0-9]?%", str(unavailable)), unavailable)
+        pod = ds["spec"]["template"]["spec"]
+        drain = seconds(configmap_ckptd_yaml()["shutdown-timeout"])
+        self.assertGreater(pod["terminationGracePeriodSeconds"], drain)
+
+    def test_promtool_tests_cover_every_alert(self):
+        """Each alert fires in some test case and is checked silent in another."""
+        with open(PromtoolTest.RULES) as f:
+            alerts = {r["alert"] for g in yaml.safe_load(f)["groups"] for r in g["rules"]
+                      if "alert" in r}
+        with open(PromtoolTest.TESTS) as f:
+            tests = yaml.safe_load(f)["tests"]
+        fired, silent = set(), set()
+        for t in tests:
+            for case in t.get("alert_rule_test", []):
+                (fired if case.get("exp_alerts") else silent).add(case["alertname"])
+        self.assertEqual(alerts - fired, set(), "alerts no test makes fire")
+        self.assertEqual(alerts - silent, set(), "alerts no test checks silent")
+
+
+class PromtoolTest(unittest.TestCase):
+    """deploy/prometheus: the alerting rules load, and each alert fires in its unit test and
+    stays silent on healthy series."""
+
+    RULES = os.path.join(DEPLOY, "prometheus", "ckptd-alerts.yaml")
+    TESTS = os.path.join(DEPLOY, "prometheus", "ckptd-alerts.test.yaml")
+
+    def setUp(self):
+        self.promtool = shutil.which("promtool")
+        if self.promtool is None:
+            raise unittest.SkipTest("promtool is not installed (Debian package prometheus, in "
+                                    "deploy/install-deps.sh): the alerting rules are unchecked")
+
+    def promtool_run(self, *args):
+        p = subprocess.run([self.promtool] + list(args), capture_output=True, text=True,
+                           timeout=120)
+        self.assertEqual(p.returncode, 0, "promtool %s failed:\n%s%s"
+                         % (" ".join(args), p.stdout, p.stderr))
+        return p.stdout + p.stderr
+
+    def test_promtool_check_rules(self):
+        out = self.promtool_run("check", "rules", self.RULES)
+        self.assertIn("SUCCESS", out)
+
+    def test_promtool_test_rules(self):
+        out = self.promtool_run("test", "rules", self.TESTS)
+        self.assertIn("SUCCESS", out)
 
 
 if __name__ == "__main__":

@@ -132,7 +132,14 @@ std::string EncodeFrame(std::string_view payload) {
   return out;
 }
 
-Status SendFrame(int socket_fd, std::string_view payload, std::span<const int> fds) {
+namespace {
+
+// Sends a whole frame; waits for room with poll until `deadline` (none: forever).
+Status SendFrameImpl(int socket_fd, std::string_view payload, std::span<const int> fds,
+                     std::optional<std::chrono::steady_clock::time_point> deadline,
+                     size_t* sent_out) {
+  size_t sent = 0;
+  if (sent_out != nullptr) *sent_out = 0;
   if (payload.size() > kMaxFrameBytes) {
     return InvalidArgument("frame of " + std::to_string(payload.size()) +
                            " bytes is over the limit; split the request");
@@ -142,7 +149,6 @@ Status SendFrame(int socket_fd, std::string_view payload, std::span<const int> f
                            std::to_string(kMaxFdsPerFrame));
   }
   std::string bytes = EncodeFrame(payload);
-  size_t sent = 0;
   bool fds_sent = fds.empty();
   alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerFrame)];
   while (sent < bytes.size()) {
@@ -160,20 +166,43 @@ Status SendFrame(int socket_fd, std::string_view payload, std::span<const int> f
       c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
       std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
     }
-    ssize_t n = ::sendmsg(socket_fd, &msg, MSG_NOSIGNAL);
+    ssize_t n = ::sendmsg(socket_fd, &msg, MSG_NOSIGNAL | (deadline ? MSG_DONTWAIT : 0));
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        int wait_ms = -1;
+        if (deadline) {
+          const auto left = std::chrono::ceil<std::chrono::milliseconds>(
+              *deadline - std::chrono::steady_clock::now());
+          if (left.count() <= 0) {
+            return DeadlineExceeded("the peer took none of the last " +
+                                    std::to_string(bytes.size() - sent) + " bytes of a " +
+                                    std::to_string(bytes.size()) + "-byte frame in time");
+          }
+          wait_ms = static_cast<int>(std::min<int64_t>(left.count(), 1 << 30));
+        }
         struct pollfd p = {socket_fd, POLLOUT, 0};
-        ::poll(&p, 1, -1);
+        ::poll(&p, 1, wait_ms);
         continue;
       }
       return ErrnoStatus(errno, "sendmsg on the local socket");
     }
     fds_sent = true;
     sent += static_cast<size_t>(n);
+    if (sent_out != nullptr) *sent_out = sent;
   }
   return Status::Ok();
+}
+
+}  // namespace
+
+Status SendFrame(int socket_fd, std::string_view payload, std::span<const int> fds) {
+  return SendFrameImpl(socket_fd, payload, fds, std::nullopt, nullptr);
+}
+
+Status SendFrameUntil(int socket_fd, std::string_view payload, std::span<const int> fds,
+                      std::chrono::steady_clock::time_point deadline, size_t* sent) {
+  return SendFrameImpl(socket_fd, payload, fds, deadline, sent);
 }
 
 }  // namespace ckpt

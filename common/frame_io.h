@@ -11,6 +11,7 @@
 // calls on one socket are serialized by the caller.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -69,6 +70,12 @@ class FrameReader {
 // Sends one frame with its descriptors (blocking until all bytes are written; EAGAIN is waited
 // out with poll). kInvalidArgument if the payload or fd count is over the limits.
 Status SendFrame(int socket_fd, std::string_view payload, std::span<const int> fds = {});
+
+// As SendFrame, but gives up at `deadline` with kDeadlineExceeded. `*sent` is set to the bytes
+// of the frame that went out: 0 leaves the stream usable, anything between 0 and the whole frame
+// means the stream now holds part of a frame and must be abandoned.
+Status SendFrameUntil(int socket_fd, std::string_view payload, std::span<const int> fds,
+                      std::chrono::steady_clock::time_point deadline, size_t* sent);
 
 // Encodes [len][payload] without descriptors (for the daemon's async writes).
 std::string EncodeFrame(std::string_view payload);

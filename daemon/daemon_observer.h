@@ -27,6 +27,7 @@ struct ClientDescription {
   uint32_t world_size = 0;
   int32_t pid = 0;
   uint32_t uid = 0;
+  bool reattached = false;  // the client connected before (daemon restart, broken connection)
 };
 
 class DaemonObserver {

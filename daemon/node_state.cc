@@ -183,6 +183,7 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
     post([this, j, n, r, st] { OnRankPersisted(j, n, r, st); });
   };
   s.ranks[req.rank] = RankSave{req.session_id, req.pid, capture, std::move(req.extra)};
+  s.ranks[req.rank].sync_input = std::move(req.sync_input);
   if (link_ != nullptr) Report(s, ckptd::v1::STEP_STATE_PENDING, {req.rank});
   if (s.deferred) {
     s.deferred_captures.push_back(std::move(capture));
@@ -206,6 +207,13 @@ void NodeState::OnRankCaptured(const std::string& job, uint64_t step, uint32_t r
                   "rank " + std::to_string(rank) + " capture failed: " + st.message());
     }
     return;
+  }
+  if (auto sync = s->ranks[rank].sync_input) {
+    // Everything the trainer sent before this moment is read first: an Abandon (or the session's
+    // end) among it aborts the step before it can count as captured.
+    sync();
+    s = FindStep(job, step);
+    if (s == nullptr || Terminal(s->state)) return;
   }
   RankSave& captured_rank = s->ranks[rank];
   captured_rank.captured = true;
@@ -441,6 +449,18 @@ void NodeState::Publish(const Step& s) {
   for (const auto& w : j->second.sinks) {
     if (auto sink = w.lock()) sink->OnEvent(e);
   }
+}
+
+bool NodeState::Abandon(const std::string& job, uint64_t step, uint32_t rank, uint64_t session_id,
+                        const std::string& reason) {
+  Step* s = FindStep(job, step);
+  if (s == nullptr || Terminal(s->state)) return false;
+  auto it = s->ranks.find(rank);
+  if (it == s->ranks.end() || it->second.session_id != session_id) return false;
+  FailLocally(*s, ckptd::v1::STEP_STATE_ABORTED,
+              "rank " + std::to_string(rank) + " abandoned step " + std::to_string(step) +
+                  (reason.empty() ? std::string() : ": " + reason));
+  return true;
 }
 
 void NodeState::OnSessionClosed(uint64_t session_id, const std::string& job, uint32_t rank,

@@ -11,6 +11,9 @@
 //     order per job (a later step waits for every earlier in-flight step to end);
 //   * a rank whose session ends before its capture completed aborts the step, naming the rank;
 //     a rank that already captured is persisted and committed without its trainer;
+//   * a rank that abandons a step (its trainer's fence gave up; it modifies the memory now)
+//     aborts it; a capture counts as complete only after the session has read everything its
+//     trainer sent until then (SaveRequest::sync_input), so a late Abandon is never missed;
 //   * a step some rank never saves is aborted after step_timeout, naming the missing ranks;
 //   * at most max_steps_in_flight steps per job capture or persist at once; a newer save is
 //     accepted but its capture waits until an older step ends (felt in wait_snapshot);
@@ -95,6 +98,9 @@ class NodeState : public CoordinatorLink::Handler {
     std::shared_ptr<const CapturePlan> plan;
     std::string extra;
     ckptd::v1::FullPolicy on_full = ckptd::v1::FULL_POLICY_WAIT;
+    // Called on the loop when the rank's capture finished, before it counts as captured: the
+    // session reads what its trainer already sent (an Abandon may be among it). May be empty.
+    std::function<void()> sync_input;
   };
   struct SaveOutcome {
     bool skipped = false;
@@ -109,6 +115,11 @@ class NodeState : public CoordinatorLink::Handler {
   void WaitState(const std::string& job, uint64_t step, ckptd::v1::StepState state, Done done);
   // Newest committed step of a job (looked up on the storage thread).
   void Latest(const std::string& job, std::function<void(Result<std::optional<uint64_t>>)> done);
+
+  // The trainer of `rank` gave up on `step` (its fence timed out) and modifies the memory now:
+  // the step is aborted unless it already ended. Returns whether this call aborted it.
+  bool Abandon(const std::string& job, uint64_t step, uint32_t rank, uint64_t session_id,
+               const std::string& reason);
 
   void AddSink(const std::string& job, std::weak_ptr<EventSink> sink);
   void OnSessionClosed(uint64_t session_id, const std::string& job, uint32_t rank, int32_t pid);
@@ -136,6 +147,7 @@ class NodeState : public CoordinatorLink::Handler {
     bool finished = false;  // the capture job let go of its files
     std::chrono::steady_clock::time_point accepted = std::chrono::steady_clock::now();
     std::chrono::steady_clock::time_point captured_at;
+    std::function<void()> sync_input;  // SaveRequest::sync_input
   };
   struct Waiter {
     bool rank_captured;  // true: waits for `rank` captured; false: for `state`

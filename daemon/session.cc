@@ -9,8 +9,11 @@
 namespace ckpt {
 
 namespace {
-constexpr uint32_t kProtocolVersion = 1;
-}
+// The newest local protocol this daemon speaks, and the oldest client it still accepts (the
+// previous release's): a daemon upgraded under running jobs keeps serving their clients.
+constexpr uint32_t kProtocolVersion = 2;
+constexpr uint32_t kOldestProtocolVersion = 1;
+}  // namespace
 
 Session::Session(boost::asio::local::stream_protocol::socket socket, uint64_t id, int32_t peer_pid,
                  uint32_t peer_uid, SessionServices* services)
@@ -41,7 +44,12 @@ void Session::ArmRead() {
 }
 
 void Session::OnReadable() {
-  // Drain what is there, one frame at a time, then wait again.
+  DrainInput();
+  ArmRead();
+}
+
+void Session::DrainInput() {
+  // What is there, one frame at a time; never blocks (the socket is non-blocking).
   while (!closed_) {
     auto frame = reader_.ReadSome(socket_.native_handle());
     if (!frame.ok()) {
@@ -51,10 +59,9 @@ void Session::OnReadable() {
       Close(frame.status().message());
       return;
     }
-    if (!frame->has_value()) break;
+    if (!frame->has_value()) return;
     Dispatch(std::move(**frame));
   }
-  ArmRead();
 }
 
 void Session::Dispatch(Frame frame) {
@@ -119,6 +126,23 @@ void Session::Handle(const ckptd::v1::ClientMessage& m, std::vector<UniqueFd> fd
     case ckptd::v1::ClientMessage::kLoad:
       HandleLoad(id, m.load());
       return;
+    case ckptd::v1::ClientMessage::kPing: {
+      ckptd::v1::DaemonMessage reply;
+      reply.set_request_id(id);
+      reply.mutable_pong();
+      Send(reply);
+      return;
+    }
+    case ckptd::v1::ClientMessage::kAbandon: {
+      const bool aborted = services_->node->Abandon(job_, m.abandon().step(), rank_, id_,
+                                                    EscapeForLog(m.abandon().reason()));
+      ckptd::v1::DaemonMessage reply;
+      reply.set_request_id(id);
+      reply.mutable_abandon()->set_step(m.abandon().step());
+      reply.mutable_abandon()->set_aborted(aborted);
+      Send(reply);
+      return;
+    }
     default:
       SendError(id, InvalidArgument("unknown request type " + std::to_string(m.body_case())));
       return;
@@ -131,10 +155,11 @@ void Session::HandleHello(uint64_t id, const ckptd::v1::Hello& hello) {
     return;
   }
   Status st = ValidateJobName(hello.job());
-  if (hello.protocol_version() != kProtocolVersion) {
-    st = FailedPrecondition("client speaks protocol version " +
-                            std::to_string(hello.protocol_version()) + "; this daemon speaks " +
-                            std::to_string(kProtocolVersion));
+  if (hello.protocol_version() < kOldestProtocolVersion) {
+    st = FailedPrecondition(
+        "client speaks protocol version " + std::to_string(hello.protocol_version()) +
+        "; this daemon speaks " + std::to_string(kOldestProtocolVersion) + " to " +
+        std::to_string(kProtocolVersion) + " (daemon version " + services_->version + ")");
   } else if (st.ok() && (hello.world_size() == 0 || hello.rank() >= hello.world_size())) {
     st = InvalidArgument("rank " + std::to_string(hello.rank()) + " is not below world size " +
                          std::to_string(hello.world_size()));
@@ -145,19 +170,22 @@ void Session::HandleHello(uint64_t id, const ckptd::v1::Hello& hello) {
     return;
   }
   hello_ = true;
+  protocol_ = std::min(hello.protocol_version(), kProtocolVersion);
   job_ = hello.job();
   rank_ = hello.rank();
   world_size_ = hello.world_size();
   services_->node->AddSink(job_, weak_from_this());
-  spdlog::info("session {}: job '{}' rank {}/{} (pid {}, client {})", id_, job_, rank_, world_size_,
-               peer_pid_, EscapeForLog(hello.client_version()));
+  spdlog::info("session {}: job '{}' rank {}/{} (pid {}, client {}, protocol {}{})", id_, job_,
+               rank_, world_size_, peer_pid_, EscapeForLog(hello.client_version()), protocol_,
+               hello.reattach() > 0 ? ", re-attach " + std::to_string(hello.reattach()) : "");
   if (services_->observer != nullptr) {
-    services_->observer->OnClientConnected({id_, job_, rank_, world_size_, peer_pid_, peer_uid_});
+    services_->observer->OnClientConnected(
+        {id_, job_, rank_, world_size_, peer_pid_, peer_uid_, hello.reattach() > 0});
   }
   ckptd::v1::DaemonMessage reply;
   reply.set_request_id(id);
   auto* r = reply.mutable_hello();
-  r->set_protocol_version(kProtocolVersion);
+  r->set_protocol_version(protocol_);
   r->set_daemon_version(services_->version);
   r->set_node_id(services_->node_id);
   r->set_session_id(id_);
@@ -285,6 +313,11 @@ void Session::HandleSave(uint64_t id, const ckptd::v1::Save& save) {
   req.plan = plan_;
   req.extra = save.extra();
   req.on_full = save.on_full();
+  // Before this rank's capture counts as complete, everything the trainer sent until then is
+  // read: an Abandon written before the trainer touched the memory is seen in time.
+  req.sync_input = [weak = weak_from_this()] {
+    if (auto self = weak.lock()) self->DrainInput();
+  };
   auto outcome = services_->node->StartSave(std::move(req));
   if (!outcome.ok()) {
     SendError(id, outcome.status());

@@ -3,8 +3,15 @@
 // The session reads frames off its Unix socket on the daemon's Asio loop (non-blocking reads,
 // exactly one frame at a time so received descriptors always belong to the frame they came
 // with), dispatches them, and writes replies and events through a bounded queue. The first
-// frame must be Hello; then Register / Save / WaitSnapshot / Wait / Latest / Load in any order.
-// Every request gets exactly one answer carrying its request_id: its reply or an Error.
+// frame must be Hello; then Register / Save / WaitSnapshot / Wait / Latest / Load / Ping /
+// Abandon in any order. Every request gets exactly one answer carrying its request_id: its reply
+// or an Error. Clients of this daemon's protocol version and of the previous one are accepted.
+//
+// Abandon (the trainer's fence gave up and it is about to modify the saved memory) aborts the
+// step. It can only be late if it is still unread in the socket when the capture finishes; so
+// before a capture of this session counts as complete, NodeState has the session read everything
+// already sent (DrainInput). A trainer writes its Abandon before it touches the memory, and a
+// torn copy can only finish after that touch: the Abandon is then always in the socket.
 //
 // Bad input is that client's problem only: a semantic error (unknown dtype, bytes outside the
 // descriptor, hostile names) is answered with an Error and the session continues; a broken
@@ -31,9 +38,9 @@
 #include "common/data_layout.h"
 #include "common/frame_io.h"
 #include "daemon/capture_plan.h"
-#include "daemon/daemon_observer.h"
 #include "daemon/device/cuda_backend.h"
 #include "daemon/device/host_fd_backend.h"
+#include "daemon/daemon_observer.h"
 #include "daemon/host_memory.h"
 #include "daemon/node_state.h"
 
@@ -70,6 +77,8 @@ class Session : public EventSink, public std::enable_shared_from_this<Session> {
  private:
   void ArmRead();
   void OnReadable();
+  // Reads and handles every complete frame already received; never blocks.
+  void DrainInput();
   void Dispatch(Frame frame);
   void Handle(const ckptd::v1::ClientMessage& m, std::vector<UniqueFd> fds);
   void HandleHello(uint64_t id, const ckptd::v1::Hello& hello);
@@ -94,6 +103,7 @@ class Session : public EventSink, public std::enable_shared_from_this<Session> {
 
   // After Hello.
   bool hello_ = false;
+  uint32_t protocol_ = 0;  // the version this session speaks (the lower of client and daemon)
   std::string job_;
   uint32_t rank_ = 0;
   uint32_t world_size_ = 0;

@@ -102,7 +102,7 @@ ckpt::CudaStream ToStream(uint64_t stream) {
 class PyClient {
  public:
   PyClient(std::string job, uint32_t rank, uint32_t world_size, std::string socket,
-           uint32_t local_rank, double connect_timeout) {
+           uint32_t local_rank, double connect_timeout, std::optional<double> call_timeout) {
     ckpt::ClientOptions options;
     options.job = std::move(job);
     options.rank = rank;
@@ -114,6 +114,13 @@ class PyClient {
     }
     options.connect_timeout =
         std::chrono::milliseconds(static_cast<int64_t>(std::ceil(connect_timeout * 1000.0)));
+    if (call_timeout) {  // None: CKPTD_CALL_TIMEOUT, else the client's default
+      if (!std::isfinite(*call_timeout) || *call_timeout <= 0 || *call_timeout > 1e6) {
+        throw py::value_error("call_timeout must be a positive number of seconds (or None)");
+      }
+      options.call_timeout = std::chrono::milliseconds(
+          std::max<int64_t>(1, static_cast<int64_t>(std::ceil(*call_timeout * 1000.0))));
+    }
     auto connected = [&] {
       py::gil_scoped_release release;
       return ckpt::Client::Connect(std::move(options));
@@ -227,12 +234,26 @@ class PyClient {
                           result->bytes_from_storage, missing);
   }
 
+  void Abandon(std::optional<uint64_t> step, const std::string& reason) {
+    ckpt::Status st;
+    {
+      py::gil_scoped_release release;
+      st = client_->Abandon(step, reason);
+    }
+    ThrowIfError(st);
+  }
+
   void Close() {
     py::gil_scoped_release release;
     client_->Close();
   }
 
   std::string node_id() const { return client_->node_id(); }
+  double call_timeout() const {
+    return static_cast<double>(client_->call_timeout().count()) / 1000.0;
+  }
+  bool registered() const { return client_->registered(); }
+  uint32_t reattaches() const { return client_->reattaches(); }
 
  private:
   std::unique_ptr<ckpt::Client> client_;
@@ -266,10 +287,12 @@ PYBIND11_MODULE(_ckptd, m) {
   });
 
   py::class_<PyClient>(m, "Client")
-      .def(py::init<std::string, uint32_t, uint32_t, std::string, uint32_t, double>(),
+      .def(py::init<std::string, uint32_t, uint32_t, std::string, uint32_t, double,
+                    std::optional<double>>(),
            py::arg("job"), py::arg("rank"), py::arg("world_size"), py::arg("socket"),
-           py::arg("local_rank"), py::arg("connect_timeout"),
-           "Connects to the daemon (retrying for connect_timeout seconds) and says hello.")
+           py::arg("local_rank"), py::arg("connect_timeout"), py::arg("call_timeout") = py::none(),
+           "Connects to the daemon (retrying for connect_timeout seconds) and says hello. "
+           "call_timeout: seconds every prompt call may take (None: $CKPTD_CALL_TIMEOUT or 10).")
       .def("register", &PyClient::Register, py::arg("tensors"),
            "Registers shards given as tuples (name, dtype, global_shape, flat, offsets, lengths, "
            "flat_offset, numel, fd, fd_offset, nbytes, device_ptr). The fds stay the caller's; "
@@ -285,6 +308,13 @@ PYBIND11_MODULE(_ckptd, m) {
            py::arg("job") = std::string(),
            "Returns (step, extra, bytes_from_memory, bytes_from_storage, missing). job: "
            "another job's checkpoint (empty: this client's job).")
+      .def("abandon", &PyClient::Abandon, py::arg("step") = py::none(),
+           py::arg("reason") = std::string(),
+           "Gives up on a step (None: the last saved): the daemon aborts it; returns without "
+           "waiting for the daemon.")
       .def("close", &PyClient::Close)
-      .def_property_readonly("node_id", &PyClient::node_id);
+      .def_property_readonly("node_id", &PyClient::node_id)
+      .def_property_readonly("call_timeout", &PyClient::call_timeout)
+      .def_property_readonly("registered", &PyClient::registered)
+      .def_property_readonly("reattaches", &PyClient::reattaches);
 }

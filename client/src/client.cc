@@ -1,26 +1,45 @@
-// ckpt::Client: requests over one Unix socket, replies matched by id.
+// ckpt::Client: requests over one Unix socket, replies matched by id; deadlines on every
+// prompt call; a connection that breaks is made again by the next call.
 //
-// The connection carries frames both ways (common/frame_io.h). Requests go out under
-// `send_mu_`, each with a fresh request id that is registered in `pending_` *before* its frame
-// is written, so a reply can never arrive for an id nobody waits for. One reader thread blocks
-// in recvmsg, decodes each DaemonMessage and either completes the pending call with that id
-// (the caller sleeps on `cv_`), records an unsolicited Event (request id 0) in a small bounded
-// map, or drops the reply (its caller timed out and removed the id). Callers therefore wait
-// independently: a WaitSnapshot blocked for seconds does not hold up a Latest from another
-// thread.
+// A Connection is one socket and the reader thread that drains it. Requests go out under the
+// connection's `send_mu`, each with a fresh request id registered in `pending_` *before* its
+// frame is written, so a reply can never arrive for an id nobody waits for. The reader decodes
+// each DaemonMessage and completes the pending call with that id (the caller sleeps on `cv_`),
+// records an unsolicited Event (request id 0) in a small bounded map, or drops the reply (its
+// caller timed out and removed the id). Every frame received also stamps `last_heard`.
 //
-// Failure is sticky and never silent. `connection_` turns non-OK exactly once — when the reader
-// sees EOF, an error or an undecodable frame, when a send fails, or when Close() runs — and
-// every waiter is woken, so a call in flight returns kUnavailable (or kCancelled after Close)
-// instead of hanging on a dead daemon; later calls fail at once with the same status.
+// Deadlines (the first promise: training never waits on a sick daemon). Prompt calls — hello,
+// register, save, latest, abandon — end after `call_timeout` with kDeadlineExceeded; sends are
+// bounded by it too (SendFrameUntil), so a frozen daemon with a full socket buffer cannot block
+// a caller. Long calls — wait, wait_snapshot, load — keep the caller's own timeout but probe: a
+// call that has heard nothing for a quarter of `call_timeout` sends a Ping, and a daemon that
+// has answered nothing at all for `call_timeout` fails the call with kDeadlineExceeded. A timed
+// out call leaves the connection usable; its late reply is dropped.
+//
+// Abandon. A Save whose deadline passed may still be accepted later, and a fence that gave up
+// is followed by the trainer modifying the memory: in both cases the step must never commit.
+// Abandon(step) puts an Abandon frame into the socket before it returns — the daemon reads all
+// of a session's input before it counts a capture as complete (daemon/session.h) — or, when
+// the frame cannot be written at once (full buffer, protocol 1 daemon), shuts the connection
+// down, which aborts every step of this rank not yet captured. Either way the daemon learns of it
+// before the trainer's first write to the memory.
+//
+// Re-attach. A connection breaks when the reader sees EOF, an error or an undecodable frame, or
+// a send fails part-way; every call waiting on it returns kUnavailable. The next call that needs
+// the daemon connects again (retrying for at most a second within its deadline), says hello
+// with its re-attach count, and re-registers the last registered tensors — checking first that
+// each descriptor still refers to the same file, so a stale handle is never sent. A failed
+// attempt backs off (0.1 s doubling to 5 s): meanwhile calls fail at once with kUnavailable
+// instead of stalling the trainer. A WaitSnapshot for a step saved on a broken connection
+// reports kUnavailable; that step commits only if the old daemon had captured it.
 //
 // Register may need several frames (at most kMaxFdsPerFrame fds and ~8 MiB each). They are
-// written back to back under one hold of `send_mu_` so no other request interleaves with a
+// written back to back under one hold of `send_mu` so no other request interleaves with a
 // half-sent set, and every frame's id points at the same pending call: the daemon answers the
 // last one, and an early Error on any of them ends the call too.
 //
-// Lock order: register_mu_ → send_mu_ → mu_. close_mu_ is taken only by Close, which takes
-// mu_ and then send_mu_ but never while holding either.
+// Lock order: register_mu_ (held by Register and re-attach) → Connection::send_mu → mu_.
+// close_mu_ is taken only by Close, which takes mu_ but never while holding it.
 #include "ckpt/client.h"
 
 #include <spdlog/spdlog.h>
@@ -30,21 +49,23 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <system_error>
+#include <mutex>
 #include <thread>
 #include <unordered_map>
 #include <utility>
 
 #include "ckptd/v1/local.pb.h"
-#include "client/src/cuda_export.h"
 #include "common/dtype.h"
 #include "common/frame_io.h"
 #include "common/names.h"
+#include "client/src/cuda_export.h"
 
 #ifndef CKPT_CLIENT_VERSION
 #define CKPT_CLIENT_VERSION "0.0.0"
@@ -57,7 +78,15 @@ namespace pb = ::ckptd::v1;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-constexpr uint32_t kProtocolVersion = 1;
+// The local protocol this client speaks (proto/ckptd/v1/local.proto): 2, and 1 with an older
+// daemon (no Ping, no Abandon).
+constexpr uint32_t kProtocolVersion = 2;
+constexpr uint32_t kOldestProtocolVersion = 1;
+// A re-attach keeps trying to connect for at most this long within its call's deadline.
+constexpr milliseconds kReconnectWindow{1000};
+constexpr milliseconds kFirstBackoff{100};
+constexpr milliseconds kMaxBackoff{5000};
+constexpr milliseconds kDefaultCallTimeout{10000};
 // Register frames are cut at this much payload, far below kMaxFrameBytes so the daemon never
 // holds a huge frame in memory.
 constexpr size_t kRegisterFramePayload = 8u << 20;
@@ -175,25 +204,86 @@ Result<uint64_t> ShardElements(const Tensor& t) {
   return n;
 }
 
+// Two registrations hold the same memory: equal in everything but a CUDA handle's bytes (a
+// re-export of the same allocation may differ; VMM fds always do).
+bool SameMemory(const std::vector<RegisteredTensor>& a, const std::vector<RegisteredTensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    RegisteredTensor x = a[i], y = b[i];
+    x.cuda_handle.clear();
+    y.cuda_handle.clear();
+    if (!(x == y)) return false;
+  }
+  return true;
+}
+
+// CKPTD_CALL_TIMEOUT (seconds) when set and valid, else the default.
+milliseconds CallTimeoutFromEnvironment() {
+  const char* env = std::getenv("CKPTD_CALL_TIMEOUT");
+  if (env == nullptr || *env == '\0') return kDefaultCallTimeout;
+  char* end = nullptr;
+  const double seconds = std::strtod(env, &end);
+  if (end == env || *end != '\0' || !(seconds > 0) || seconds > 1e6) {
+    spdlog::warn(
+        "ckpt client: ignoring CKPTD_CALL_TIMEOUT='{}' (want a positive number of "
+        "seconds); using {} ms",
+        env, kDefaultCallTimeout.count());
+    return kDefaultCallTimeout;
+  }
+  return milliseconds(static_cast<int64_t>(seconds * 1000.0 + 0.5));
+}
+
+int64_t NowNs() { return Clock::now().time_since_epoch().count(); }
+
+// One connected socket and the thread that reads it.
+struct Connection {
+  explicit Connection(UniqueFd fd, uint64_t gen) : socket(std::move(fd)), generation(gen) {}
+  ~Connection() {
+    Shutdown();
+    if (reader.joinable()) reader.join();
+  }
+  // Wakes the reader (EOF) and any sender (EPIPE); the fd stays open until destruction.
+  void Shutdown() {
+    if (socket) ::shutdown(socket.get(), SHUT_RDWR);
+  }
+
+  UniqueFd socket;
+  const uint64_t generation;
+  std::thread reader;
+  FrameReader frames;        // the reader thread's
+  std::timed_mutex send_mu;  // serializes writes on `socket`
+  std::atomic<int64_t> last_heard_ns{0};
+  // Guarded by Client::Impl::mu_.
+  bool ready = false;   // hello (and re-registration) done: calls may use it
+  bool broken = false;  // no reply will come any more
+  uint32_t protocol = 0;
+  int64_t last_ping_ns = 0;
+};
+
 }  // namespace
 
 class Client::Impl {
  public:
-  Impl(ClientOptions options, UniqueFd socket)
-      : options_(std::move(options)), socket_(std::move(socket)) {
-    reader_ = std::thread([this] { ReaderLoop(); });
+  explicit Impl(ClientOptions options) : options_(std::move(options)) {
+    call_timeout_ =
+        options_.call_timeout.count() > 0 ? options_.call_timeout : CallTimeoutFromEnvironment();
   }
   ~Impl() { Close(); }
 
-  Status Hello(Clock::time_point deadline);
+  // The first connection (retrying for connect_timeout while nothing listens).
+  Status Connect();
   Status Register(std::span<const HostTensor> tensors, std::span<const CudaTensor> cuda);
   Status Save(uint64_t step, std::string_view extra, OnFull on_full, CudaStream stream);
   Status WaitSnapshot(std::optional<milliseconds> timeout);
   Status Wait(uint64_t step, WaitState state, std::optional<milliseconds> timeout);
   Result<std::optional<uint64_t>> Latest();
   Result<LoadResult> Load(const LoadOptions& options);
+  Status Abandon(std::optional<uint64_t> step, std::string_view reason);
   void Close();
   const std::string& node_id() const { return node_id_; }
+  milliseconds call_timeout() const { return call_timeout_; }
+  bool registered() const { return registered_flag_.load(); }
+  uint32_t reattaches() const { return reattaches_.load(); }
 
  private:
   struct OutgoingFrame {
@@ -209,109 +299,354 @@ class Client::Impl {
     pb::StepState state;
     std::string reason;
   };
+  // How long a call may take: `deadline` for the reply (none: no limit), and whether the daemon
+  // must keep answering liveness probes meanwhile (long waits).
+  struct Limits {
+    std::optional<Clock::time_point> deadline;
+    bool probe = false;
+  };
+  using ConnectionPtr = std::shared_ptr<Connection>;
 
-  // Sends `frames` and waits for the reply to any of their ids. Returns the reply when its
-  // body is `expected`; the daemon's Error as a Status; kDeadlineExceeded "<what> timed out
-  // after ..." when `timeout` passes; the connection's status when it breaks or was closed.
-  Result<pb::DaemonMessage> Call(std::vector<OutgoingFrame> frames,
-                                 pb::DaemonMessage::BodyCase expected,
-                                 std::optional<milliseconds> timeout, std::string_view what);
-  void ReaderLoop();
+  // The usable connection, making one first when the last broke (re-attach). `deadline` bounds
+  // the re-attach.
+  Result<ConnectionPtr> Attached(Clock::time_point deadline);
+  // Requires register_mu_. Makes a new connection: connect, hello, re-register.
+  Status ReattachLocked(Clock::time_point deadline, bool first);
+  Status HelloOn(const ConnectionPtr& conn, Clock::time_point deadline, bool first);
+  // Requires register_mu_. `must_match`: a re-attach's re-registration, which must describe
+  // the same memory as before (else kFailedPrecondition and nothing is sent).
+  Status RegisterLocked(const ConnectionPtr& conn, std::span<const HostTensor> tensors,
+                        std::span<const CudaTensor> cuda, Clock::time_point deadline,
+                        const std::vector<RegisteredTensor>* must_match);
+  // Sends `frames` on `conn` and waits for the reply to any of their ids. Returns the reply when
+  // its body is `expected`; the daemon's Error as a Status; kDeadlineExceeded "<what> timed out
+  // after ..." when the deadline passes or the daemon stops answering probes; kUnavailable when
+  // the connection breaks; kCancelled after Close.
+  // `*unsent` (may be null) is set when the call failed because the connection had broken
+  // before any byte of it was written: the daemon never saw it, and it can be made again.
+  Result<pb::DaemonMessage> Call(const ConnectionPtr& conn, std::vector<OutgoingFrame> frames,
+                                 pb::DaemonMessage::BodyCase expected, Limits limits,
+                                 std::string_view what, bool* unsent = nullptr);
+  // Call on the attached connection (re-attaching first if it broke, within `attach_deadline`);
+  // a connection found broken before the request went out is re-attached once more.
+  Result<pb::DaemonMessage> CallAttached(std::vector<OutgoingFrame> frames,
+                                         pb::DaemonMessage::BodyCase expected, Limits limits,
+                                         Clock::time_point attach_deadline, std::string_view what,
+                                         ConnectionPtr* used = nullptr);
+  // Writes one frame nobody waits a reply for, within `deadline`. Returns false when it could
+  // not be written whole (then the connection was shut down).
+  bool SendOneWay(const ConnectionPtr& conn, pb::ClientMessage message, Clock::time_point deadline);
+  void ReaderLoop(Connection* conn);
   void OnEvent(const pb::Event& event);
-  // Records why the connection is unusable (the first reason wins) and wakes every waiter.
-  void Break(Status why);
+  // Marks `conn` broken (the first reason wins) and wakes every waiter.
+  void Break(Connection* conn, Status why);
   void ForgetLocked(const PendingCall& call);        // requires mu_
   std::string LastStateLocked(uint64_t step) const;  // requires mu_
   std::string Lost(std::string_view why) const {
     return "connection to ckptd at " + options_.socket + " lost: " + std::string(why);
   }
+  Clock::time_point PromptDeadline() const { return Clock::now() + call_timeout_; }
 
   const ClientOptions options_;
-  std::string node_id_;  // written by Hello before Connect returns; immutable afterwards
+  milliseconds call_timeout_;
+  std::string node_id_;  // from the first hello; immutable afterwards
 
-  // The socket stays open until Close() has joined the reader; only Close() closes it.
-  UniqueFd socket_;
-  FrameReader frame_reader_;  // owned by the reader thread
-
-  // Serializes writes on the socket; held across all frames of one Register.
-  std::mutex send_mu_;
-  bool socket_closed_ = false;    // guarded by send_mu_
-  uint64_t next_request_id_ = 1;  // guarded by send_mu_: ids increase in send order
-
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
-  Status connection_;  // guarded by mu_: OK while usable, else why not (sticky)
+  ConnectionPtr conn_;  // guarded by mu_: the newest connection (null before the first)
+  Status connection_ = Unavailable("not connected yet");  // guarded by mu_: why conn_ is unusable
+  bool closed_ = false;                                   // guarded by mu_
+  uint64_t next_request_id_ = 1;                          // guarded by mu_
   std::unordered_map<uint64_t, std::shared_ptr<PendingCall>> pending_;  // guarded by mu_
-  std::map<uint64_t, StepEvent> events_;     // guarded by mu_: newest kTrackedSteps steps
+  std::map<uint64_t, StepEvent> events_;  // guarded by mu_: newest kTrackedSteps steps
+  // This rank's most recent accepted Save, and the connection generation it went out on.
   std::optional<uint64_t> last_saved_step_;  // guarded by mu_
-
-  std::mutex register_mu_;                                   // serializes Register
-  std::optional<std::vector<RegisteredTensor>> registered_;  // guarded by register_mu_
+  uint64_t last_saved_generation_ = 0;       // guarded by mu_
   // GPUs (ordinal → UUID) holding the registered CUDA tensors; Save records an event on each.
   std::map<int, std::string> cuda_devices_;  // guarded by mu_
 
+  std::mutex register_mu_;                                   // serializes Register and re-attach
+  std::optional<std::vector<RegisteredTensor>> registered_;  // guarded by register_mu_
+  std::vector<HostTensor> registered_host_;   // guarded by register_mu_: re-sent on re-attach
+  std::vector<CudaTensor> registered_cuda_;   // guarded by register_mu_
+  bool has_registration_ = false;             // guarded by register_mu_
+  uint64_t generation_ = 0;                   // guarded by register_mu_
+  Clock::time_point next_attempt_{};          // guarded by register_mu_: re-attach backoff
+  milliseconds backoff_{0};                   // guarded by register_mu_
+  std::atomic<bool> registered_flag_{false};  // the daemon holds the registration
+  std::atomic<uint32_t> reattaches_{0};
+
   std::mutex close_mu_;
-  bool closed_ = false;  // guarded by close_mu_
-  std::thread reader_;
 };
 
-Result<pb::DaemonMessage> Client::Impl::Call(std::vector<OutgoingFrame> frames,
-                                             pb::DaemonMessage::BodyCase expected,
-                                             std::optional<milliseconds> timeout,
-                                             std::string_view what) {
-  const auto start = Clock::now();
-  auto call = std::make_shared<PendingCall>();
+Status Client::Impl::Connect() {
+  std::lock_guard register_lock(register_mu_);
+  return ReattachLocked(Clock::now() + options_.connect_timeout, /*first=*/true);
+}
+
+Result<Client::Impl::ConnectionPtr> Client::Impl::Attached(Clock::time_point deadline) {
   {
-    std::lock_guard send_lock(send_mu_);
+    std::lock_guard lock(mu_);
+    if (closed_) return connection_;
+    if (connection_.ok()) return conn_;
+  }
+  std::lock_guard register_lock(register_mu_);
+  {
+    std::lock_guard lock(mu_);
+    if (closed_) return connection_;
+    if (connection_.ok()) return conn_;  // another thread re-attached meanwhile
+  }
+  RETURN_IF_ERROR(ReattachLocked(deadline, /*first=*/false));
+  std::lock_guard lock(mu_);
+  if (!connection_.ok()) return connection_;
+  return conn_;
+}
+
+Status Client::Impl::ReattachLocked(Clock::time_point deadline, bool first) {
+  const auto now = Clock::now();
+  Status why;
+  ConnectionPtr old;
+  {
+    std::lock_guard lock(mu_);
+    why = connection_;
+    old = conn_;
+  }
+  if (!first && now < next_attempt_) {
+    return Unavailable(why.message() + "; next attempt to reconnect in " +
+                       Ms(std::chrono::ceil<milliseconds>(next_attempt_ - now)));
+  }
+  if (old != nullptr) {
+    old->Shutdown();  // the reader ends (EOF) and is joined when `old` is destroyed
+  }
+  auto fail = [&](Status st) {
+    if (!first) {
+      backoff_ = std::min(kMaxBackoff, std::max(kFirstBackoff, backoff_ * 2));
+      next_attempt_ = Clock::now() + backoff_;
+      std::lock_guard lock(mu_);
+      if (!closed_) connection_ = Unavailable(st.message());
+    }
+    return st;
+  };
+  const auto connect_deadline = first ? deadline : std::min(deadline, now + kReconnectWindow);
+  const auto window = std::chrono::ceil<milliseconds>(connect_deadline - now);
+  auto fd = ConnectUnixSocket(options_.socket, connect_deadline, window);
+  if (!fd.ok()) return fail(fd.status());
+  auto conn = std::make_shared<Connection>(std::move(fd).value(), ++generation_);
+  conn->last_heard_ns = NowNs();
+  {
+    std::lock_guard lock(mu_);
+    if (closed_) return connection_;
+    conn_ = conn;
+    // Calls of other threads keep failing (or waiting for register_mu_) until `ready`.
+    connection_ = Unavailable(Lost("reconnecting"));
+  }
+  conn->reader = std::thread([this, raw = conn.get()] { ReaderLoop(raw); });
+  old.reset();
+
+  if (Status st = HelloOn(conn, deadline, first); !st.ok()) {
+    conn->Shutdown();
+    Break(conn.get(), Unavailable(st.message()));
+    return fail(st);
+  }
+  Status stale_registration;
+  if (!first && has_registration_) {
+    // The new daemon session knows nothing: send the same tensors again, if they still are.
+    const std::vector<RegisteredTensor> previous =
+        registered_.value_or(std::vector<RegisteredTensor>{});
+    registered_.reset();
+    registered_flag_ = false;
+    const std::vector<HostTensor> host = registered_host_;
+    const std::vector<CudaTensor> cuda = registered_cuda_;
+    Status st = RegisterLocked(conn, host, cuda, deadline, &previous);
+    bool broken;
     {
       std::lock_guard lock(mu_);
-      if (!connection_.ok()) return connection_;
-      for (auto& frame : frames) {
-        const uint64_t id = next_request_id_++;
-        frame.message.set_request_id(id);
-        call->ids.push_back(id);
-        pending_.emplace(id, call);
-      }
+      broken = conn->broken;
     }
-    // Serialize everything first: nothing is sent when one frame is over the limit.
-    std::vector<std::string> payloads(frames.size());
-    for (size_t i = 0; i < frames.size(); ++i) {
-      if (!frames[i].message.SerializeToString(&payloads[i]) ||
-          payloads[i].size() > kMaxFrameBytes) {
-        std::lock_guard lock(mu_);
-        ForgetLocked(*call);
-        return InvalidArgument(
-            std::string(what) + ": request of " + std::to_string(payloads[i].size()) +
-            " bytes cannot be framed (limit " + std::to_string(kMaxFrameBytes) + ")");
-      }
-    }
-    for (size_t i = 0; i < frames.size(); ++i) {
-      Status sent = socket_closed_ ? Unavailable("socket closed")
-                                   : SendFrame(socket_.get(), payloads[i], frames[i].fds);
-      if (!sent.ok()) {
-        // The stream may hold part of a frame now: the connection cannot be used any more.
-        // Shutting it down (the fd is open: we hold send_mu_) also wakes the reader.
-        if (!socket_closed_) ::shutdown(socket_.get(), SHUT_RDWR);
-        Break(Unavailable(Lost(sent.message())));
-        std::lock_guard lock(mu_);
-        ForgetLocked(*call);
-        return connection_;
+    if (!st.ok()) {
+      if (!broken && st.code() != StatusCode::kDeadlineExceeded) {
+        // The memory changed under the registration: the connection is fine, but this call
+        // fails and the caller must register again.
+        has_registration_ = false;
+        spdlog::warn("ckpt client (job {} rank {}): re-attached, but {}", options_.job,
+                     options_.rank, st.message());
+        stale_registration =
+            FailedPrecondition("re-attached to ckptd at " + options_.socket +
+                               ", but the tensors could not be registered again (" + st.message() +
+                               "); register them again");
+      } else {
+        conn->Shutdown();
+        Break(conn.get(), Unavailable(st.message()));
+        return fail(st.WithContext("re-attach to ckptd at " + options_.socket));
       }
     }
   }
-  std::unique_lock lock(mu_);
-  auto ready = [&] { return call->done || !connection_.ok(); };
-  if (timeout) {
-    if (!cv_.wait_until(lock, start + *timeout, ready)) {
-      ForgetLocked(*call);  // a late reply finds no id and is dropped
-      return DeadlineExceeded(std::string(what) + " timed out after " + Ms(*timeout));
+  {
+    std::lock_guard lock(mu_);
+    if (closed_) return connection_;
+    conn->ready = true;
+    connection_ = Status::Ok();
+  }
+  backoff_ = milliseconds(0);
+  if (!first) {
+    reattaches_.fetch_add(1);
+    spdlog::info("ckpt client (job {} rank {}): re-attached to ckptd at {} (connection {})",
+                 options_.job, options_.rank, options_.socket, conn->generation);
+  }
+  return stale_registration;
+}
+
+bool Client::Impl::SendOneWay(const ConnectionPtr& conn, pb::ClientMessage message,
+                              Clock::time_point deadline) {
+  {
+    std::lock_guard lock(mu_);
+    message.set_request_id(next_request_id_++);  // its reply finds no caller and is dropped
+  }
+  const std::string payload = message.SerializeAsString();
+  std::unique_lock send_lock(conn->send_mu, std::defer_lock);
+  size_t sent = 0;
+  Status st = DeadlineExceeded("another request held the socket");
+  if (send_lock.try_lock_until(deadline)) {
+    st = SendFrameUntil(conn->socket.get(), payload, {}, deadline, &sent);
+  }
+  if (st.ok()) return true;
+  conn->Shutdown();
+  Break(conn.get(), Unavailable(Lost("could not send a " +
+                                     std::string(message.has_abandon() ? "Abandon" : "message") +
+                                     " in time: " + st.message())));
+  return false;
+}
+
+Result<pb::DaemonMessage> Client::Impl::CallAttached(std::vector<OutgoingFrame> frames,
+                                                     pb::DaemonMessage::BodyCase expected,
+                                                     Limits limits,
+                                                     Clock::time_point attach_deadline,
+                                                     std::string_view what, ConnectionPtr* used) {
+  for (int attempt = 0;; ++attempt) {
+    ASSIGN_OR_RETURN(ConnectionPtr conn, Attached(attach_deadline), what);
+    if (used != nullptr) *used = conn;
+    bool unsent = false;
+    auto reply =
+        Call(conn, attempt == 0 ? frames : std::move(frames), expected, limits, what, &unsent);
+    if (reply.ok() || !unsent || attempt == 1) return reply;
+    // The daemon went away before this request reached it: connect again and make it there.
+  }
+}
+
+Result<pb::DaemonMessage> Client::Impl::Call(const ConnectionPtr& conn,
+                                             std::vector<OutgoingFrame> frames,
+                                             pb::DaemonMessage::BodyCase expected, Limits limits,
+                                             std::string_view what, bool* unsent) {
+  const auto start = Clock::now();
+  if (unsent != nullptr) *unsent = false;
+  auto call = std::make_shared<PendingCall>();
+  {
+    std::lock_guard lock(mu_);
+    if (closed_) return connection_;
+    if (conn->broken) {
+      if (unsent != nullptr) *unsent = true;
+      return Unavailable(Lost("the connection broke"));
     }
-  } else {
-    cv_.wait(lock, ready);
+    for (auto& frame : frames) {
+      const uint64_t id = next_request_id_++;
+      frame.message.set_request_id(id);
+      call->ids.push_back(id);
+      pending_.emplace(id, call);
+    }
+  }
+  auto forget = [&] {
+    std::lock_guard lock(mu_);
+    ForgetLocked(*call);
+  };
+  // Serialize everything first: nothing is sent when one frame is over the limit.
+  std::vector<std::string> payloads(frames.size());
+  for (size_t i = 0; i < frames.size(); ++i) {
+    if (!frames[i].message.SerializeToString(&payloads[i]) || payloads[i].size() > kMaxFrameBytes) {
+      forget();
+      return InvalidArgument(
+          std::string(what) + ": request of " + std::to_string(payloads[i].size()) +
+          " bytes cannot be framed (limit " + std::to_string(kMaxFrameBytes) + ")");
+    }
+  }
+  // Writing never takes longer than a prompt call may, whatever the call's own limit.
+  const auto send_deadline =
+      limits.deadline ? std::min(*limits.deadline, start + call_timeout_) : start + call_timeout_;
+  {
+    std::unique_lock send_lock(conn->send_mu, std::defer_lock);
+    if (!send_lock.try_lock_until(send_deadline)) {
+      forget();
+      return DeadlineExceeded(std::string(what) + " timed out after " +
+                              Ms(std::chrono::ceil<milliseconds>(Clock::now() - start)) +
+                              ": another request is still being written to ckptd at " +
+                              options_.socket);
+    }
+    size_t total_sent = 0;
+    for (size_t i = 0; i < frames.size(); ++i) {
+      size_t sent = 0;
+      Status st =
+          SendFrameUntil(conn->socket.get(), payloads[i], frames[i].fds, send_deadline, &sent);
+      total_sent += sent;
+      if (st.ok()) continue;
+      forget();
+      if (st.code() == StatusCode::kDeadlineExceeded && total_sent == 0) {
+        // Nothing went out: the stream is intact, the daemon just takes nothing (frozen?).
+        return DeadlineExceeded(std::string(what) + " timed out after " + Ms(call_timeout_) +
+                                ": ckptd at " + options_.socket + " takes no input");
+      }
+      // The stream may hold part of a request now: this connection cannot be used any more.
+      conn->Shutdown();
+      Break(conn.get(), Unavailable(Lost(st.message())));
+      if (unsent != nullptr && total_sent == 0) *unsent = true;
+      return st.code() == StatusCode::kDeadlineExceeded
+                 ? DeadlineExceeded(std::string(what) + " timed out after " + Ms(call_timeout_) +
+                                    " while writing to ckptd at " + options_.socket)
+                 : Unavailable(Lost(st.message()));
+    }
+  }
+  const auto probe_every = std::max(milliseconds(10), call_timeout_ / 4);
+  std::unique_lock lock(mu_);
+  while (!call->done && !conn->broken && !closed_) {
+    const auto now = Clock::now();
+    if (limits.deadline && now >= *limits.deadline) {
+      ForgetLocked(*call);  // a late reply finds no id and is dropped
+      return DeadlineExceeded(std::string(what) + " timed out after " +
+                              Ms(std::chrono::ceil<milliseconds>(*limits.deadline - start)) +
+                              " waiting for ckptd at " + options_.socket);
+    }
+    auto wake = limits.deadline.value_or(Clock::time_point::max());
+    if (limits.probe) {
+      // Silence counts from the later of the call's start and the last frame heard.
+      const auto heard =
+          std::max(start, Clock::time_point(Clock::duration(conn->last_heard_ns.load())));
+      if (now - heard >= call_timeout_) {
+        ForgetLocked(*call);
+        return DeadlineExceeded(std::string(what) + ": ckptd at " + options_.socket +
+                                " answered nothing, not even a liveness probe, for " +
+                                Ms(call_timeout_) + " (is it frozen?)");
+      }
+      const auto pinged = Clock::time_point(Clock::duration(conn->last_ping_ns));
+      if (now - std::max(heard, pinged) >= probe_every && conn->ready) {
+        conn->last_ping_ns = NowNs();
+        lock.unlock();
+        pb::ClientMessage ping;
+        ping.mutable_ping();
+        SendOneWay(conn, std::move(ping), Clock::now() + probe_every);
+        lock.lock();
+        continue;
+      }
+      wake = std::min({wake, heard + call_timeout_, std::max(heard, pinged) + probe_every});
+    }
+    if (wake == Clock::time_point::max()) {
+      cv_.wait(lock);
+    } else {
+      cv_.wait_until(lock, wake);
+    }
   }
   if (!call->done) {
     ForgetLocked(*call);
-    return connection_;
+    if (closed_) return connection_;
+    return conn == conn_ && !connection_.ok() ? connection_
+                                              : Unavailable(Lost("the connection broke"));
   }
   pb::DaemonMessage reply = std::move(call->reply);
   lock.unlock();
@@ -328,29 +663,33 @@ void Client::Impl::ForgetLocked(const PendingCall& call) {
   for (uint64_t id : call.ids) pending_.erase(id);
 }
 
-void Client::Impl::Break(Status why) {
+void Client::Impl::Break(Connection* conn, Status why) {
   {
     std::lock_guard lock(mu_);
-    if (!connection_.ok()) return;
-    spdlog::debug("ckpt client (job {} rank {}): {}", options_.job, options_.rank, why.message());
-    connection_ = std::move(why);
+    if (conn->broken) return;
+    conn->broken = true;
+    if (conn_.get() == conn && !closed_) {
+      spdlog::debug("ckpt client (job {} rank {}): {}", options_.job, options_.rank, why.message());
+      connection_ = std::move(why);
+    }
   }
   cv_.notify_all();
 }
 
-void Client::Impl::ReaderLoop() {
+void Client::Impl::ReaderLoop(Connection* conn) {
   while (true) {
-    auto frame = frame_reader_.ReadSome(socket_.get());
+    auto frame = conn->frames.ReadSome(conn->socket.get());
     if (!frame.ok()) {
-      Break(Unavailable(Lost(frame.status().message())));
+      Break(conn, Unavailable(Lost(frame.status().message())));
       return;
     }
     if (!frame->has_value()) continue;  // EAGAIN: not expected on this blocking socket
+    conn->last_heard_ns = NowNs();
     pb::DaemonMessage message;
     if (!message.ParseFromString((*frame)->payload)) {
-      ::shutdown(socket_.get(), SHUT_RDWR);  // the stream cannot be trusted any more
-      Break(Unavailable(
-          Lost("undecodable frame of " + std::to_string((*frame)->payload.size()) + " bytes")));
+      conn->Shutdown();  // the stream cannot be trusted any more
+      Break(conn, Unavailable(Lost("undecodable frame of " +
+                                   std::to_string((*frame)->payload.size()) + " bytes")));
       return;
     }
     if (!(*frame)->fds.empty()) {
@@ -364,8 +703,8 @@ void Client::Impl::ReaderLoop() {
     if (message.request_id() == 0) {
       if (message.has_error()) {
         // The daemon found the stream broken (proto/README.md §2) and closes the connection.
-        ::shutdown(socket_.get(), SHUT_RDWR);
-        Break(Unavailable(Lost("ckptd reported: " + message.error().message())));
+        conn->Shutdown();
+        Break(conn, Unavailable(Lost("ckptd reported: " + message.error().message())));
         return;
       }
       spdlog::warn("ckpt client: ignored an unsolicited message (body {}) from ckptd",
@@ -384,9 +723,9 @@ void Client::Impl::ReaderLoop() {
         delivered = true;
       }
     }
-    if (delivered) {
-      cv_.notify_all();
-    } else {
+    // Woken also when nothing was delivered: a prober waits for any sign of life.
+    cv_.notify_all();
+    if (!delivered && !message.has_pong() && !message.has_abandon()) {
       spdlog::debug("ckpt client: dropped a reply to request {} (timed out or unknown)",
                     message.request_id());
     }
@@ -409,7 +748,7 @@ std::string Client::Impl::LastStateLocked(uint64_t step) const {
   return s;
 }
 
-Status Client::Impl::Hello(Clock::time_point deadline) {
+Status Client::Impl::HelloOn(const ConnectionPtr& conn, Clock::time_point deadline, bool first) {
   OutgoingFrame frame;
   pb::Hello* hello = frame.message.mutable_hello();
   hello->set_protocol_version(kProtocolVersion);
@@ -418,39 +757,78 @@ Status Client::Impl::Hello(Clock::time_point deadline) {
   hello->set_world_size(options_.world_size);
   hello->set_local_rank(options_.local_rank);
   hello->set_client_version("ckpt-client " CKPT_CLIENT_VERSION);
-  const auto remaining =
-      std::max(milliseconds(1), std::chrono::ceil<milliseconds>(deadline - Clock::now()));
+  hello->set_reattach(first ? 0 : reattaches_.load() + 1);
   std::vector<OutgoingFrame> frames;
   frames.push_back(std::move(frame));
   const std::string who = "rank " + std::to_string(options_.rank) + " of job " + options_.job;
-  auto reply = Call(std::move(frames), pb::DaemonMessage::kHello, remaining, "hello");
+  auto reply =
+      Call(conn, std::move(frames), pb::DaemonMessage::kHello, Limits{deadline, false}, "hello");
   if (!reply.ok()) {
     if (reply.status().code() == StatusCode::kDeadlineExceeded) {
       return DeadlineExceeded("ckptd at " + options_.socket + " accepted " + who +
-                              " but did not answer its hello within " +
-                              Ms(options_.connect_timeout));
+                              " but did not answer its hello in time (" + reply.status().message() +
+                              ")");
+    }
+    if (reply.status().code() == StatusCode::kFailedPrecondition &&
+        reply.status().message().find("protocol") != std::string::npos) {
+      return FailedPrecondition("ckptd at " + options_.socket +
+                                " refused this client's "
+                                "protocol (this client speaks local protocol versions " +
+                                std::to_string(kOldestProtocolVersion) + " to " +
+                                std::to_string(kProtocolVersion) +
+                                "); ckptd said: " + reply.status().message());
     }
     return reply.status().WithContext("connecting " + who + " to ckptd at " + options_.socket);
   }
   const pb::HelloReply& hr = reply->hello();
-  if (hr.protocol_version() != kProtocolVersion) {
-    return FailedPrecondition("ckptd at " + options_.socket + " speaks local protocol version " +
+  if (hr.protocol_version() < kOldestProtocolVersion || hr.protocol_version() > kProtocolVersion) {
+    return FailedPrecondition("ckptd " + hr.daemon_version() + " at " + options_.socket +
+                              " answered in local protocol version " +
                               std::to_string(hr.protocol_version()) + "; this client speaks " +
+                              std::to_string(kOldestProtocolVersion) + " to " +
                               std::to_string(kProtocolVersion));
   }
-  node_id_ = hr.node_id();
-  spdlog::debug("ckpt client: {} connected to ckptd {} on node {} (session {})", who,
-                hr.daemon_version(), hr.node_id(), hr.session_id());
+  {
+    std::lock_guard lock(mu_);
+    conn->protocol = hr.protocol_version();
+  }
+  if (first) node_id_ = hr.node_id();
+  spdlog::debug("ckpt client: {} connected to ckptd {} on node {} (session {}, protocol {})", who,
+                hr.daemon_version(), hr.node_id(), hr.session_id(), hr.protocol_version());
   return Status::Ok();
 }
 
 Status Client::Impl::Register(std::span<const HostTensor> tensors,
                               std::span<const CudaTensor> cuda) {
+  const auto deadline = PromptDeadline();
   std::lock_guard register_lock(register_mu_);
+  ConnectionPtr conn;
   {
     std::lock_guard lock(mu_);
-    if (!connection_.ok()) return connection_;
+    if (closed_) return connection_;
+    if (connection_.ok()) conn = conn_;
   }
+  if (conn == nullptr) {
+    // A stale registration (kFailedPrecondition with the connection up) is what this call
+    // replaces anyway.
+    Status st = ReattachLocked(deadline, /*first=*/false);
+    if (!st.ok() && st.code() != StatusCode::kFailedPrecondition) return st;
+    std::lock_guard lock(mu_);
+    if (!connection_.ok()) return connection_;
+    conn = conn_;
+  }
+  Status st = RegisterLocked(conn, tensors, cuda, deadline, nullptr);
+  if (st.ok()) {
+    registered_host_.assign(tensors.begin(), tensors.end());
+    registered_cuda_.assign(cuda.begin(), cuda.end());
+    has_registration_ = true;
+  }
+  return st;
+}
+
+Status Client::Impl::RegisterLocked(const ConnectionPtr& conn, std::span<const HostTensor> tensors,
+                                    std::span<const CudaTensor> cuda, Clock::time_point deadline,
+                                    const std::vector<RegisteredTensor>* must_match) {
   // Check every tensor and compute its identity.
   std::vector<RegisteredTensor> identity;
   identity.reserve(tensors.size());
@@ -534,7 +912,14 @@ Status Client::Impl::Register(std::span<const HostTensor> tensors,
   bool has_vmm = false;
   for (const auto& e : exports) has_vmm |= e.vmm;
   // The daemon has this set (VMM fds are fresh objects each time: always sent).
-  if (!has_vmm && registered_ && *registered_ == identity) return Status::Ok();
+  if (must_match != nullptr && !SameMemory(identity, *must_match)) {
+    return FailedPrecondition(
+        "their descriptors no longer refer to the memory registered before the connection broke "
+        "(closed or reused)");
+  }
+  if (must_match == nullptr && !has_vmm && registered_ && *registered_ == identity) {
+    return Status::Ok();
+  }
 
   // One spec per tensor, with the descriptor it needs sent along (host fd or VMM fd).
   struct Pending {
@@ -630,11 +1015,13 @@ Status Client::Impl::Register(std::span<const HostTensor> tensors,
   }
   const size_t frame_count = frames.size();
   registered_.reset();  // until the daemon confirms the new set
-  auto reply = Call(std::move(frames), pb::DaemonMessage::kRegister, std::nullopt,
+  registered_flag_ = false;
+  auto reply = Call(conn, std::move(frames), pb::DaemonMessage::kRegister, Limits{deadline, false},
                     "register of " + std::to_string(tensors.size() + cuda.size()) + " tensors");
   // (the exported VMM fds in `exports` were sent, duplicated by the kernel; they close here)
   if (!reply.ok()) return reply.status();
   registered_ = std::move(identity);
+  registered_flag_ = true;
   {
     std::lock_guard lock(mu_);
     cuda_devices_ = std::move(devices);
@@ -647,6 +1034,9 @@ Status Client::Impl::Register(std::span<const HostTensor> tensors,
 
 Status Client::Impl::Save(uint64_t step, std::string_view extra, OnFull on_full,
                           CudaStream stream) {
+  const auto deadline = PromptDeadline();
+  const std::string what = "save of step " + std::to_string(step);
+  RETURN_IF_ERROR(Attached(deadline).status(), what);  // re-registers after a re-attach
   OutgoingFrame frame;
   pb::Save* save = frame.message.mutable_save();
   save->set_step(step);
@@ -658,11 +1048,9 @@ Status Client::Impl::Save(uint64_t step, std::string_view extra, OnFull on_full,
   if (!devices.empty()) {
     // Record first, send after: the daemon's wait must see this record (a wait on an event not
     // yet recorded returns at once).
-    ASSIGN_OR_RETURN(detail::CudaExporter * exporter, detail::CudaExporter::Get(),
-                     "save of step " + std::to_string(step));
+    ASSIGN_OR_RETURN(detail::CudaExporter * exporter, detail::CudaExporter::Get(), what);
     for (const auto& [ordinal, uuid] : devices) {
-      ASSIGN_OR_RETURN(std::string handle, exporter->RecordSaveEvent(ordinal, stream),
-                       "save of step " + std::to_string(step));
+      ASSIGN_OR_RETURN(std::string handle, exporter->RecordSaveEvent(ordinal, stream), what);
       pb::CudaEvent* e = save->add_cuda_events();
       e->set_device_uuid(uuid);
       e->set_ipc_event_handle(std::move(handle));
@@ -672,24 +1060,87 @@ Status Client::Impl::Save(uint64_t step, std::string_view extra, OnFull on_full,
   save->set_on_full(on_full == OnFull::kSkip ? pb::FULL_POLICY_SKIP : pb::FULL_POLICY_WAIT);
   std::vector<OutgoingFrame> frames;
   frames.push_back(std::move(frame));
-  auto reply = Call(std::move(frames), pb::DaemonMessage::kSave, std::nullopt,
-                    "save of step " + std::to_string(step));
-  if (!reply.ok()) return reply.status();
+  ConnectionPtr conn;
+  auto reply = CallAttached(std::move(frames), pb::DaemonMessage::kSave, Limits{deadline, false},
+                            deadline, what, &conn);
+  if (!reply.ok()) {
+    if (conn == nullptr) return reply.status();
+    if (reply.status().code() == StatusCode::kDeadlineExceeded) {
+      // The daemon may still accept it later, while the trainer goes on changing the memory.
+      pb::ClientMessage abandon;
+      abandon.mutable_abandon()->set_step(step);
+      abandon.mutable_abandon()->set_reason("its save timed out in the client");
+      bool v1;
+      {
+        std::lock_guard lock(mu_);
+        v1 = conn->protocol < 2;
+      }
+      if (v1 || !SendOneWay(conn, std::move(abandon), Clock::now() + milliseconds(100))) {
+        conn->Shutdown();
+        Break(conn.get(), Unavailable(Lost("abandoned after a save timed out")));
+      }
+    }
+    return reply.status();
+  }
   if (reply->save().skipped()) {
     // on_full = skip and the pool had no room: nothing of this step is saved.
-    return Status(StatusCode::kResourceExhausted,
-                  "save of step " + std::to_string(step) + " " + reply->save().reason());
+    return Status(StatusCode::kResourceExhausted, what + " " + reply->save().reason());
   }
   std::lock_guard lock(mu_);
   last_saved_step_ = step;
+  last_saved_generation_ = conn->generation;
+  return Status::Ok();
+}
+
+Status Client::Impl::Abandon(std::optional<uint64_t> step, std::string_view reason) {
+  ConnectionPtr conn;
+  uint32_t protocol = 0;
+  {
+    std::lock_guard lock(mu_);
+    if (!step) step = last_saved_step_;
+    if (!step) return Status::Ok();
+    if (last_saved_step_ == step) last_saved_step_.reset();
+    // A broken connection already aborted every step of this rank that was not captured.
+    if (closed_ || !connection_.ok() || conn_ == nullptr) return Status::Ok();
+    conn = conn_;
+    protocol = conn->protocol;
+  }
+  if (protocol >= 2) {
+    pb::ClientMessage abandon;
+    abandon.mutable_abandon()->set_step(*step);
+    abandon.mutable_abandon()->set_reason(std::string(reason));
+    if (SendOneWay(conn, std::move(abandon),
+                   Clock::now() + std::min(call_timeout_, milliseconds(100)))) {
+      return Status::Ok();
+    }
+    return Status::Ok();  // SendOneWay shut the connection down: the step is aborted all the same
+  }
+  // A protocol 1 daemon has no Abandon: ending the connection aborts the step just as well.
+  conn->Shutdown();
+  Break(conn.get(), Unavailable(Lost("step " + std::to_string(*step) + " abandoned")));
   return Status::Ok();
 }
 
 Status Client::Impl::WaitSnapshot(std::optional<milliseconds> timeout) {
+  const auto start = Clock::now();
   std::optional<uint64_t> step;
+  ConnectionPtr conn;
   {
     std::lock_guard lock(mu_);
     step = last_saved_step_;
+    if (closed_) return connection_;
+    if (!step && !connection_.ok()) return Status::Ok();  // nothing saved here: memory is free
+    if (step &&
+        (conn_ == nullptr || conn_->generation != last_saved_generation_ || !connection_.ok())) {
+      // Saved on a connection that broke: this daemon session never saw it.
+      last_saved_step_.reset();
+      return Unavailable("step " + std::to_string(*step) + " of job " + options_.job +
+                         " was saved on a connection to ckptd at " + options_.socket +
+                         " that broke before its capture was confirmed; it commits only if that "
+                         "daemon had captured it (" +
+                         connection_.message() + ")");
+    }
+    conn = conn_;
   }
   const std::string what =
       step ? "wait_snapshot for step " + std::to_string(*step) + " of job " + options_.job
@@ -698,7 +1149,9 @@ Status Client::Impl::WaitSnapshot(std::optional<milliseconds> timeout) {
   frame.message.mutable_wait_snapshot();
   std::vector<OutgoingFrame> frames;
   frames.push_back(std::move(frame));
-  auto reply = Call(std::move(frames), pb::DaemonMessage::kWait, timeout, what);
+  Limits limits{std::nullopt, true};
+  if (timeout) limits.deadline = start + *timeout;
+  auto reply = Call(conn, std::move(frames), pb::DaemonMessage::kWait, limits, what);
   if (!reply.ok()) {
     if (reply.status().code() == StatusCode::kDeadlineExceeded && step) {
       std::lock_guard lock(mu_);
@@ -716,6 +1169,7 @@ Status Client::Impl::WaitSnapshot(std::optional<milliseconds> timeout) {
 }
 
 Status Client::Impl::Wait(uint64_t step, WaitState state, std::optional<milliseconds> timeout) {
+  const auto start = Clock::now();
   OutgoingFrame frame;
   pb::Wait* wait = frame.message.mutable_wait();
   wait->set_step(step);
@@ -733,11 +1187,16 @@ Status Client::Impl::Wait(uint64_t step, WaitState state, std::optional<millisec
       wait->set_state(pb::STEP_STATE_COMMITTED);
       break;
   }
+  const std::string what =
+      "wait for step " + std::to_string(step) + " of job " + options_.job + " to be " + state_name;
+  Limits limits{std::nullopt, true};
+  if (timeout) limits.deadline = start + *timeout;
+  const auto attach_deadline =
+      limits.deadline ? std::min(*limits.deadline, start + call_timeout_) : start + call_timeout_;
   std::vector<OutgoingFrame> frames;
   frames.push_back(std::move(frame));
-  auto reply = Call(
-      std::move(frames), pb::DaemonMessage::kWait, timeout,
-      "wait for step " + std::to_string(step) + " of job " + options_.job + " to be " + state_name);
+  auto reply =
+      CallAttached(std::move(frames), pb::DaemonMessage::kWait, limits, attach_deadline, what);
   if (!reply.ok()) {
     if (reply.status().code() == StatusCode::kDeadlineExceeded) {
       std::lock_guard lock(mu_);
@@ -755,12 +1214,14 @@ Status Client::Impl::Wait(uint64_t step, WaitState state, std::optional<millisec
 }
 
 Result<std::optional<uint64_t>> Client::Impl::Latest() {
+  const auto deadline = PromptDeadline();
+  const std::string what = "latest of job " + options_.job;
   OutgoingFrame frame;
   frame.message.mutable_latest();
   std::vector<OutgoingFrame> frames;
   frames.push_back(std::move(frame));
-  auto reply = Call(std::move(frames), pb::DaemonMessage::kLatest, std::nullopt,
-                    "latest of job " + options_.job);
+  auto reply = CallAttached(std::move(frames), pb::DaemonMessage::kLatest, Limits{deadline, false},
+                            deadline, what);
   if (!reply.ok()) return reply.status();
   if (!reply->latest().has_step()) return std::optional<uint64_t>();
   return std::optional<uint64_t>(reply->latest().step());
@@ -770,6 +1231,8 @@ Result<LoadResult> Client::Impl::Load(const LoadOptions& options) {
   const std::optional<uint64_t> step = options.step;
   const CudaStream stream = options.stream;
   const std::string& job = options.job.empty() ? options_.job : options.job;
+  const std::string what = step ? "load of step " + std::to_string(*step) + " of job " + job
+                                : "load of the latest step of job " + job;
   OutgoingFrame frame;
   pb::Load* load = frame.message.mutable_load();
   load->set_has_step(step.has_value());
@@ -778,9 +1241,9 @@ Result<LoadResult> Client::Impl::Load(const LoadOptions& options) {
   if (!options.job.empty() && options.job != options_.job) load->set_job(options.job);
   std::vector<OutgoingFrame> frames;
   frames.push_back(std::move(frame));
-  auto reply = Call(std::move(frames), pb::DaemonMessage::kLoad, std::nullopt,
-                    step ? "load of step " + std::to_string(*step) + " of job " + job
-                         : "load of the latest step of job " + job);
+  // As long as it takes (reading storage), while the daemon answers probes.
+  auto reply = CallAttached(std::move(frames), pb::DaemonMessage::kLoad, Limits{std::nullopt, true},
+                            PromptDeadline(), what);
   if (!reply.ok()) return reply.status();
   const pb::LoadReply& lr = reply->load();
   LoadResult result;
@@ -801,17 +1264,22 @@ Result<LoadResult> Client::Impl::Load(const LoadOptions& options) {
 
 void Client::Impl::Close() {
   std::lock_guard close_lock(close_mu_);
-  if (closed_) return;
-  closed_ = true;
-  Break(Status(StatusCode::kCancelled,
-               "connection to ckptd at " + options_.socket + " was closed by Client::Close()"));
-  // Not under send_mu_: a sender may be blocked in sendmsg holding it; the shutdown wakes it
-  // (EPIPE) as well as the reader (EOF). The fd stays open until both are done with it.
-  ::shutdown(socket_.get(), SHUT_RDWR);
-  if (reader_.joinable()) reader_.join();
-  std::lock_guard send_lock(send_mu_);
-  socket_ = UniqueFd();
-  socket_closed_ = true;
+  ConnectionPtr conn;
+  {
+    std::lock_guard lock(mu_);
+    if (closed_) return;
+    closed_ = true;
+    connection_ = Status(StatusCode::kCancelled, "connection to ckptd at " + options_.socket +
+                                                     " was closed by Client::Close()");
+    conn = std::move(conn_);
+  }
+  cv_.notify_all();
+  // A sender may be blocked in sendmsg holding send_mu; the shutdown wakes it (EPIPE) as well as
+  // the reader (EOF). The reader is joined when the last reference to the connection goes.
+  if (conn != nullptr) {
+    conn->Shutdown();
+    if (conn->reader.joinable()) conn->reader.join();
+  }
 }
 
 Result<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
@@ -820,11 +1288,11 @@ Result<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
     return InvalidArgument("ckpt client options: rank " + std::to_string(options.rank) +
                            " is not below world_size " + std::to_string(options.world_size));
   }
-  const auto deadline = Clock::now() + options.connect_timeout;
-  ASSIGN_OR_RETURN(UniqueFd fd,
-                   ConnectUnixSocket(options.socket, deadline, options.connect_timeout));
-  auto impl = std::make_unique<Impl>(std::move(options), std::move(fd));
-  RETURN_IF_ERROR(impl->Hello(deadline));
+  if (options.call_timeout.count() < 0) {
+    return InvalidArgument("ckpt client options: call_timeout must not be negative");
+  }
+  auto impl = std::make_unique<Impl>(std::move(options));
+  RETURN_IF_ERROR(impl->Connect());
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 
@@ -857,7 +1325,13 @@ Result<LoadResult> Client::Load(std::optional<uint64_t> step, bool strict, CudaS
   return impl_->Load(LoadOptions{step, strict, {}, stream});
 }
 Result<LoadResult> Client::Load(const LoadOptions& options) { return impl_->Load(options); }
+Status Client::Abandon(std::optional<uint64_t> step, std::string_view reason) {
+  return impl_->Abandon(step, reason);
+}
 void Client::Close() { impl_->Close(); }
 const std::string& Client::node_id() const { return impl_->node_id(); }
+std::chrono::milliseconds Client::call_timeout() const { return impl_->call_timeout(); }
+bool Client::registered() const { return impl_->registered(); }
+uint32_t Client::reattaches() const { return impl_->reattaches(); }
 
 }  // namespace ckpt

@@ -17,6 +17,7 @@ using prometheus::BuildHistogram;
 std::string FailureReasonLabel(const std::string& reason) {
   auto has = [&](const char* s) { return reason.find(s) != std::string::npos; };
   if (has("did not save step")) return "timeout";
+  if (has("abandoned")) return "abandoned";
   if (has("disconnected")) return "rank_disconnected";
   if (has("skipped")) return "pool_full_skip";
   if (has("capture failed")) return "capture_error";
@@ -121,7 +122,13 @@ DaemonMetrics::DaemonMetrics(std::string version, std::string node_id, const Hos
                    .Name("ckptd_connected_clients")
                    .Help("Trainer connections that said hello")
                    .Register(*registry_)
-                   .Add({})) {
+                   .Add({})),
+      reattaches_(BuildCounter()
+                      .Name("ckptd_client_reattach_total")
+                      .Help("Trainer clients that connected again after losing their connection "
+                            "(daemon restart, broken connection)")
+                      .Register(*registry_)
+                      .Add({})) {
   BuildGauge()
       .Name("ckptd_build_info")
       .Help("Always 1; labels say which build runs where")
@@ -200,6 +207,7 @@ void DaemonMetrics::OnLoad(const std::string&, uint64_t, uint64_t from_memory,
 void DaemonMetrics::OnClientConnected(const ClientDescription& client) {
   sessions_.insert(client.session_id);
   clients_.Set(static_cast<double>(sessions_.size()));
+  if (client.reattached) reattaches_.Increment();
 }
 
 void DaemonMetrics::OnClientDisconnected(uint64_t session_id) {

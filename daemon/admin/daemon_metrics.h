@@ -83,6 +83,7 @@ class DaemonMetrics final : public DaemonObserver {
   prometheus::Family<prometheus::Counter>& failures_;
   prometheus::Gauge& last_commit_;
   prometheus::Gauge& clients_;
+  prometheus::Counter& reattaches_;
   std::set<std::pair<std::string, uint64_t>> in_flight_;  // loop-owned
   std::set<uint64_t> sessions_;                           // loop-owned
   std::unique_ptr<prometheus::Exposer> exposer_;

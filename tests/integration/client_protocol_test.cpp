@@ -17,8 +17,8 @@
 
 #include <chrono>
 #include <condition_variable>
-#include <cstdlib>
 #include <cstring>
+#include <cstdlib>
 #include <deque>
 #include <filesystem>
 #include <future>
@@ -33,6 +33,7 @@
 #include "ckptd/v1/local.pb.h"
 #include "client/examples/trainer_data.h"
 #include "common/frame_io.h"
+#include "tests/integration/fake_daemon.h"
 #include "tests/test_util.h"
 
 namespace {
@@ -46,193 +47,7 @@ using ckpt::UniqueFd;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-// Bound on any wait for something that should happen at once; reached only when a test fails.
-constexpr seconds kHang{10};
-
-struct Received {
-  pb::ClientMessage message;
-  std::vector<UniqueFd> fds;
-  size_t payload_bytes = 0;
-};
-
-// Accepts one connection and queues every frame it receives for the test thread.
-class FakeDaemon {
- public:
-  explicit FakeDaemon(std::string path) : path_(std::move(path)) {
-    listen_ = UniqueFd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    REQUIRE(listen_);
-    struct sockaddr_un addr = {};
-    addr.sun_family = AF_UNIX;
-    REQUIRE(path_.size() < sizeof addr.sun_path);
-    std::memcpy(addr.sun_path, path_.data(), path_.size());
-    REQUIRE(::bind(listen_.get(), reinterpret_cast<struct sockaddr*>(&addr), sizeof addr) == 0);
-    REQUIRE(::listen(listen_.get(), 4) == 0);
-    thread_ = std::thread([this] { Serve(); });
-  }
-  ~FakeDaemon() {
-    ::shutdown(listen_.get(), SHUT_RDWR);  // wakes accept
-    {
-      std::lock_guard lock(mu_);
-      if (conn_) ::shutdown(conn_.get(), SHUT_RDWR);
-    }
-    thread_.join();
-  }
-
-  const std::string& path() const { return path_; }
-
-  // The next frame from the client; nullopt when none came within kHang or the client left.
-  std::optional<Received> Next() {
-    std::unique_lock lock(mu_);
-    cv_.wait_for(lock, kHang, [&] { return !frames_.empty() || ended_; });
-    if (frames_.empty()) return std::nullopt;
-    Received r = std::move(frames_.front());
-    frames_.pop_front();
-    return r;
-  }
-
-  void Reply(uint64_t request_id, pb::DaemonMessage message) {
-    message.set_request_id(request_id);
-    SendRaw(message.SerializeAsString());
-  }
-  void ReplyError(uint64_t request_id, StatusCode code, const std::string& text) {
-    pb::DaemonMessage m;
-    m.mutable_error()->set_code(static_cast<uint32_t>(code));
-    m.mutable_error()->set_message(text);
-    Reply(request_id, std::move(m));
-  }
-  void SendEvent(uint64_t step, pb::StepState state, const std::string& reason = "") {
-    pb::DaemonMessage m;
-    m.mutable_event()->set_job("job-a");
-    m.mutable_event()->set_step(step);
-    m.mutable_event()->set_state(state);
-    m.mutable_event()->set_reason(reason);
-    Reply(0, std::move(m));
-  }
-  void SendRaw(const std::string& payload) {
-    std::lock_guard lock(mu_);
-    ckpt::SendFrame(conn_.get(), payload).IgnoreError();
-  }
-  // Like a daemon that exits: the client sees EOF.
-  void CloseConnection() {
-    std::lock_guard lock(mu_);
-    ::shutdown(conn_.get(), SHUT_RDWR);
-  }
-
- private:
-  void Serve() {
-    const int c = ::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC);
-    if (c >= 0) {
-      {
-        std::lock_guard lock(mu_);
-        conn_ = UniqueFd(c);
-      }
-      ckpt::FrameReader reader;
-      while (true) {
-        auto frame = reader.ReadSome(c);
-        if (!frame.ok()) break;
-        if (!frame->has_value()) continue;
-        Received r;
-        r.payload_bytes = (*frame)->payload.size();
-        if (!r.message.ParseFromString((*frame)->payload)) break;
-        r.fds = std::move((*frame)->fds);
-        std::lock_guard lock(mu_);
-        frames_.push_back(std::move(r));
-        cv_.notify_all();
-      }
-    }
-    std::lock_guard lock(mu_);
-    ended_ = true;
-    cv_.notify_all();
-  }
-
-  std::string path_;
-  UniqueFd listen_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  UniqueFd conn_;                // guarded by mu_
-  std::deque<Received> frames_;  // guarded by mu_
-  bool ended_ = false;           // guarded by mu_
-  std::thread thread_;
-};
-
-ClientOptions Options(const std::string& socket) {
-  ClientOptions o;
-  o.socket = socket;
-  o.job = "job-a";
-  o.rank = 1;
-  o.world_size = 4;
-  o.local_rank = 1;
-  o.connect_timeout = milliseconds(5000);
-  return o;
-}
-
-// Waits for a call of the client made with std::async; when it does not finish, the fake
-// daemon drops the connection (so the call and the future can end) and the test fails.
-template <typename T>
-T Finish(FakeDaemon& daemon, std::future<T>& call) {
-  if (call.wait_for(kHang) != std::future_status::ready) {
-    daemon.CloseConnection();
-    FAIL("the client call did not return within " << kHang.count() << " s");
-  }
-  return call.get();
-}
-
-std::unique_ptr<Client> ConnectTo(FakeDaemon& daemon, ClientOptions options) {
-  auto call = std::async(std::launch::async, [options] { return Client::Connect(options); });
-  auto hello = daemon.Next();
-  REQUIRE(hello);
-  REQUIRE(hello->message.has_hello());
-  pb::DaemonMessage reply;
-  reply.mutable_hello()->set_protocol_version(1);
-  reply.mutable_hello()->set_node_id("node-a");
-  reply.mutable_hello()->set_daemon_version("fake");
-  daemon.Reply(hello->message.request_id(), reply);
-  auto client = Finish(daemon, call);
-  REQUIRE_OK(client);
-  return std::move(client).value();
-}
-
-// A round trip that proves which frame the client sent next.
-void ExpectNextIsLatest(FakeDaemon& daemon, Client& client) {
-  auto call = std::async(std::launch::async, [&] { return client.Latest(); });
-  auto next = daemon.Next();
-  REQUIRE(next);
-  CHECK(next->message.body_case() == pb::ClientMessage::kLatest);
-  pb::DaemonMessage reply;
-  reply.mutable_latest()->set_has_step(false);
-  daemon.Reply(next->message.request_id(), reply);
-  auto latest = Finish(daemon, call);
-  REQUIRE_OK(latest);
-  CHECK(!latest->has_value());
-}
-
-UniqueFd MakeMemfd(size_t size, uint8_t seed) {
-  UniqueFd fd(::memfd_create("client_protocol_test", MFD_CLOEXEC));
-  REQUIRE(fd);
-  std::vector<uint8_t> bytes(size);
-  for (size_t i = 0; i < size; ++i) bytes[i] = static_cast<uint8_t>(seed * 131 + i * 7);
-  REQUIRE(::pwrite(fd.get(), bytes.data(), size, 0) == static_cast<ssize_t>(size));
-  return fd;
-}
-
-ino_t Inode(int fd) {
-  struct stat st;
-  REQUIRE(::fstat(fd, &st) == 0);
-  return st.st_ino;
-}
-
-// The bytes [offset, offset+length) of what `fd` maps.
-std::vector<uint8_t> MappedBytes(int fd, uint64_t offset, uint64_t length) {
-  struct stat st;
-  REQUIRE(::fstat(fd, &st) == 0);
-  REQUIRE(offset + length <= static_cast<uint64_t>(st.st_size));
-  void* p = ::mmap(nullptr, st.st_size, PROT_READ, MAP_SHARED, fd, 0);
-  REQUIRE(p != MAP_FAILED);
-  const auto* base = static_cast<const uint8_t*>(p);
-  std::vector<uint8_t> out(base + offset, base + offset + length);
-  ::munmap(p, st.st_size);
-  return out;
-}
+using namespace ckpt::itest::fake;  // NOLINT: the fake daemon and its helpers
 
 // A child process (the example trainer), killed if the test ends before it exits.
 class ChildProcess {
@@ -285,15 +100,16 @@ TEST_CASE("client: hello introduces the rank and Connect returns the daemon's no
           "[client]") {
   ckpt::testing::TempDir dir;
   FakeDaemon daemon(dir / "ckptd.sock");
-  auto call =
-      std::async(std::launch::async, [&] { return Client::Connect(Options(daemon.path())); });
+  auto call = std::async(std::launch::async,
+                         [&] { return Client::Connect(Options(daemon.path())); });
   auto hello = daemon.Next();
   REQUIRE(hello);
   REQUIRE(hello->message.has_hello());
   CHECK(hello->message.request_id() != 0);
   CHECK(hello->fds.empty());
   const pb::Hello& h = hello->message.hello();
-  CHECK(h.protocol_version() == 1);
+  CHECK(h.protocol_version() == 2);
+  CHECK(h.reattach() == 0);
   CHECK(h.job() == "job-a");
   CHECK(h.rank() == 1);
   CHECK(h.world_size() == 4);
@@ -312,8 +128,8 @@ TEST_CASE("client: a hello refused by the daemon fails Connect with the daemon's
           "[client]") {
   ckpt::testing::TempDir dir;
   FakeDaemon daemon(dir / "ckptd.sock");
-  auto call =
-      std::async(std::launch::async, [&] { return Client::Connect(Options(daemon.path())); });
+  auto call = std::async(std::launch::async,
+                         [&] { return Client::Connect(Options(daemon.path())); });
   auto hello = daemon.Next();
   REQUIRE(hello);
   daemon.ReplyError(hello->message.request_id(), StatusCode::kFailedPrecondition,
@@ -576,13 +392,14 @@ TEST_CASE("client: timeouts return kDeadlineExceeded naming the step, late repli
   CHECK(**got == 6);
 }
 
-TEST_CASE("client: a daemon that closes the connection fails pending and later calls", "[client]") {
+TEST_CASE("client: a daemon that closes the connection fails pending calls, the next re-attaches",
+          "[client]") {
   ckpt::testing::TempDir dir;
   FakeDaemon daemon(dir / "ckptd.sock");
   auto client = ConnectTo(daemon, Options(daemon.path()));
 
-  auto wait =
-      std::async(std::launch::async, [&] { return client->Wait(3, ckpt::WaitState::kCommitted); });
+  auto wait = std::async(std::launch::async,
+                         [&] { return client->Wait(3, ckpt::WaitState::kCommitted); });
   auto snapshot = std::async(std::launch::async, [&] { return client->WaitSnapshot(); });
   REQUIRE(daemon.Next());
   REQUIRE(daemon.Next());
@@ -593,12 +410,21 @@ TEST_CASE("client: a daemon that closes the connection fails pending and later c
     CHECK(s.code() == StatusCode::kUnavailable);
     CHECK_THAT(s.message(), Catch::StartsWith(lost));
   }
-  CHECK(client->Save(4).code() == StatusCode::kUnavailable);
-  CHECK_THAT(client->Latest().status().message(), Catch::StartsWith(lost));
-  UniqueFd memfd = MakeMemfd(4096, 1);
-  HostTensor t{
-      .name = "w", .dtype = "uint8", .global_shape = {4096}, .fd = memfd.get(), .nbytes = 4096};
-  CHECK(client->Register({&t, 1}).code() == StatusCode::kUnavailable);
+  // The next call connects again, introduces itself as a re-attach, and goes on.
+  auto latest = std::async(std::launch::async, [&] { return client->Latest(); });
+  AnswerHello(daemon, 2, /*expect_reattach=*/1);
+  auto r = daemon.Next();
+  REQUIRE(r);
+  REQUIRE(r->message.has_latest());
+  pb::DaemonMessage reply;
+  reply.mutable_latest()->set_has_step(true);
+  reply.mutable_latest()->set_step(3);
+  daemon.Reply(r->message.request_id(), reply);
+  auto got = Finish(daemon, latest);
+  REQUIRE_OK(got);
+  CHECK(*got == std::optional<uint64_t>(3));
+  CHECK(client->reattaches() == 1);
+  CHECK(daemon.connections() == 2);
 }
 
 TEST_CASE("client: an undecodable frame from the daemon breaks the connection", "[client]") {
@@ -638,11 +464,12 @@ TEST_CASE("client: Close wakes pending calls and fails later ones", "[client]") 
   client->Close();
   CHECK(Finish(daemon, snapshot).code() == StatusCode::kCancelled);
   CHECK(client->Save(1).code() == StatusCode::kCancelled);
-  client->Close();        // idempotent
+  client->Close();  // idempotent
   CHECK(!daemon.Next());  // the daemon saw the connection end, and no further frame
 }
 
-TEST_CASE("client: 600 tensors in 600 memfds register in frames of at most 250 fds", "[client]") {
+TEST_CASE("client: 600 tensors in 600 memfds register in frames of at most 250 fds",
+          "[client]") {
   ckpt::testing::TempDir dir;
   FakeDaemon daemon(dir / "ckptd.sock");
   auto client = ConnectTo(daemon, Options(daemon.path()));
@@ -852,8 +679,8 @@ TEST_CASE("client: Register checks tensors before sending anything", "[client]")
   FakeDaemon daemon(dir / "ckptd.sock");
   auto client = ConnectTo(daemon, Options(daemon.path()));
   UniqueFd memfd = MakeMemfd(4096, 1);
-  const HostTensor good{
-      .name = "w", .dtype = "float32", .global_shape = {4, 256}, .fd = memfd.get(), .nbytes = 4096};
+  const HostTensor good{.name = "w", .dtype = "float32", .global_shape = {4, 256},
+                        .fd = memfd.get(), .nbytes = 4096};
 
   auto refused = [&](HostTensor t) {
     ckpt::Status s = client->Register({&t, 1});
@@ -887,28 +714,10 @@ TEST_CASE("client: the example trainer saves sharded, deterministic tensors and 
   FakeDaemon daemon(dir / "ckptd.sock");
   constexpr uint64_t kSeed = 11;
   constexpr uint32_t kRank = 1;
-  ChildProcess trainer({TrainerBinary(),
-                        "--socket",
-                        daemon.path(),
-                        "--job",
-                        "trainer-job",
-                        "--rank",
-                        "1",
-                        "--world-size",
-                        "2",
-                        "--steps",
-                        "3",
-                        "--start-step",
-                        "5",
-                        "--tensors",
-                        "3",
-                        "--bytes-per-rank",
-                        "48KiB",
-                        "--seed",
-                        "11",
-                        "--wait",
-                        "persisted",
-                        "--quiet"});
+  ChildProcess trainer({TrainerBinary(), "--socket", daemon.path(), "--job", "trainer-job",
+                        "--rank", "1", "--world-size", "2", "--steps", "3", "--start-step", "5",
+                        "--tensors", "3", "--bytes-per-rank", "48KiB", "--seed", "11", "--wait",
+                        "persisted", "--quiet"});
   auto hello = daemon.Next();
   REQUIRE(hello);
   REQUIRE(hello->message.has_hello());
@@ -969,8 +778,8 @@ TEST_CASE("client: the example trainer saves sharded, deterministic tensors and 
       std::vector<uint32_t> expected(want.rows * want.cols);
       ex::FillShard(expected.data(), expected.size(), kSeed, kRank, step, t);
       CHECK(std::memcmp(bytes.data(), expected.data(), want.nbytes) == 0);
-      CHECK(expected[5] ==
-            ex::GlobalElementValue(layout, kSeed, step, t, kRank * want.rows * want.cols + 5));
+      CHECK(expected[5] == ex::GlobalElementValue(layout, kSeed, step, t,
+                                                  kRank * want.rows * want.cols + 5));
     }
     reply.Clear();
     reply.mutable_wait()->set_step(step);
@@ -1009,9 +818,9 @@ TEST_CASE("client: the example trainer can kill itself after a save, and fails o
   };
   SECTION("--kill-self-after-save") {
     FakeDaemon daemon(dir / "ckptd.sock");
-    ChildProcess trainer({TrainerBinary(), "--socket", daemon.path(), "--job", "j", "--steps", "5",
-                          "--tensors", "2", "--bytes-per-rank", "8KiB", "--kill-self-after-save",
-                          "2", "--quiet"});
+    ChildProcess trainer({TrainerBinary(), "--socket", daemon.path(), "--job", "j", "--steps",
+                          "5", "--tensors", "2", "--bytes-per-rank", "8KiB",
+                          "--kill-self-after-save", "2", "--quiet"});
     handshake(daemon);
     pb::DaemonMessage reply;
     for (uint64_t step = 1; step <= 2; ++step) {
@@ -1036,8 +845,8 @@ TEST_CASE("client: the example trainer can kill itself after a save, and fails o
   }
   SECTION("an error from the daemon") {
     FakeDaemon daemon(dir / "ckptd.sock");
-    ChildProcess trainer({TrainerBinary(), "--socket", daemon.path(), "--job", "j", "--steps", "5",
-                          "--tensors", "2", "--bytes-per-rank", "8KiB", "--quiet"});
+    ChildProcess trainer({TrainerBinary(), "--socket", daemon.path(), "--job", "j", "--steps",
+                          "5", "--tensors", "2", "--bytes-per-rank", "8KiB", "--quiet"});
     handshake(daemon);
     auto save = daemon.Next();
     REQUIRE(save);

@@ -516,6 +516,7 @@ class InProcessRank {
   const example::TrainerLayout& layout() const { return layout_; }
   int fd() const { return fd_.get(); }
   uint64_t bytes() const { return layout_.memfd_bytes; }
+  const char* Data() const { return base_; }
 
   // The "optimizer step": the values of `step`.
   void Fill(uint64_t step) {

@@ -344,7 +344,8 @@ class DeadDaemonTest(unittest.TestCase):
         with self.assertRaises(ckptd.Error) as cm:
             c.save(2, {"t": t})
         self.assertEqual(cm.exception.code, "UNAVAILABLE")
-        self.assertIn("lost", str(cm.exception))
+        # The connection is lost, and the re-attach the save tries finds nothing listening.
+        self.assertRegex(str(cm.exception), "lost|not listening")
         with self.assertRaises(ckptd.Error) as cm:
             c.latest()
         self.assertEqual(cm.exception.code, "UNAVAILABLE")

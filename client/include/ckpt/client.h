@@ -27,10 +27,22 @@
 // are never interleaved with other requests.
 //
 // Errors: ckpt::Status / ckpt::Result<T>. A request the daemon refuses returns the daemon's
-// code and message unchanged. A timeout returns kDeadlineExceeded naming the step (a reply that
-// arrives later is dropped). When the connection breaks, every pending and later call returns
-// kUnavailable "connection to ckptd at <socket> lost: ..." — calls never hang on a dead daemon;
-// reconnect with a new Client. After Close(), calls return kCancelled.
+// code and message unchanged. After Close(), calls return kCancelled.
+//
+// A sick daemon never stalls the caller for long (proto/README.md, "Deadlines and re-attach"):
+//   * every prompt call (Connect's hello, Register, Save, Latest, Abandon) gives up after
+//     ClientOptions::call_timeout with kDeadlineExceeded naming the call and the socket; the
+//     client stays usable and drops the late reply. A Save that timed out is abandoned (the
+//     daemon never commits it: the trainer will modify the memory);
+//   * Wait, WaitSnapshot and Load keep their own timeouts, but fail with kDeadlineExceeded when
+//     the daemon has answered nothing — not even a liveness probe — for call_timeout;
+//   * when the connection breaks (daemon killed, restarted, upgraded), every call waiting on it
+//     returns kUnavailable "connection to ckptd at <socket> lost: ..."; the next call connects
+//     again, re-registers the registered tensors (their descriptors must still be open and refer
+//     to the same memory, else kFailedPrecondition asks for a new Register) and proceeds. Steps
+//     in flight at the break commit only if the old daemon had captured them; committed steps
+//     are untouched. While the daemon stays unreachable, re-attach attempts back off (up to 5 s)
+//     and calls in between fail at once with kUnavailable.
 #pragma once
 
 #include <chrono>
@@ -58,14 +70,19 @@ struct ClientOptions {
   // How long Connect keeps retrying while the daemon is not (yet) listening, including the
   // hello exchange.
   std::chrono::milliseconds connect_timeout{10000};
+  // The deadline of every prompt call, and how long a waiting call tolerates a daemon that
+  // answers nothing. 0: the environment's CKPTD_CALL_TIMEOUT (seconds), else 10 s.
+  std::chrono::milliseconds call_timeout{0};
 };
 
 // One shard of a tensor living in host memory reachable through a file descriptor (a memfd,
 // a POSIX shm fd — what PyTorch's share_memory_() uses — or any mmap-able fd).
 //
 // Ownership and lifetime: `fd` stays owned by the caller; Register sends a duplicate of it to
-// the daemon (SCM_RIGHTS) and never closes it. The memory behind the fd must stay alive and
-// must not be modified between Save and the end of the WaitSnapshot that follows it.
+// the daemon (SCM_RIGHTS) and never closes it. Keep it open while the tensor is registered if the
+// client should re-register by itself after a daemon restart (it re-sends the same descriptor). The
+// memory behind the fd must stay alive and must not be modified between Save and the end of the
+// WaitSnapshot that follows it.
 struct HostTensor {
   std::string name;                    // fully qualified name, e.g. "layers.0.attn.wq.weight"
   std::string dtype;                   // PyTorch name: "float32", "bfloat16", "int32", ...
@@ -202,14 +219,29 @@ class Client {
   // The general form (another job's checkpoint, see LoadOptions).
   Result<LoadResult> Load(const LoadOptions& options);
 
+  // Tells the daemon that this rank gives up on `step` (nullopt: the most recent Save) and is
+  // about to modify its memory: the step is aborted and never committed. For a fence that timed
+  // out (WaitSnapshot's kDeadlineExceeded) before the trainer goes on. Returns once the daemon is
+  // sure to learn it before it could count the capture complete — the request is in the socket,
+  // or the connection was shut down (which aborts every uncaptured step of this rank) — never
+  // waiting for the daemon itself. Always OK unless closed.
+  Status Abandon(std::optional<uint64_t> step = std::nullopt, std::string_view reason = {});
+
   // Shuts the connection down and joins the reader thread. Calls waiting in other threads return
   // kCancelled promptly; later calls return kCancelled. Idempotent; safe to call concurrently
   // with other calls (but not with the destructor). The daemon treats the closed connection as
   // the end of this rank's lease: a step already captured is still persisted and committed.
   void Close();
 
-  // The daemon's node id, from its hello. Valid as long as the Client lives.
+  // The daemon's node id, from its first hello. Valid as long as the Client lives.
   const std::string& node_id() const;
+  // The call timeout in force (ClientOptions::call_timeout after the environment's default).
+  std::chrono::milliseconds call_timeout() const;
+  // Whether the daemon holds this client's registration (false before Register, and after a
+  // re-attach that could not re-register).
+  bool registered() const;
+  // How often this client connected again after losing its connection.
+  uint32_t reattaches() const;
 
  private:
   class Impl;

@@ -18,6 +18,14 @@ tensors' device's current stream, so the daemon copies after the pending writes 
 host synchronize. Between save() and the end of the next wait_snapshot() the
 saved tensors must not be modified (``ckptd.torch.Checkpointer`` enforces this with an
 optimizer pre-step hook). Every failure raises :class:`ckptd.Error`.
+
+A sick daemon never holds the trainer for long: every prompt call (connect, register, save,
+latest) gives up after ``call_timeout`` seconds with ``ckptd.Error`` code DEADLINE_EXCEEDED, and
+wait/wait_snapshot/load fail the same way when the daemon answers nothing, not even a liveness
+probe, for that long. When the connection breaks (the daemon was killed, restarted or upgraded),
+the next call connects again and re-registers the tensors by itself: the same Client object
+survives a daemon restart. A step in flight at the break commits only if the old daemon had
+captured it; committed steps are never touched.
 """
 
 import operator
@@ -328,12 +336,14 @@ class Client:
     """One trainer rank's connection to its node's ckptd (see the module docstring).
 
     ``local_rank`` defaults to $LOCAL_RANK, else ``rank``. ``connect_timeout`` (seconds) is how
-    long the constructor keeps retrying while the daemon is not listening yet.
+    long the constructor keeps retrying while the daemon is not listening yet. ``call_timeout``
+    (seconds; None: $CKPTD_CALL_TIMEOUT, else 10) bounds every prompt call and how long a wait
+    tolerates a daemon that answers nothing (``self.call_timeout``).
     Thread-safe: calls may come from several threads (the GIL is released while waiting).
     """
 
     def __init__(self, job, rank, world_size, socket=DEFAULT_SOCKET, local_rank=None,
-                 connect_timeout=10.0):
+                 connect_timeout=10.0, call_timeout=None):
         if not isinstance(job, str):
             raise _error("job must be a string, not %r" % (job,))
         rank = _as_uint(rank, "rank")
@@ -342,6 +352,10 @@ class Client:
             local_rank = int(os.environ.get("LOCAL_RANK", rank))
         local_rank = _as_uint(local_rank, "local_rank")
         connect_timeout = _as_timeout(connect_timeout, "connect_timeout")
+        if call_timeout is not None:
+            call_timeout = _as_timeout(call_timeout, "call_timeout")
+            if call_timeout <= 0:
+                raise ValueError("call_timeout must be positive, not %r" % (call_timeout,))
         self.job, self.rank, self.world_size, self.socket = job, rank, world_size, str(socket)
         self._lock = threading.Lock()
         self._registered_key = None
@@ -349,7 +363,18 @@ class Client:
         self._registered_storages = ()  # and their storages (see _quick_key)
         self.last_load = None
         self._c = _ckptd.Client(job, rank, world_size, self.socket, local_rank,
-                                10.0 if connect_timeout is None else connect_timeout)
+                                10.0 if connect_timeout is None else connect_timeout,
+                                call_timeout)
+
+    @property
+    def call_timeout(self):
+        """Seconds every prompt call may take (and a wait may hear nothing from the daemon)."""
+        return self._c.call_timeout
+
+    @property
+    def reattaches(self):
+        """How often this client connected again after losing its connection to the daemon."""
+        return self._c.reattaches
 
     @property
     def node_id(self):
@@ -361,8 +386,10 @@ class Client:
             raise _error("tensors must be a dict {name: torch.Tensor | Shard | FlatShard}, not %s"
                          % type(tensors).__name__)
         keys = tuple(_quick_key(name, value) for name, value in tensors.items())
-        if None not in keys and keys == self._registered_key:
-            return  # the daemon has exactly this set (the common case: every save after the first)
+        if None not in keys and keys == self._registered_key and self._c.registered:
+            # The daemon has exactly this set (the common case: every save after the first; a
+            # re-attach re-registers it inside the native client).
+            return
         kept, specs = [], []
         for name, value in tensors.items():
             t, spec = _describe(name, value)
@@ -397,7 +424,9 @@ class Client:
     def wait_snapshot(self, timeout=None):
         """Block until the last save's bytes are captured; afterwards the tensors may change.
         ``timeout`` in seconds (None: no limit); on expiry ckptd.Error DEADLINE_EXCEEDED and the
-        tensors must still be left alone."""
+        tensors must still be left alone — or given up with :meth:`abandon` first. UNAVAILABLE
+        when the connection broke after the save (that step commits only if the daemon had
+        captured it; the tensors are free)."""
         self._c.wait_snapshot(_as_timeout(timeout))
 
     def wait(self, step, state="committed", timeout=None):
@@ -429,6 +458,14 @@ class Client:
             step, bool(strict), _cuda_stream(self._registered), job or "")
         self.last_load = LoadInfo(loaded, extra, from_memory, from_storage, list(missing))
         return extra
+
+    def abandon(self, step=None, reason=""):
+        """Give up on ``step`` (None: the last save) before modifying its tensors, e.g. after
+        :meth:`wait_snapshot` timed out: the daemon aborts the step and never commits it.
+        Returns at once (it never waits for the daemon)."""
+        if step is not None:
+            step = _as_uint(step, "step")
+        self._c.abandon(step, str(reason))
 
     def close(self):
         """Close the connection (idempotent). Calls waiting in other threads raise CANCELLED."""

@@ -163,41 +163,83 @@ class Checkpointer:
             return t                  # replicated: every rank has all of it
 
     ZeRO-style flat partitions: ``ckptd.FlatShard(t, full_shape, flat_offset)``.
+
+    Checkpointing never stops training: ``on_error="warn"`` (the default) turns a save that
+    fails — the daemon frozen past ``call_timeout``, killed or restarting, the step aborted or
+    skipped, storage failing — into one warning per kind of failure, ``last_error`` and a count
+    in ``failed_saves``, and training goes on (the client re-attaches to a restarted daemon by
+    itself). The fence waits at most ``fence_timeout`` seconds (None: the client's
+    ``call_timeout``) and then abandons the step, which is then never committed.
+    ``on_error="raise"`` raises ckptd.Error instead. Invalid arguments always raise.
     """
 
     def __init__(self, client, model, optimizer, extra_state=None, shard_fn=None,
-                 copy_buffers=True):
+                 copy_buffers=True, on_error="warn", fence_timeout=None):
+        if on_error not in ("warn", "raise"):
+            raise ValueError('on_error must be "warn" or "raise", not %r' % (on_error,))
+        if fence_timeout is not None:
+            fence_timeout = float(fence_timeout)
+            if not fence_timeout > 0:
+                raise ValueError("fence_timeout must be a positive number of seconds or None")
         self.client = client
         self.model = model
         self.optimizer = optimizer
         self.extra_state = extra_state
         self.shard_fn = shard_fn
         self.copy_buffers = copy_buffers
+        self.on_error = on_error
+        self.fence_timeout = fence_timeout
         self._staging = {}              # buffer name -> its shared staging copy
         self.loaded_extra_state = None
         self.last_restore = None        # {step, bytes_from_memory, bytes_from_storage} of load()
-        self.last_error = None          # the last wait_snapshot failure the hook swallowed
-        self._snapshot_pending = False
+        self.last_error = None          # the last failure of a save or a fence
+        self.failed_saves = 0           # saves that failed or whose fence gave up
+        self._warned = set()            # (what, code) already warned about
+        self._snapshot_pending = None   # the step whose capture the next fence waits for
         self._hook_handle = None
         self._hook_installed = False
+
+    # -- failures --------------------------------------------------------------------------
+
+    def _failed(self, what, step, error):
+        """A save or fence of ``step`` failed: count it, keep it, warn once per kind of failure
+        (``on_error="warn"``) or raise (``"raise"``)."""
+        self.last_error = error
+        self.failed_saves += 1
+        if self.on_error == "raise" or getattr(error, "code", None) == "INVALID_ARGUMENT":
+            raise error  # bad input is the caller's bug, not a checkpoint that failed
+        kind = (what, getattr(error, "code", "UNKNOWN"))
+        if kind not in self._warned:
+            self._warned.add(kind)
+            warnings.warn("ckptd: %s of step %s failed (%s): %s — training goes on; further "
+                          "failures of this kind are counted in failed_saves, not warned about"
+                          % (what, step, kind[1], error), RuntimeWarning, stacklevel=4)
 
     # -- the fence -------------------------------------------------------------------------
 
     def fence(self):
         """Wait until the last save is captured (no-op when none is pending). Called by the
-        optimizer pre-step hook. A failed step (aborted, skipped, daemon gone) no longer reads
-        the tensors: the failure is reported as a warning and kept in ``last_error``, and
-        training goes on."""
-        if not self._snapshot_pending:
+        optimizer pre-step hook. Never waits longer than ``fence_timeout`` (None: the client's
+        ``call_timeout``): past it the step is abandoned — the daemon never commits it, since its
+        bytes may be torn by the optimizer step that follows. A failed or abandoned step is
+        handled by ``on_error``: "warn" (the default) warns once per kind of failure, sets
+        ``last_error``, counts ``failed_saves`` and lets training go on; "raise" raises
+        ckptd.Error (the tensors are free to change either way)."""
+        step = self._snapshot_pending
+        if step is None:
             return
+        self._snapshot_pending = None
+        timeout = self.fence_timeout
+        if timeout is None:
+            timeout = getattr(self.client, "call_timeout", None)
         try:
-            self.client.wait_snapshot()
+            self.client.wait_snapshot(timeout)
         except ckptd.Error as e:
-            self.last_error = e
-            warnings.warn("ckptd: checkpoint not captured (%s): %s" % (e.code, e),
-                          RuntimeWarning, stacklevel=3)
-        self._snapshot_pending = False
-
+            if e.code == "DEADLINE_EXCEEDED":
+                # Before the optimizer touches the tensors: the daemon must learn first.
+                self.client.abandon(step, "the Checkpointer's fence gave up after %.1f s"
+                                    % (timeout,))
+            self._failed("fence", step, e)
     def _install_hook(self):
         if self._hook_installed or self.optimizer is None:
             return
@@ -298,7 +340,9 @@ class Checkpointer:
 
     def save(self, step, on_full="wait"):
         """Checkpoint model, optimizer and extra state as ``step``; returns once the daemon
-        accepted it. Call it right after ``optimizer.step()``."""
+        accepted it. Call it right after ``optimizer.step()``. A save the daemon refuses or does
+        not answer within the client's ``call_timeout`` is handled by ``on_error`` (see
+        :meth:`fence`); with "warn" it returns without raising."""
         self._install_hook()
         self.fence()  # a previous save still capturing (no optimizer step since) reads staging
         tensors, model_other = self._model_state(staged=True)
@@ -339,8 +383,12 @@ class Checkpointer:
             "extra_state": self._user_state(),
         }
         extra = pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
-        self.client.save(step, self._shard(tensors), extra, on_full)
-        self._snapshot_pending = True
+        try:
+            self.client.save(step, self._shard(tensors), extra, on_full)
+        except ckptd.Error as e:
+            self._failed("save", step, e)
+            return
+        self._snapshot_pending = step
 
     def _user_state(self):
         es = self.extra_state

@@ -1,12 +1,13 @@
-#include "daemon/thread_priority.h"
 #include "daemon/capture_engine.h"
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
 #include "common/logging.h"
+#include "daemon/thread_priority.h"
 
 namespace ckpt {
 
@@ -27,6 +28,17 @@ void CaptureEngine::Stop() {
   cv_.notify_all();
   for (auto& t : threads_) t.join();
   threads_.clear();
+}
+
+std::string CaptureEngine::StorageStalled() const {
+  if (config_.storage_stall_timeout.count() == 0) return {};
+  const FlushEngine::Activity a = flush_->activity();
+  const double limit = std::chrono::duration<double>(config_.storage_stall_timeout).count();
+  if (a.in_flight == 0 || a.oldest_seconds < limit) return {};
+  char oldest[32];
+  std::snprintf(oldest, sizeof oldest, "%.1f", a.oldest_seconds);
+  return "storage stalled (" + std::to_string(a.in_flight) + " writes in flight, the oldest for " +
+         oldest + " s)";
 }
 
 void CaptureEngine::Submit(std::shared_ptr<CaptureJob> job) {
@@ -104,12 +116,7 @@ void CaptureEngine::Capture(const std::shared_ptr<CaptureJob>& job) {
     for (size_t i = 0; i < job->plan->tensors.size(); ++i) {
       job->checksums[i].assign(layout.chunk_counts[i], 0);
     }
-    status = job->fs->CreateDirs(job->step_dir);
-    if (status.ok()) {
-      auto writer = DataFileWriter::Create(job->fs, job->data_path, layout.file_size);
-      if (writer.ok()) job->writer = std::move(writer).value();
-      else status = writer.status();
-    }
+    // The step directory and data file are made by the flush threads (capture_job.h).
   }
 
   // Slots whose device copies are enqueued but not known to be done, oldest first.
@@ -153,7 +160,22 @@ void CaptureEngine::Capture(const std::shared_ptr<CaptureJob>& job) {
         }
       }
       if (!status.ok()) break;
-      if (!slot) slot = pool_->Acquire(&job->cancelled);
+      // Wait for space while storage makes progress; a stalled filesystem (a write in flight
+      // for longer than the stall timeout) will not free any soon: skip the step instead.
+      while (!slot && !job->cancelled.load()) {
+        if (config_.storage_stall_timeout.count() == 0) {
+          slot = pool_->Acquire(&job->cancelled);
+          break;
+        }
+        slot = pool_->AcquireFor(&job->cancelled, std::max(std::chrono::milliseconds(50),
+                                                           config_.storage_stall_timeout / 10));
+        if (slot) break;
+        if (std::string stalled = StorageStalled(); !stalled.empty()) {
+          status = ResourceExhausted("skipped: " + stalled + "; the host pool is full");
+          break;
+        }
+      }
+      if (!status.ok()) break;
       if (!slot) break;  // cancelled while waiting for space
     }
     const Slot& s = layout.slots[i];
@@ -206,7 +228,7 @@ void CaptureEngine::Capture(const std::shared_ptr<CaptureJob>& job) {
     status = e.ok() ? Aborted("capture was cancelled") : e;
   }
   job->on_captured(status);
-  FlushEngine::ReleaseToken(job);
+  flush_->ReleaseCaptureToken(job);
 }
 
 }  // namespace ckpt

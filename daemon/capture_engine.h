@@ -23,10 +23,12 @@
 // Thread safety: Submit from any thread.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -41,6 +43,10 @@ class CaptureEngine {
   struct Config {
     int threads = 2;
     int nice = 0;  // of the copy threads (thread_priority.h)
+    // A storage call of the flush engine in flight for this long means storage is stalled:
+    // a capture waiting for pool space then gives up (the step is skipped) instead of waiting
+    // for a filesystem that may never answer. 0: wait for space whatever storage does.
+    std::chrono::milliseconds storage_stall_timeout{0};
   };
   // Slots of one job whose device copies may be in flight at once.
   static constexpr size_t kSlotsInFlight = 4;
@@ -51,6 +57,9 @@ class CaptureEngine {
   // Cancels nothing: lets queued jobs run (callers cancel jobs first if they want), then joins.
   void Stop();
   void Submit(std::shared_ptr<CaptureJob> job);
+
+  // Why storage counts as stalled now ("storage stalled: ..."), or empty when it does not.
+  std::string StorageStalled() const;
 
  private:
   void Run();

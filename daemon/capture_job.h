@@ -2,10 +2,12 @@
 //
 //   capture thread:  for each slot of the plan's layout: take a pool slot (waiting for space
 //                    — the backpressure), copy the slot's pieces out of trainer memory,
-//                    hand the slot to the flush engine.
-//   flush threads:   write the slot with one aligned pwrite, checksum the slot's pieces, hand
+//                    hand the slot to the flush engine. It never touches storage, so a hung
+//                    filesystem cannot stop captures while the pool has room.
+//   flush threads:   create the step directory and data file (the first slot to arrive),
+//                    write the slot with one aligned pwrite, checksum the slot's pieces, hand
 //                    the slot to the hot cache (or back to the pool).
-//   whoever finishes last: fdatasync the data file and report the rank persisted.
+//   last token:      a flush thread fdatasyncs the data file and reports the rank persisted.
 //
 // Completion is counted, not polled: `pending` holds one token for the capture pass and one per
 // slot in flight to the flush engine; the thread that drops it to zero finalizes. The job's
@@ -48,10 +50,31 @@ struct CaptureJob {
   std::atomic<uint64_t> bytes_captured{0};
   std::atomic<uint64_t> bytes_written{0};
   std::atomic<int64_t> pending{1};  // the capture pass's token
-  std::unique_ptr<DataFileWriter> writer;  // created by the capture thread before any slot
+  // Created by the first flush thread that needs it (EnsureWriter); read by the finalizer.
+  std::unique_ptr<DataFileWriter> writer;
   // checksums[shard][piece]; each element written by exactly one capture of one slot, read after
   // the job finished.
   std::vector<std::vector<uint64_t>> checksums;
+
+  // Creates the step directory and the data file once; later callers wait for the first and
+  // share its outcome. Runs on flush threads only: storage calls may block for as long as the
+  // filesystem hangs.
+  Status EnsureWriter() {
+    std::lock_guard lock(writer_mu);
+    if (writer != nullptr) return Status::Ok();
+    if (!writer_error.ok()) return writer_error;
+    Status st = fs->CreateDirs(step_dir);
+    if (st.ok()) {
+      auto created = DataFileWriter::Create(fs, data_path, plan->layout.file_size);
+      if (created.ok()) {
+        writer = std::move(created).value();
+      } else {
+        st = created.status();
+      }
+    }
+    writer_error = st;
+    return st;
+  }
 
   // First error wins; it also cancels the job.
   void Fail(Status s) {
@@ -66,6 +89,8 @@ struct CaptureJob {
 
   mutable std::mutex error_mu;
   Status error;  // guarded by error_mu
+  std::mutex writer_mu;
+  Status writer_error;  // guarded by writer_mu
 };
 
 }  // namespace ckpt

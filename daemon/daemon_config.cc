@@ -71,7 +71,8 @@ std::vector<Option> Options() {
       {"node-id", "name of this node (default: hostname)", str(&DaemonConfig::node_id)},
       {"coordinator", "address of ckpt-coordinator (absent: embedded coordinator)",
        str(&DaemonConfig::coordinator)},
-      {"keep", "committed checkpoints kept per job (0 = all)", integer("keep", &DaemonConfig::keep)},
+      {"keep", "committed checkpoints kept per job (0 = all)",
+       integer("keep", &DaemonConfig::keep)},
       {"slot-size", "pool slot / write size, e.g. 16MiB",
        bytes("slot-size", &DaemonConfig::slot_size)},
       {"checksum-chunk", "bytes covered by one checksum, e.g. 1MiB",
@@ -88,6 +89,10 @@ std::vector<Option> Options() {
        duration("step-timeout", &DaemonConfig::step_timeout)},
       {"shutdown-timeout", "on SIGTERM, wait this long for in-flight steps",
        duration("shutdown-timeout", &DaemonConfig::shutdown_timeout)},
+      {"storage-stall-timeout",
+       "a write in flight this long means storage is stalled: saves that need pool space are "
+       "skipped at once instead of waiting for it (0 = always wait), e.g. 5s",
+       duration("storage-stall-timeout", &DaemonConfig::storage_stall_timeout)},
       {"capture-throttle", "cap on capture copy rate in bytes/s, e.g. 2GiB (0 = none)",
        bytes("capture-throttle", &DaemonConfig::capture_throttle)},
       {"allowed-uids", "comma-separated uids allowed to connect (empty = any)",
@@ -127,7 +132,8 @@ std::vector<Option> Options() {
       {"metrics", "Prometheus endpoint host:port (empty = off)", str(&DaemonConfig::metrics)},
       {"socket-group", "group (name or gid) owning the trainer socket",
        str(&DaemonConfig::socket_group)},
-      {"admin-tls-cert", "PEM certificate: serve admin over TLS", str(&DaemonConfig::admin_tls_cert)},
+      {"admin-tls-cert", "PEM certificate: serve admin over TLS",
+       str(&DaemonConfig::admin_tls_cert)},
       {"admin-tls-key", "PEM private key of admin-tls-cert", str(&DaemonConfig::admin_tls_key)},
       {"admin-tls-client-ca", "PEM CA: admin clients must present a certificate it signed",
        str(&DaemonConfig::admin_tls_client_ca)},
@@ -229,6 +235,8 @@ std::string DaemonConfig::ToYaml() const {
   out << YAML::Key << "step-timeout" << YAML::Value << std::to_string(step_timeout.count()) + "ms";
   out << YAML::Key << "shutdown-timeout" << YAML::Value
       << std::to_string(shutdown_timeout.count()) + "ms";
+  out << YAML::Key << "storage-stall-timeout" << YAML::Value
+      << std::to_string(storage_stall_timeout.count()) + "ms";
   out << YAML::Key << "capture-throttle" << YAML::Value << ExactSize(capture_throttle);
   std::string uids;
   for (uint32_t u : allowed_uids) uids += (uids.empty() ? "" : ",") + std::to_string(u);

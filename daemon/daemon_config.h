@@ -30,6 +30,9 @@ struct DaemonConfig {
   int worker_nice = 10;  // capture, flush and storage threads (daemon/thread_priority.h)
   std::chrono::milliseconds step_timeout{std::chrono::minutes(10)};
   std::chrono::milliseconds shutdown_timeout{std::chrono::minutes(5)};
+  // A storage call in flight this long = storage stalled: saves that need pool space are
+  // skipped at once instead of waiting (0 = always wait for space).
+  std::chrono::milliseconds storage_stall_timeout{std::chrono::seconds(5)};
   uint64_t capture_throttle = 0;  // bytes/s, 0 = unthrottled
   std::vector<uint32_t> allowed_uids;
   std::string log_level = "info";

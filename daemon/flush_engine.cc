@@ -1,18 +1,27 @@
-#include "daemon/thread_priority.h"
 #include "daemon/flush_engine.h"
+
+#include <algorithm>
+#include <chrono>
 
 #include "common/checksum.h"
 #include "common/logging.h"
+#include "daemon/thread_priority.h"
 
 namespace ckpt {
 
 FlushEngine::FlushEngine(const Config& config, HostPool* pool, HotCache* hot)
-    : config_(config), pool_(pool), hot_(hot) {}
+    : config_(config),
+      pool_(pool),
+      hot_(hot),
+      busy_since_(new std::atomic<int64_t>[static_cast<size_t>(std::max(1, config.threads))]),
+      busy_slots_(static_cast<size_t>(std::max(1, config.threads))) {
+  for (size_t i = 0; i < busy_slots_; ++i) busy_since_[i] = 0;
+}
 
 FlushEngine::~FlushEngine() { Stop(); }
 
 void FlushEngine::Start() {
-  for (int i = 0; i < std::max(1, config_.threads); ++i) threads_.emplace_back([this] { Run(); });
+  for (size_t i = 0; i < busy_slots_; ++i) threads_.emplace_back([this, i] { Run(i); });
 }
 
 void FlushEngine::Stop() {
@@ -33,22 +42,60 @@ void FlushEngine::Submit(Item item) {
   cv_.notify_one();
 }
 
-void FlushEngine::ReleaseToken(const std::shared_ptr<CaptureJob>& job) {
+template <typename F>
+auto FlushEngine::Timed(size_t thread, F&& call) {
+  busy_since_[thread].store(std::chrono::steady_clock::now().time_since_epoch().count());
+  auto result = call();
+  busy_since_[thread].store(0);
+  return result;
+}
+
+FlushEngine::Activity FlushEngine::activity() const {
+  Activity a;
+  const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+  int64_t oldest = now;
+  for (size_t i = 0; i < busy_slots_; ++i) {
+    const int64_t since = busy_since_[i].load();
+    if (since == 0) continue;
+    ++a.in_flight;
+    oldest = std::min(oldest, since);
+  }
+  if (a.in_flight > 0) {
+    a.oldest_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::duration(now - oldest)).count();
+  }
+  return a;
+}
+
+void FlushEngine::ReleaseCaptureToken(const std::shared_ptr<CaptureJob>& job) {
   if (job->pending.fetch_sub(1) != 1) return;
+  Submit(Item{job, kFinalize, 0});
+}
+
+void FlushEngine::ReleaseToken(const std::shared_ptr<CaptureJob>& job, size_t thread) {
+  if (job->pending.fetch_sub(1) != 1) return;
+  Finalize(job, thread);
+}
+
+void FlushEngine::Finalize(const std::shared_ptr<CaptureJob>& job, size_t thread) {
   // Last one out: every slot was written (or the job failed). Finish the data file.
   Status status = job->first_error();
+  if (status.ok() && !job->cancelled.load()) {
+    // A rank with nothing to write still gets its (empty) data file.
+    status = Timed(thread, [&] { return job->EnsureWriter(); });
+  }
   if (job->writer != nullptr) {
     if (status.ok()) {
-      status = job->writer->Finish();
+      status = Timed(thread, [&] { return job->writer->Finish(); });
     } else {
-      job->writer->Finish().IgnoreError();  // closes the file; the step is removed anyway
+      Timed(thread, [&] { return job->writer->Finish(); }).IgnoreError();  // the step is removed
     }
   }
   if (status.ok() && job->cancelled.load()) status = Aborted("capture was cancelled");
   job->on_persisted(std::move(status));
 }
 
-void FlushEngine::Run() {
+void FlushEngine::Run(size_t thread) {
   SetThisThreadNice(config_.nice);
   while (true) {
     Item item;
@@ -59,6 +106,10 @@ void FlushEngine::Run() {
       item = std::move(queue_.front());
       queue_.pop_front();
     }
+    if (item.slot_index == kFinalize) {
+      Finalize(item.job, thread);
+      continue;
+    }
     CaptureJob& job = *item.job;
     bool adopted = false;
     if (!job.cancelled.load()) {
@@ -66,7 +117,10 @@ void FlushEngine::Run() {
       const std::byte* data = pool_->slot_data(item.pool_slot);
       // Write first, checksum after (see flush_engine.h): the slot stays ours and immutable
       // until it is released or adopted below, so the checksum still covers the stored bytes.
-      Status s = job.writer->WriteAt(slot.file_offset, data, slot.length);
+      Status s = Timed(thread, [&] {
+        Status made = job.EnsureWriter();
+        return made.ok() ? job.writer->WriteAt(slot.file_offset, data, slot.length) : made;
+      });
       if (s.ok()) {
         for (const SlotPiece& piece : slot.pieces) {
           job.checksums[piece.shard][piece.chunk_index] =
@@ -85,7 +139,7 @@ void FlushEngine::Run() {
       }
     }
     if (!adopted) pool_->Release(item.pool_slot);
-    ReleaseToken(item.job);
+    ReleaseToken(item.job, thread);
   }
 }
 

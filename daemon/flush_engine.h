@@ -3,8 +3,15 @@
 // Each submitted slot is written with one aligned pwrite through the job's DataFileWriter (so
 // with O_DIRECT where the filesystem takes it), then checksummed, then its pool slot is
 // returned. Queue depth equals the number of threads; the queue itself is bounded by the pool
-// (an item holds a slot). When a job's last slot is done the engine finishes the data file
-// (fdatasync) and reports.
+// (an item holds a slot). The first slot of a job to arrive creates its step directory and data
+// file; when the job's last token is dropped a writer thread finishes the file (fdatasync) and
+// reports. The writer threads are the only ones that wait on storage for captured data: the
+// capture threads never do, so captures go on into the pool while a filesystem hangs.
+//
+// Stall watch. Each writer thread stamps when its current storage call began (0 while idle);
+// Activity() reports how many calls are in flight and how long the oldest has been. The node
+// state uses it to tell a hung filesystem (a call in flight for longer than the stall timeout)
+// from a merely busy one, and ops see it in /metrics and `ckptctl status`.
 //
 // Why write before checksumming: XXH3 over bytes that are no longer in cache runs at memcpy's
 // speed (both are bound by memory bandwidth: ~20 GB/s each on the CI machines), so hashing a
@@ -19,7 +26,9 @@
 // Thread safety: Submit from any thread.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -54,12 +63,27 @@ class FlushEngine {
   // The item's job must hold a pending token for it (the capture engine adds it).
   void Submit(Item item);
 
-  // Drops one pending token of the job; the caller that brings it to zero finalizes: fdatasync
-  // and on_persisted. Used by the capture engine for its own token.
-  static void ReleaseToken(const std::shared_ptr<CaptureJob>& job);
+  // The capture pass is done with `job`: drops its token; if it was the last, a writer thread
+  // finishes the data file (never the calling capture thread: fdatasync may block for as long
+  // as the filesystem hangs).
+  void ReleaseCaptureToken(const std::shared_ptr<CaptureJob>& job);
+
+  struct Activity {
+    uint32_t in_flight = 0;     // storage calls of the writer threads now in progress
+    double oldest_seconds = 0;  // how long the oldest of them has been running
+  };
+  Activity activity() const;
 
  private:
-  void Run();
+  static constexpr uint32_t kFinalize = UINT32_MAX;  // Item::slot_index of a finish-the-file item
+  void Run(size_t thread);
+  // Drops one token; the caller that brings it to zero finalizes.
+  void ReleaseToken(const std::shared_ptr<CaptureJob>& job, size_t thread);
+  // fdatasync and on_persisted, on writer thread `thread`.
+  void Finalize(const std::shared_ptr<CaptureJob>& job, size_t thread);
+  // Runs one storage call of writer thread `thread` with its start stamped for activity().
+  template <typename F>
+  auto Timed(size_t thread, F&& call);
 
   Config config_;
   HostPool* pool_;
@@ -69,6 +93,9 @@ class FlushEngine {
   std::deque<Item> queue_;  // guarded by mu_
   bool stopping_ = false;   // guarded by mu_
   std::vector<std::thread> threads_;
+  // Per writer thread: steady_clock nanoseconds at which its current storage call began; 0 idle.
+  std::unique_ptr<std::atomic<int64_t>[]> busy_since_;
+  size_t busy_slots_ = 0;
 };
 
 }  // namespace ckpt

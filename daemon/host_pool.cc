@@ -97,6 +97,17 @@ HostPool::HostPool(std::byte* base, uint64_t slot_size, uint32_t slot_count, boo
 HostPool::~HostPool() { ::munmap(base_, size_bytes()); }
 
 std::optional<HostPool::SlotId> HostPool::Acquire(const std::atomic<bool>* cancelled) {
+  return AcquireUntil(cancelled, std::nullopt);
+}
+
+std::optional<HostPool::SlotId> HostPool::AcquireFor(const std::atomic<bool>* cancelled,
+                                                     std::chrono::milliseconds wait) {
+  return AcquireUntil(cancelled, std::chrono::steady_clock::now() + wait);
+}
+
+std::optional<HostPool::SlotId> HostPool::AcquireUntil(
+    const std::atomic<bool>* cancelled,
+    std::optional<std::chrono::steady_clock::time_point> deadline) {
   std::unique_lock lock(mu_);
   while (true) {
     if (cancelled != nullptr && cancelled->load()) return std::nullopt;
@@ -113,10 +124,15 @@ std::optional<HostPool::SlotId> HostPool::Acquire(const std::atomic<bool>* cance
       lock.lock();
       if (freed || generation_ != seen) continue;
     }
-    freed_.wait(lock, [&] {
+    auto woken = [&] {
       return generation_ != seen || !free_.empty() ||
              (cancelled != nullptr && cancelled->load());
-    });
+    };
+    if (!deadline) {
+      freed_.wait(lock, woken);
+    } else if (!freed_.wait_until(lock, *deadline, woken)) {
+      return std::nullopt;
+    }
   }
 }
 

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -50,6 +51,9 @@ class HostPool {
   // Waits for a free slot. Returns nullopt when `cancelled` became true while waiting (checked
   // whenever the pool changes and after WakeAll). `cancelled` may be null.
   std::optional<SlotId> Acquire(const std::atomic<bool>* cancelled);
+  // As Acquire, but gives up (nullopt) after `wait` too.
+  std::optional<SlotId> AcquireFor(const std::atomic<bool>* cancelled,
+                                   std::chrono::milliseconds wait);
   // Takes `count` slots only if that many are free now (the on_full=skip policy), after asking
   // the reclaimer for space when `reclaim` is true.
   std::optional<std::vector<SlotId>> TryAcquireMany(uint32_t count, bool reclaim = true);
@@ -70,6 +74,8 @@ class HostPool {
 
  private:
   HostPool(std::byte* base, uint64_t slot_size, uint32_t slot_count, bool lock_memory);
+  std::optional<SlotId> AcquireUntil(const std::atomic<bool>* cancelled,
+                                     std::optional<std::chrono::steady_clock::time_point> deadline);
 
   std::byte* const base_;
   const uint64_t slot_size_;

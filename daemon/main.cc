@@ -183,7 +183,8 @@ int RunDaemon(const DaemonConfig& config) {
   // waits for, a write only what wait(persisted) waits for, and the CPU they share is finite.
   const int flush_nice = config.worker_nice == 0 ? 0 : std::min(19, config.worker_nice + 5);
   FlushEngine flush({config.flush_threads, flush_nice}, pool->get(), &hot);
-  CaptureEngine capture({config.capture_threads, config.worker_nice}, pool->get(), &flush);
+  CaptureEngine capture({config.capture_threads, config.worker_nice, config.storage_stall_timeout},
+                        pool->get(), &flush);
   NodeState::Config node_config;
   node_config.node_id = config.node_id;
   node_config.storage_root = config.storage_root;
@@ -223,7 +224,10 @@ int RunDaemon(const DaemonConfig& config) {
   }
   server_config.group = *socket_group;
   ObserverList observers;
-  DaemonMetrics metrics(kVersion, config.node_id, pool->get(), &hot);
+  DaemonMetrics metrics(kVersion, config.node_id, pool->get(), &hot, [&flush] {
+    const FlushEngine::Activity a = flush.activity();
+    return std::make_pair(a.in_flight, a.oldest_seconds);
+  });
   NodeAdminProvider::Sources admin_sources;
   admin_sources.node = &node;
   admin_sources.pool = pool->get();
@@ -231,6 +235,12 @@ int RunDaemon(const DaemonConfig& config) {
   admin_sources.fs = fs;
   admin_sources.storage = &storage;
   admin_sources.storage_root = config.storage_root;
+  admin_sources.storage_activity = [&flush] {
+    const FlushEngine::Activity a = flush.activity();
+    return std::make_pair(a.in_flight, a.oldest_seconds);
+  };
+  admin_sources.storage_stall_timeout_seconds =
+      std::chrono::duration<double>(config.storage_stall_timeout).count();
   admin_sources.node_id = config.node_id;
   admin_sources.version = kVersion;
   admin_sources.config = ConfigSummary(config);

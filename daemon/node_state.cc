@@ -124,7 +124,8 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
     }
   }
   Step& s = it->second;
-  if (Terminal(s.state) && req.on_full == ckptd::v1::FULL_POLICY_SKIP &&
+  const std::string stalled = capture_->StorageStalled();
+  if (Terminal(s.state) && (req.on_full == ckptd::v1::FULL_POLICY_SKIP || !stalled.empty()) &&
       s.reason.find(" skipped: ") != std::string::npos) {
     // Another rank's skip already decided this step: this rank skips it too.
     return SaveOutcome{true, s.reason};
@@ -155,13 +156,15 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
   capture->data_path = JoinPath(capture->step_dir, capture->data_file);
   capture->throttle_bytes_per_second = config_.capture_throttle_bytes_per_second;
 
-  if (req.on_full == ckptd::v1::FULL_POLICY_SKIP) {
+  // Skip policy — and any save while storage is stalled: nothing waits for space that a hung
+  // filesystem may never free. The slots are taken now, or the step is skipped at once.
+  if (req.on_full == ckptd::v1::FULL_POLICY_SKIP || !stalled.empty()) {
     const auto needed = static_cast<uint32_t>(req.plan->layout.slots.size());
     auto slots = pool_->TryAcquireMany(needed);
     if (!slots) {
-      SaveOutcome out{true, "skipped: the host pool is full (this rank needs " +
-                                std::to_string(needed) + " slots, " +
-                                std::to_string(pool_->free_slots()) + " are free)"};
+      SaveOutcome out{true, "skipped: " + (stalled.empty() ? std::string() : stalled + "; ") +
+                                "the host pool is full (this rank needs " + std::to_string(needed) +
+                                " slots, " + std::to_string(pool_->free_slots()) + " are free)"};
       spdlog::warn("{}: {}", ctx, out.reason);
       s.ranks[req.rank] = RankSave{req.session_id, req.pid, nullptr, {}, false, false, true};
       FailLocally(s, ckptd::v1::STEP_STATE_FAILED,

@@ -88,6 +88,16 @@ void PrintStatusText(const ckptd::v1::GetStatusResponse& s) {
               << FormatBytes(p.cached_bytes()) << ", in use " << FormatBytes(p.in_use_bytes())
               << "\n";
   }
+  if (s.has_storage()) {
+    const auto& st = s.storage();
+    std::cout << "storage: " << st.calls_in_flight() << " calls in flight";
+    if (st.calls_in_flight() > 0) std::cout << ", oldest " << Duration(st.oldest_call_seconds());
+    if (st.stalled()) {
+      std::cout << "  STALLED (no answer for over " << Duration(st.stall_timeout_seconds())
+                << "): saves that need pool space are skipped";
+    }
+    std::cout << "\n";
+  }
   const bool coordinator = s.role() == "coordinator";
   if (coordinator) {
     std::cout << "\nnodes: " << s.nodes_size() << "\n";

@@ -19,6 +19,7 @@ std::string FailureReasonLabel(const std::string& reason) {
   if (has("did not save step")) return "timeout";
   if (has("abandoned")) return "abandoned";
   if (has("disconnected")) return "rank_disconnected";
+  if (has("storage stalled")) return "storage_stalled";
   if (has("skipped")) return "pool_full_skip";
   if (has("capture failed")) return "capture_error";
   if (has("write failed")) return "write_error";
@@ -30,7 +31,8 @@ std::string FailureReasonLabel(const std::string& reason) {
 // ckptd_pool_bytes{state}: read from the pool when scraped, so it is never stale.
 class DaemonMetrics::PoolCollector final : public prometheus::Collectable {
  public:
-  PoolCollector(const HostPool* pool, const HotCache* hot) : pool_(pool), hot_(hot) {}
+  PoolCollector(const HostPool* pool, const HotCache* hot, StorageProbe storage)
+      : pool_(pool), hot_(hot), storage_(std::move(storage)) {}
   std::vector<prometheus::MetricFamily> Collect() const override {
     const uint64_t total = pool_->size_bytes();
     const uint64_t free_bytes =
@@ -48,12 +50,34 @@ class DaemonMetrics::PoolCollector final : public prometheus::Collectable {
       m.gauge.value = static_cast<double>(value);
       f.metric.push_back(std::move(m));
     }
-    return {f};
+    std::vector<prometheus::MetricFamily> out{std::move(f)};
+    if (storage_) {
+      const auto [in_flight, oldest] = storage_();
+      auto gauge = [&](const char* name, const char* help, double value) {
+        prometheus::MetricFamily g;
+        g.name = name;
+        g.help = help;
+        g.type = prometheus::MetricType::Gauge;
+        prometheus::ClientMetric m;
+        m.gauge.value = value;
+        g.metric.push_back(std::move(m));
+        out.push_back(std::move(g));
+      };
+      gauge("ckptd_storage_writes_in_flight",
+            "Storage calls (create, write, fdatasync) of the writer threads in progress",
+            static_cast<double>(in_flight));
+      gauge("ckptd_storage_oldest_write_seconds",
+            "How long the oldest storage call in progress has been running (0: none); a hung "
+            "filesystem shows as a value that keeps growing",
+            oldest);
+    }
+    return out;
   }
 
  private:
   const HostPool* pool_;
   const HotCache* hot_;
+  StorageProbe storage_;
 };
 
 namespace {
@@ -68,8 +92,8 @@ prometheus::Histogram::BucketBoundaries DurationBuckets() {
 }  // namespace
 
 DaemonMetrics::DaemonMetrics(std::string version, std::string node_id, const HostPool* pool,
-                             const HotCache* hot)
-    : pool_collector_(std::make_shared<PoolCollector>(pool, hot)),
+                             const HotCache* hot, StorageProbe storage)
+    : pool_collector_(std::make_shared<PoolCollector>(pool, hot, std::move(storage))),
       captured_bytes_(BuildCounter()
                           .Name("ckptd_captured_bytes_total")
                           .Help("Bytes copied from trainer memory into the host pool")

@@ -16,6 +16,10 @@
 //   ckptd_step_failures_total{reason=...}             reasons from FailureReasonLabel
 //   ckptd_last_commit_timestamp_seconds               Unix time of the newest commit
 //   ckptd_connected_clients
+//   ckptd_client_reattach_total                       trainer clients that connected again
+//   ckptd_storage_writes_in_flight                    storage calls of the writers in progress
+//   ckptd_storage_oldest_write_seconds                age of the oldest of them (0: none): a
+//                                                     hung filesystem shows as a growing value
 //
 // Threads: observer methods run on the loop; scrapes run on the exposer's threads and read only
 // thread-safe counters and the pool's thread-safe accessors.
@@ -27,6 +31,7 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -39,14 +44,16 @@
 
 namespace ckpt {
 
-// A small fixed vocabulary for failure reasons: timeout, rank_disconnected, pool_full_skip,
-// capture_error, write_error, commit_error, shutdown, other.
+// A small fixed vocabulary for failure reasons: timeout, rank_disconnected, abandoned,
+// storage_stalled, pool_full_skip, capture_error, write_error, commit_error, shutdown, other.
 std::string FailureReasonLabel(const std::string& reason);
 
 class DaemonMetrics final : public DaemonObserver {
  public:
-  DaemonMetrics(std::string version, std::string node_id, const HostPool* pool,
-                const HotCache* hot);
+  // What the writers are doing to storage now: calls in flight, age of the oldest in seconds.
+  using StorageProbe = std::function<std::pair<uint32_t, double>()>;
+  DaemonMetrics(std::string version, std::string node_id, const HostPool* pool, const HotCache* hot,
+                StorageProbe storage = {});
   ~DaemonMetrics() override;
 
   // Serves /metrics on `address` ("127.0.0.1:7461"; port 0 picks one). Fails when it cannot bind.

@@ -121,6 +121,15 @@ ckptd::v1::GetStatusResponse NodeAdminProvider::CollectStatus() const {
   pool->set_cached_bytes(cached);
   pool->set_in_use_bytes(total - std::min(total, free_bytes + cached));
   pool->set_pinned(sources_.pool->locked());
+  if (sources_.storage_activity) {
+    const auto [in_flight, oldest] = sources_.storage_activity();
+    auto* storage = out.mutable_storage();
+    storage->set_calls_in_flight(in_flight);
+    storage->set_oldest_call_seconds(oldest);
+    storage->set_stall_timeout_seconds(sources_.storage_stall_timeout_seconds);
+    storage->set_stalled(sources_.storage_stall_timeout_seconds > 0 && in_flight > 0 &&
+                         oldest >= sources_.storage_stall_timeout_seconds);
+  }
   for (const auto& [id, c] : clients_) {
     auto* ci = out.add_clients();
     ci->set_session_id(id);

@@ -46,6 +46,9 @@ class NodeAdminProvider final : public AdminProvider, public DaemonObserver {
     std::string node_id;
     std::string version;
     std::vector<std::pair<std::string, std::string>> config;  // key, value for the summary
+    // The writers' storage calls in flight and the oldest one's age (seconds); may be empty.
+    std::function<std::pair<uint32_t, double>()> storage_activity;
+    double storage_stall_timeout_seconds = 0;
   };
 
   NodeAdminProvider(boost::asio::io_context& io, Sources sources);

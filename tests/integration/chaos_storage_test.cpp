@@ -206,3 +206,74 @@ TEST_CASE("chaos: a stalled storage write holds up neither save() nor wait_snaps
   }
   CHECK_THAT(daemon.Log(), Catch::Contains("released"));
 }
+
+TEST_CASE(
+    "chaos: with storage stalled and the pool full, saves are skipped at once, and resume "
+    "when it answers",
+    "[chaos]") {
+  TempDir dir;
+  const std::string fifo = dir / "release";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  auto options = DaemonProcess::InDir(dir);
+  // One writer thread and a pool of four 4 MiB slots: the stalled write of step 2 holds the
+  // writer, and what is captured after it queues up in the pool until the pool is full.
+  options.host_pool = "16MiB";
+  options.flags = {"--flush-threads", "1", "--storage-stall-timeout", "1s"};
+  options.env = {"CKPTD_FAULT_INJECTION=stall-write=1,stall-release=" + fifo +
+                 ",path=" + ckpt::StepDirName(2)};
+  DaemonProcess daemon(options);
+  const uint64_t seed = ckpt::testing::TestSeed() + 91;
+  constexpr uint64_t kBytes = 4ull << 20;
+  InProcessRank rank(kBytes, 1, 0, 1, seed);
+  auto client = daemon.Connect("stalled-pool");
+  REQUIRE_OK(client->Register(rank.Specs()));
+  rank.Fill(1);
+  REQUIRE_OK(client->Save(1, rank.Extra(1)));
+  REQUIRE_OK(client->WaitSnapshot(seconds(60)));
+  REQUIRE_OK(client->Wait(1, ckpt::WaitState::kCommitted, seconds(60)));
+
+  // Saves go on into the pool until it is full; then the step that cannot get space fails
+  // (its capture gives up once storage is stalled), and later saves are skipped at once.
+  std::vector<uint64_t> captured;
+  uint64_t step = 2;
+  ckpt::Status skipped;
+  for (; step < 12; ++step) {
+    rank.Fill(step);
+    ckpt::Status saved = client->Save(step, rank.Extra(step));
+    if (!saved.ok()) {
+      skipped = saved;
+      break;
+    }
+    ckpt::Status fenced = client->WaitSnapshot(seconds(60));
+    if (fenced.ok()) {
+      captured.push_back(step);
+    } else {
+      // The step failed (its capture gave up on the pool): the fence returns at once.
+      INFO("fence of step " << step << ": " << fenced.ToString());
+      CHECK_THAT(fenced.message(), Catch::Contains("storage stalled"));
+    }
+  }
+  INFO("captured before the pool filled: " << captured.size() << "; stopped at step " << step);
+  REQUIRE(!skipped.ok());
+  CHECK(skipped.code() == ckpt::StatusCode::kResourceExhausted);
+  CHECK_THAT(skipped.message(), Catch::Contains("storage stalled") && Catch::Contains("skipped"));
+  REQUIRE(!captured.empty());
+  CHECK(captured.front() == 2);
+
+  // Storage answers again: what was captured commits, and so do new steps.
+  {
+    const int fd = ::open(fifo.c_str(), O_WRONLY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    ::close(fd);
+  }
+  REQUIRE_OK(client->Wait(captured.back(), ckpt::WaitState::kCommitted, seconds(60)));
+  const uint64_t next = step + 1;
+  rank.Fill(next);
+  REQUIRE_OK(client->Save(next, rank.Extra(next)));  // nothing is in flight: not stalled
+  REQUIRE_OK(client->WaitSnapshot(seconds(60)));
+  REQUIRE_OK(client->Wait(next, ckpt::WaitState::kCommitted, seconds(60)));
+  for (uint64_t s : captured)
+    RequireTrainerStep(daemon.root(), "stalled-pool", s, kBytes, 1, 1, seed);
+  RequireTrainerStep(daemon.root(), "stalled-pool", next, kBytes, 1, 1, seed);
+  CHECK(!PathExists(ckpt::StepDir(daemon.root(), "stalled-pool", step) + "/MANIFEST"));
+}

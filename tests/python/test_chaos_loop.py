@@ -155,13 +155,13 @@ class Fault:
 
 
 class Injector(threading.Thread):
-    """Runs the seeded fault schedule against the current daemon (self.daemon), replacing it on
+    """Runs the seeded fault schedule against the current daemon (self.current), replacing it on
     every kill. Times are time.monotonic(), recorded in self.faults."""
 
     def __init__(self, schedule, daemon, on_new_daemon):
         super().__init__(name="fault-injector", daemon=True)
         self.schedule = schedule        # [(gap, kind, duration)]
-        self.daemon = daemon
+        self.current = daemon  # the daemon the next fault hits
         self.on_new_daemon = on_new_daemon
         self.faults = []
         self.error = None
@@ -176,21 +176,21 @@ class Injector(threading.Thread):
                     return
                 fault = Fault(kind)
                 if kind == "kill":
-                    fault.old_pid = self.daemon.proc.pid
+                    fault.old_pid = self.current.proc.pid
                     fault.start = time.monotonic()
-                    self.daemon.kill()
+                    self.current.kill()
                     self.faults.append(fault)
                     if self.stop.wait(duration):  # the daemon's down time
                         return
-                    new = util.Daemon(directory=self.daemon.dir)
+                    new = util.Daemon(directory=self.current.dir)
                     self.on_new_daemon(new)
                     new.start()  # returns once a client hello works: serving again
                     fault.served = time.monotonic()
                     fault.served_wall = time.time()
                     fault.new_pid = new.proc.pid
-                    self.daemon = new
+                    self.current = new
                 else:
-                    pid = self.daemon.proc.pid
+                    pid = self.current.proc.pid
                     fault.old_pid = fault.new_pid = pid
                     self.stopped_pid = pid
                     fault.start = time.monotonic()
@@ -385,7 +385,7 @@ class ChaosLoopTest(unittest.TestCase):
         t_loop_end = time.monotonic()
 
         # -- what was committed -------------------------------------------------------------
-        current = inj.daemon
+        current = inj.current
         c2 = current.client(JOB, call_timeout=10.0)
         self.clients.append(c2)
         latest = c2.latest()

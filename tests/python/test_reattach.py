@@ -14,7 +14,9 @@ daemon is back, and the Checkpointer turns failures into warnings and counts (on
 
 import os
 import re
+import shutil
 import signal
+import subprocess
 import time
 import unittest
 import urllib.request
@@ -27,13 +29,18 @@ import ckptd.torch
 import ckptd_testutil as util
 
 
-def metric(daemon, name):
-    """The value of an unlabelled series in the daemon's /metrics (its address is in its log)."""
+def metrics_text(daemon):
+    """The daemon's /metrics page (its address is in its log)."""
     found = re.findall(r"Prometheus endpoint (http://\S+/metrics)", daemon.log())
     if not found:
         raise AssertionError("no metrics endpoint in the daemon log")
     with urllib.request.urlopen(found[-1], timeout=10) as r:
-        text = r.read().decode()
+        return r.read().decode()
+
+
+def metric(daemon, name):
+    """The value of an unlabelled series in the daemon's /metrics."""
+    text = metrics_text(daemon)
     for line in text.splitlines():
         if line.startswith(name + " "):
             return float(line.split()[1])
@@ -110,6 +117,11 @@ class ReattachTest(unittest.TestCase):
         c.wait(2, "committed", timeout=60)
         self.assertEqual(c.reattaches, 1)
         self.assertEqual(metric(second, "ckptd_client_reattach_total"), 1.0)
+        promtool = shutil.which("promtool")
+        if promtool is not None:  # the exposition follows Prometheus conventions
+            lint = subprocess.run([promtool, "check", "metrics"], input=metrics_text(second),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            self.assertEqual(lint.returncode, 0, lint.stdout)
         expected = t.clone()
         t.zero_()
         c.load({"t": t})

@@ -116,7 +116,8 @@ void CaptureEngine::Capture(const std::shared_ptr<CaptureJob>& job) {
     for (size_t i = 0; i < job->plan->tensors.size(); ++i) {
       job->checksums[i].assign(layout.chunk_counts[i], 0);
     }
-    // The step directory and data file are made by the flush threads (capture_job.h).
+    // The step directory and data file are made by a flush thread (capture_job.h).
+    flush_->Prepare(job);
   }
 
   // Slots whose device copies are enqueued but not known to be done, oldest first.

@@ -67,6 +67,11 @@ FlushEngine::Activity FlushEngine::activity() const {
   return a;
 }
 
+void FlushEngine::Prepare(const std::shared_ptr<CaptureJob>& job) {
+  job->pending.fetch_add(1);
+  Submit(Item{job, kPrepare, 0});
+}
+
 void FlushEngine::ReleaseCaptureToken(const std::shared_ptr<CaptureJob>& job) {
   if (job->pending.fetch_sub(1) != 1) return;
   Submit(Item{job, kFinalize, 0});
@@ -108,6 +113,17 @@ void FlushEngine::Run(size_t thread) {
     }
     if (item.slot_index == kFinalize) {
       Finalize(item.job, thread);
+      continue;
+    }
+    if (item.slot_index == kPrepare) {
+      if (!item.job->cancelled.load()) {
+        Status made = Timed(thread, [&] { return item.job->EnsureWriter(); });
+        if (!made.ok()) {
+          item.job->Fail(std::move(made));
+          pool_->WakeAll();  // its capture may be waiting for space it no longer needs
+        }
+      }
+      ReleaseToken(item.job, thread);
       continue;
     }
     CaptureJob& job = *item.job;

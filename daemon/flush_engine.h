@@ -3,10 +3,11 @@
 // Each submitted slot is written with one aligned pwrite through the job's DataFileWriter (so
 // with O_DIRECT where the filesystem takes it), then checksummed, then its pool slot is
 // returned. Queue depth equals the number of threads; the queue itself is bounded by the pool
-// (an item holds a slot). The first slot of a job to arrive creates its step directory and data
-// file; when the job's last token is dropped a writer thread finishes the file (fdatasync) and
-// reports. The writer threads are the only ones that wait on storage for captured data: the
-// capture threads never do, so captures go on into the pool while a filesystem hangs.
+// (an item holds a slot). When a capture starts, an item of its own has a writer create the
+// step directory and data file (Prepare); when the job's last token is dropped a writer thread
+// finishes the file (fdatasync) and reports. The writer threads are the only ones that wait on
+// storage for captured data: the capture threads never do, so captures go on into the pool while a
+// filesystem hangs.
 //
 // Stall watch. Each writer thread stamps when its current storage call began (0 while idle);
 // Activity() reports how many calls are in flight and how long the oldest has been. The node
@@ -63,6 +64,10 @@ class FlushEngine {
   // The item's job must hold a pending token for it (the capture engine adds it).
   void Submit(Item item);
 
+  // The capture of `job` starts: a writer thread creates its step directory and data file now,
+  // while the capture copies (so the file exists as early as before, without the capture thread
+  // waiting on storage). A failure fails the job.
+  void Prepare(const std::shared_ptr<CaptureJob>& job);
   // The capture pass is done with `job`: drops its token; if it was the last, a writer thread
   // finishes the data file (never the calling capture thread: fdatasync may block for as long
   // as the filesystem hangs).
@@ -75,7 +80,8 @@ class FlushEngine {
   Activity activity() const;
 
  private:
-  static constexpr uint32_t kFinalize = UINT32_MAX;  // Item::slot_index of a finish-the-file item
+  static constexpr uint32_t kFinalize = UINT32_MAX;     // Item::slot_index: finish the file
+  static constexpr uint32_t kPrepare = UINT32_MAX - 1;  // Item::slot_index: create the file
   void Run(size_t thread);
   // Drops one token; the caller that brings it to zero finalizes.
   void ReleaseToken(const std::shared_ptr<CaptureJob>& job, size_t thread);

@@ -199,11 +199,16 @@ class ReattachTest(unittest.TestCase):
         self.assertEqual(cm.exception.code, "ABORTED")
         self.assertIn("abandoned", str(cm.exception))
         self.assertFalse(committed(d, "fence", 1))
-        # The next save commits, with the values after the abandoned step.
+        # The save right after a fence that gave up is skipped (one wait per training step);
+        # the next one commits, with the values after the abandoned step.
         ck.fence_timeout = 60.0
         ck.save(2)
+        self.assertEqual(ck.failed_saves, 2)
+        self.assertIn("skipped", str(ck.last_error))
+        opt.step()
+        ck.save(3)
         ck.fence()
-        client.wait(2, "committed", timeout=60)
+        client.wait(3, "committed", timeout=60)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ What is saved, per rank:
 import pickle
 import random
 import sys
+import time
 import types
 import warnings
 import weakref
@@ -196,6 +197,7 @@ class Checkpointer:
         self.failed_saves = 0           # saves that failed or whose fence gave up
         self._warned = set()            # (what, code) already warned about
         self._snapshot_pending = None   # the step whose capture the next fence waits for
+        self._fence_gave_up_at = None   # a fence timed out since the last save (monotonic time)
         self._hook_handle = None
         self._hook_installed = False
 
@@ -229,9 +231,7 @@ class Checkpointer:
         if step is None:
             return
         self._snapshot_pending = None
-        timeout = self.fence_timeout
-        if timeout is None:
-            timeout = getattr(self.client, "call_timeout", None)
+        timeout = self._fence_timeout()
         try:
             self.client.wait_snapshot(timeout)
         except ckptd.Error as e:
@@ -239,7 +239,14 @@ class Checkpointer:
                 # Before the optimizer touches the tensors: the daemon must learn first.
                 self.client.abandon(step, "the Checkpointer's fence gave up after %.1f s"
                                     % (timeout,))
+                # This training step has paid its one wait on the daemon: its save is skipped.
+                self._fence_gave_up_at = time.monotonic()
             self._failed("fence", step, e)
+    def _fence_timeout(self):
+        if self.fence_timeout is not None:
+            return self.fence_timeout
+        return getattr(self.client, "call_timeout", None)
+
     def _install_hook(self):
         if self._hook_installed or self.optimizer is None:
             return
@@ -345,6 +352,15 @@ class Checkpointer:
         :meth:`fence`); with "warn" it returns without raising."""
         self._install_hook()
         self.fence()  # a previous save still capturing (no optimizer step since) reads staging
+        gave_up, self._fence_gave_up_at = self._fence_gave_up_at, None
+        if gave_up is not None:
+            # The fence before this save gave up (the daemon froze, or its capture could not keep
+            # up): waiting on the daemon again for this save would make the training step pay a
+            # second deadline. This save is skipped; the next one tries again.
+            self._failed("save", step, _fail(
+                "save of step %s skipped: the fence before it gave up after %s s"
+                % (step, self._fence_timeout()), "DEADLINE_EXCEEDED"))
+            return
         tensors, model_other = self._model_state(staged=True)
         opt_meta = {}
         order = []

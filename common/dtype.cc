@@ -1,6 +1,7 @@
 #include "common/dtype.h"
 
 #include <array>
+#include <cstdint>
 
 namespace ckpt {
 namespace {
@@ -29,9 +30,10 @@ Result<DTypeInfo> LookupDType(std::string_view name) {
 }
 
 Result<uint64_t> ByteSize(uint64_t numel, const DTypeInfo& dtype) {
-  if (numel > UINT64_MAX / dtype.element_size) {
+  // At most 2^63 - 1 bytes: every byte count and offset fits a signed 64-bit file offset.
+  if (numel > static_cast<uint64_t>(INT64_MAX) / dtype.element_size) {
     return InvalidArgument(std::to_string(numel) + " elements of " + std::string(dtype.name) +
-                           " do not fit in 64-bit byte offsets");
+                           " take more than 2^63 bytes");
   }
   return numel * dtype.element_size;
 }

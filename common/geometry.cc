@@ -75,6 +75,11 @@ std::string Quote(std::string_view name) {
   return s;
 }
 
+// "tensor 'w': element [4] is in none of the 1 distinct stored shards ..." for an uncovered
+// element.
+std::string Gap(std::string_view tensor_name, std::span<const ShardGeometry> stored,
+                uint64_t element, size_t distinct);
+
 // Row-major strides of a shape whose element count is known to be nonzero and at most 2^63,
 // so no product overflows.
 Shape Strides(const Shape& shape) {
@@ -532,7 +537,30 @@ Result<std::vector<CopyOp>> PlanCopies(std::string_view tensor_name, const Shard
   return ops;
 }
 
+namespace {
+
+// The sweep behind CheckNoPartialOverlap and CheckCoverage; with `cover`, a gap between the
+// distinct shards' runs (or before the first, or after the last) is an error too.
+Status SweepDistinctRuns(std::string_view tensor_name, std::span<const ShardGeometry> stored,
+                         bool cover);
+
+}  // namespace
+
 Status CheckNoPartialOverlap(std::string_view tensor_name, std::span<const ShardGeometry> stored) {
+  return SweepDistinctRuns(tensor_name, stored, /*cover=*/false);
+}
+
+Status CheckCoverage(std::string_view tensor_name, std::span<const ShardGeometry> stored) {
+  return SweepDistinctRuns(tensor_name, stored, /*cover=*/true);
+}
+
+namespace {
+
+Status SweepDistinctRuns(std::string_view tensor_name, std::span<const ShardGeometry> stored,
+                         bool cover) {
+  if (cover && stored.empty()) {
+    return NotFound(Quote(tensor_name) + ": no stored shard at all");
+  }
   RETURN_IF_ERROR(CheckShardCount(tensor_name, stored.size()));
   for (size_t i = 1; i < stored.size(); ++i) {
     if (stored[i].global_shape() != stored[0].global_shape()) {
@@ -568,6 +596,9 @@ Status CheckNoPartialOverlap(std::string_view tensor_name, std::span<const Shard
                              FlatIndexToString(stored[a].global_shape(), start) +
                              "; stored shards must be identical replicas or disjoint");
     }
+    if (cover && start > furthest_end) {
+      return NotFound(Gap(tensor_name, stored, furthest_end, distinct.size()));
+    }
     furthest_end = cursor.run_end();
     furthest_owner = c;
     cursor.Next();
@@ -577,7 +608,26 @@ Status CheckNoPartialOverlap(std::string_view tensor_name, std::span<const Shard
       heap.replace_top({cursor.run().global_start, c});
     }
   }
+  if (cover) {
+    // Validated shapes: the element count fits (ShapeNumel checked it for every shard).
+    const uint64_t numel = ShapeNumel(stored[0].global_shape()).value();
+    if (furthest_end < numel)
+      return NotFound(Gap(tensor_name, stored, furthest_end, distinct.size()));
+  }
   return Status::Ok();
 }
+
+}  // namespace
+
+namespace {
+
+std::string Gap(std::string_view tensor_name, std::span<const ShardGeometry> stored,
+                uint64_t element, size_t distinct) {
+  return Quote(tensor_name) + ": element " + FlatIndexToString(stored[0].global_shape(), element) +
+         " is in none of the " + std::to_string(distinct) + " distinct stored shards of " +
+         ShapeToString(stored[0].global_shape()) + " (the step's shards must cover the tensor)";
+}
+
+}  // namespace
 
 }  // namespace ckpt

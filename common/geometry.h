@@ -102,4 +102,9 @@ Result<std::vector<CopyOp>> PlanCopies(std::string_view tensor_name,
 // or disjoint. kInvalidArgument naming the tensor and both shards otherwise.
 Status CheckNoPartialOverlap(std::string_view tensor_name, std::span<const ShardGeometry> stored);
 
+// As CheckNoPartialOverlap, and every element of the global tensor is in some shard:
+// kNotFound naming the tensor and the first uncovered coordinates otherwise. What a commit
+// requires of each tensor (a checkpoint that cannot be restored is never committed).
+Status CheckCoverage(std::string_view tensor_name, std::span<const ShardGeometry> stored);
+
 }  // namespace ckpt

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <set>
 
 #include "common/checksum.h"
 #include "common/data_layout.h"
 #include "common/dtype.h"
+#include "common/logging.h"
 #include "common/names.h"
 #include "common/step_layout.h"
 
@@ -83,7 +85,9 @@ Status ValidateTensor(const ckptd::v1::TensorEntry& t, uint32_t world_size) {
   const std::string ctx = "tensor '" + EscapeForLog(t.name()) + "'";
   ASSIGN_OR_RETURN(DTypeInfo dtype, LookupDType(t.dtype()), ctx);
   Shape shape(t.global_shape().begin(), t.global_shape().end());
-  RETURN_IF_ERROR(ShapeNumel(shape), ctx);
+  ASSIGN_OR_RETURN(const uint64_t numel, ShapeNumel(shape), ctx);
+  // The whole tensor's bytes must be countable too (a 2^62-element float32 is not).
+  RETURN_IF_ERROR(ByteSize(numel, dtype).status(), ctx);
   std::vector<ShardGeometry> geoms;
   geoms.reserve(t.shards_size());
   for (int i = 0; i < t.shards_size(); ++i) {
@@ -187,6 +191,31 @@ Status ValidateManifest(const ckptd::v1::Manifest& m) {
   return Status::Ok();
 }
 
+Status CheckManifestCoverage(const ckptd::v1::Manifest& m) {
+  for (const auto& t : m.tensors()) {
+    if (t.partial()) continue;  // saved in part on purpose
+    const Shape shape(t.global_shape().begin(), t.global_shape().end());
+    std::vector<ShardGeometry> geoms;
+    geoms.reserve(t.shards_size());
+    std::set<uint32_t> writers;
+    for (const auto& s : t.shards()) {
+      ASSIGN_OR_RETURN(ShardGeometry g, GeometryFromProto(s.geometry(), shape),
+                       "tensor '" + EscapeForLog(t.name()) + "'");
+      geoms.push_back(std::move(g));
+      writers.insert(s.writer_rank());
+    }
+    Status covered = CheckCoverage(EscapeForLog(t.name()), geoms);
+    if (!covered.ok()) {
+      std::string ranks;
+      for (uint32_t r : writers) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+      return Status(covered.code(), covered.message() + "; its shards were saved by rank" +
+                                        (writers.size() == 1 ? " " : "s ") + ranks +
+                                        ". A checkpoint that cannot be restored is not committed");
+    }
+  }
+  return Status::Ok();
+}
+
 Result<ShardGeometry> GeometryFromProto(const ckptd::v1::ShardGeometry& g,
                                         const Shape& global_shape) {
   switch (g.kind_case()) {
@@ -243,6 +272,7 @@ Result<ckptd::v1::Manifest> MergeNodeManifests(std::span<const ckptd::v1::NodeMa
                                n.node_id() + "' (or a different global shape)");
       }
       for (const auto& s : t.shards()) *have.add_shards() = s;
+      if (t.partial()) have.set_partial(true);  // one rank's opt-in is the tensor's
     }
     for (const auto& r : n.ranks()) {
       if (!ranks.try_emplace(r.rank(), r).second) {
@@ -262,9 +292,27 @@ Result<ckptd::v1::Manifest> MergeNodeManifests(std::span<const ckptd::v1::NodeMa
         auto [it, inserted] = first.try_emplace(s.geometry().SerializeAsString(), kept.size());
         if (inserted) {
           *kept.Add() = std::move(s);
-        } else if (s.writer_rank() < kept[it->second].writer_rank()) {
-          kept[it->second] = std::move(s);
+          continue;
         }
+        const auto& have = kept[it->second];
+        if (!std::equal(have.chunk_xxh3().begin(), have.chunk_xxh3().end(), s.chunk_xxh3().begin(),
+                        s.chunk_xxh3().end())) {
+          // Overlap is allowed only between exact replicas: these hold different bytes.
+          size_t chunk = 0;
+          while (chunk <
+                     static_cast<size_t>(std::min(have.chunk_xxh3_size(), s.chunk_xxh3_size())) &&
+                 have.chunk_xxh3(chunk) == s.chunk_xxh3(chunk)) {
+            ++chunk;
+          }
+          return InvalidArgument(
+              "tensor '" + EscapeForLog(name) + "': ranks " +
+              std::to_string(std::min(have.writer_rank(), s.writer_rank())) + " and " +
+              std::to_string(std::max(have.writer_rank(), s.writer_rank())) +
+              " saved the same shard with different bytes (first differing chunk " +
+              std::to_string(chunk) + " of " + std::to_string(have.chunk_xxh3_size()) +
+              "); shards may overlap only as exact replicas");
+        }
+        if (s.writer_rank() < have.writer_rank()) kept[it->second] = std::move(s);
       }
       shards.Swap(&kept);
     }
@@ -272,6 +320,26 @@ Result<ckptd::v1::Manifest> MergeNodeManifests(std::span<const ckptd::v1::NodeMa
   }
   for (auto& [rank, entry] : ranks) *out.add_ranks() = std::move(entry);
   return out;
+}
+
+Result<std::optional<uint64_t>> ResolveReadableLatest(FileSystem* fs, const std::string& job_dir,
+                                                      std::vector<uint64_t>* damaged) {
+  ASSIGN_OR_RETURN(std::optional<uint64_t> candidate, ResolveLatest(fs, job_dir));
+  if (!candidate) return candidate;
+  ASSIGN_OR_RETURN(std::vector<uint64_t> committed, ListCommittedSteps(fs, job_dir));
+  // Newest first, from the LATEST candidate down.
+  auto end = std::upper_bound(committed.begin(), committed.end(), *candidate);
+  for (auto it = std::make_reverse_iterator(end); it != committed.rend(); ++it) {
+    auto m = ReadManifest(fs, JoinPath(job_dir, StepDirName(*it)));
+    if (m.ok()) return std::optional<uint64_t>(*it);
+    if (m.status().code() == StatusCode::kNotFound) continue;  // removed meanwhile
+    spdlog::warn(
+        "{}: step {} is committed but its MANIFEST cannot be read ({}); falling back "
+        "to an older step",
+        job_dir, *it, m.status().ToString());
+    if (damaged != nullptr) damaged->push_back(*it);
+  }
+  return std::optional<uint64_t>();
 }
 
 }  // namespace ckpt

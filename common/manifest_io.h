@@ -35,13 +35,27 @@ Result<ckptd::v1::NodeManifest> ReadNodeManifest(FileSystem* fs, const std::stri
 // no partly overlapping shards, rank numbers below world_size. Messages name the tensor.
 Status ValidateManifest(const ckptd::v1::Manifest& m);
 
+// What a commit requires beyond ValidateManifest: every tensor's stored shards cover its global
+// shape (CheckCoverage), except tensors marked partial (saved in part on purpose). kNotFound naming
+// the tensor, the first uncovered coordinates and the ranks that saved it. Not a reader's check: a
+// reader may load what a checkpoint does hold.
+Status CheckManifestCoverage(const ckptd::v1::Manifest& m);
+
 Result<ShardGeometry> GeometryFromProto(const ckptd::v1::ShardGeometry& g, const Shape& global_shape);
 ckptd::v1::ShardGeometry GeometryToProto(const ShardGeometry& g);
 
 // Tensors of all node manifests combined (shards of one tensor from several nodes are joined;
 // dtype or shape disagreements are errors naming both nodes), ranks combined and sorted.
 // Shards of one tensor with identical geometry (data-parallel replicas written more than once)
-// are kept once: the copy of the lowest writer rank.
+// are kept once: the copy of the lowest writer rank; replicas whose checksums differ are an
+// error naming both ranks (overlap is allowed only between identical bytes).
 Result<ckptd::v1::Manifest> MergeNodeManifests(std::span<const ckptd::v1::NodeManifest> nodes);
+
+// The newest committed step of a job whose MANIFEST reads and validates: LATEST (or the newest
+// MANIFEST), falling back step by step past damaged ones (logged, and appended to `damaged`
+// when given). What latest() and load(step=None) restore: a name that restores. nullopt when no
+// committed step reads.
+Result<std::optional<uint64_t>> ResolveReadableLatest(FileSystem* fs, const std::string& job_dir,
+                                                      std::vector<uint64_t>* damaged = nullptr);
 
 }  // namespace ckpt

@@ -4,9 +4,10 @@
 //                    — the backpressure), copy the slot's pieces out of trainer memory,
 //                    hand the slot to the flush engine. It never touches storage, so a hung
 //                    filesystem cannot stop captures while the pool has room.
-//   flush threads:   create the step directory and data file (the first slot to arrive),
-//                    write the slot with one aligned pwrite, checksum the slot's pieces, hand
-//                    the slot to the hot cache (or back to the pool).
+//   flush threads:   create the step directory and data file (an item queued when the
+//                    capture starts; the first slot waits for it), write the slot with one aligned
+//                    pwrite, checksum the slot's pieces, hand the slot to the hot cache (or back to
+//                    the pool).
 //   last token:      a flush thread fdatasyncs the data file and reports the rank persisted.
 //
 // Completion is counted, not polled: `pending` holds one token for the capture pass and one per
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "common/data_writer.h"
+#include "common/step_layout.h"
 #include "daemon/capture_plan.h"
 #include "daemon/host_pool.h"
 
@@ -63,7 +65,16 @@ struct CaptureJob {
     std::lock_guard lock(writer_mu);
     if (writer != nullptr) return Status::Ok();
     if (!writer_error.ok()) return writer_error;
-    Status st = fs->CreateDirs(step_dir);
+    // Never into a committed step (a restarted trainer saving a step number again): its data
+    // files would be overwritten under its MANIFEST.
+    auto committed = fs->Exists(JoinPath(step_dir, std::string(kManifestFileName)));
+    Status st = committed.status();
+    if (st.ok() && *committed) {
+      st = FailedPrecondition("job '" + job + "' step " + std::to_string(step) +
+                              " is already committed; ckptd never overwrites a committed "
+                              "checkpoint (save later step numbers, proto/README.md)");
+    }
+    if (st.ok()) st = fs->CreateDirs(step_dir);
     if (st.ok()) {
       auto created = DataFileWriter::Create(fs, data_path, plan->layout.file_size);
       if (created.ok()) {

@@ -70,6 +70,9 @@ Result<std::shared_ptr<const CapturePlan>> BuildCapturePlan(
     Shape shape(spec.global_shape().begin(), spec.global_shape().end());
     ASSIGN_OR_RETURN(ShardGeometry geometry, GeometryFromProto(spec.geometry(), shape), ctx);
     ASSIGN_OR_RETURN(const uint64_t expect, ByteSize(geometry.numel(), dtype), ctx);
+    // The whole tensor's size must be countable too, or manifests and tools could not say it.
+    RETURN_IF_ERROR(ByteSize(ShapeNumel(shape).value(), dtype).status(),
+                    ctx + ": global shape " + geometry.ToString());
     DeviceBackend* backend = nullptr;
     uint64_t length = 0;
     if (spec.has_host()) {
@@ -95,7 +98,7 @@ Result<std::shared_ptr<const CapturePlan>> BuildCapturePlan(
     sizes.push_back(expect);
     plan->total_bytes += expect;
     plan->tensors.push_back(RegisteredTensor{spec.name(), dtype, std::move(geometry),
-                                             std::move(memory)});
+                                             std::move(memory), spec.partial()});
   }
   ASSIGN_OR_RETURN(plan->layout, PlanDataFile(sizes, layout_options));
   return std::shared_ptr<const CapturePlan>(std::move(plan));

@@ -24,6 +24,7 @@ struct RegisteredTensor {
   DTypeInfo dtype;
   ShardGeometry geometry;
   std::shared_ptr<ShardMemory> memory;
+  bool partial = false;  // saved in part on purpose (TensorSpec.partial)
   uint64_t bytes() const { return memory->size(); }
 };
 

@@ -1,6 +1,7 @@
 #include "daemon/node_state.h"
 
 #include <boost/asio/post.hpp>
+#include <cerrno>
 
 #include "common/atomic_file.h"
 #include "common/logging.h"
@@ -91,13 +92,15 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
   Job& job = jobs_[req.job];
   auto it = job.steps.find(req.step);
   if (it == job.steps.end()) {
-    uint64_t newest = 0;
+    uint64_t newest = job.newest_on_storage.value_or(0);
     for (const auto& [n, s] : job.steps) {
       if (s.state == ckptd::v1::STEP_STATE_COMMITTED) newest = std::max(newest, n);
     }
     if (newest != 0 && req.step <= newest) {
       return FailedPrecondition(ctx + ": step is not newer than committed step " +
-                                std::to_string(newest));
+                                std::to_string(newest) +
+                                " (a committed checkpoint is never overwritten: number steps "
+                                "after it, or load it first)");
     }
     size_t deferred = 0;
     for (const auto& [n, s] : job.steps) deferred += s.deferred ? 1 : 0;
@@ -436,9 +439,25 @@ void NodeState::Latest(const std::string& job,
 }
 
 void NodeState::AddSink(const std::string& job, std::weak_ptr<EventSink> sink) {
-  auto& sinks = jobs_[job].sinks;
+  Job& j = jobs_[job];
+  auto& sinks = j.sinks;
   std::erase_if(sinks, [](const auto& w) { return w.expired(); });
   sinks.push_back(std::move(sink));
+  if (!j.storage_lookup_posted) {
+    // What an earlier incarnation committed, so that a save of such a step number is refused
+    // at once (the writers check again before they create a file: this lookup may be late).
+    j.storage_lookup_posted = true;
+    storage_->Post([this, alive = alive_, job] {
+      auto steps = commit_->List(job);
+      std::optional<uint64_t> newest;
+      if (steps.ok() && !steps->empty()) newest = steps->back();
+      boost::asio::post(io_, [this, alive, job, newest] {
+        if (!*alive || !newest) return;
+        Job& j = jobs_[job];
+        j.newest_on_storage = std::max(j.newest_on_storage.value_or(0), *newest);
+      });
+    });
+  }
 }
 
 void NodeState::Publish(const Step& s) {
@@ -460,6 +479,10 @@ bool NodeState::Abandon(const std::string& job, uint64_t step, uint32_t rank, ui
   if (s == nullptr || Terminal(s->state)) return false;
   auto it = s->ranks.find(rank);
   if (it == s->ranks.end() || it->second.session_id != session_id) return false;
+  // Captured already: the capture was complete before the trainer could touch the memory (the
+  // session's input was read first, session.h), so the bytes are intact and the step goes on —
+  // as when the trainer disconnects after its capture.
+  if (it->second.captured) return false;
   FailLocally(*s, ckptd::v1::STEP_STATE_ABORTED,
               "rank " + std::to_string(rank) + " abandoned step " + std::to_string(step) +
                   (reason.empty() ? std::string() : ": " + reason));
@@ -513,6 +536,7 @@ Result<ckptd::v1::NodeManifest> BuildNodeManifest(const std::string& job_name, u
         it->second = m.add_tensors();
         it->second->set_name(t.name);
         it->second->set_dtype(std::string(t.dtype.name));
+        it->second->set_partial(t.partial);
         for (uint64_t d : t.geometry.global_shape()) it->second->add_global_shape(d);
         first_rank[t.name] = rank;
       } else {
@@ -527,6 +551,7 @@ Result<ckptd::v1::NodeManifest> BuildNodeManifest(const std::string& job_name, u
                                  " by rank " + std::to_string(rank) +
                                  " (dtype and global shape must agree)");
         }
+        if (t.partial) it->second->set_partial(true);
       }
       auto* shard = it->second->add_shards();
       *shard->mutable_geometry() = GeometryToProto(t.geometry);
@@ -743,7 +768,16 @@ void NodeState::ReportNodeManifest(Step& s) {
       Step* s = FindStep(job, step);
       if (s == nullptr || Terminal(s->state)) return;
       if (!st.ok()) {
-        FailLocally(*s, ckptd::v1::STEP_STATE_FAILED, "node manifest: " + st.message());
+        // With a coordinator only it removes step directories (after its abort decision, or
+        // its recovery scan after a restart): a directory gone from under us means the step
+        // was aborted globally, and that is what the trainers are told.
+        const bool removed_globally = st.sys_errno() == ENOENT;
+        FailLocally(
+            *s, removed_globally ? ckptd::v1::STEP_STATE_ABORTED : ckptd::v1::STEP_STATE_FAILED,
+            removed_globally ? "the coordinator removed the step's directory (it aborted the step) "
+                               "while this node wrote its manifest: " +
+                                   st.message()
+                             : "node manifest: " + st.message());
         return;
       }
       if (!s->node_manifest || s->node_manifest->ranks_size() < manifest->ranks_size()) {

@@ -117,7 +117,8 @@ class NodeState : public CoordinatorLink::Handler {
   void Latest(const std::string& job, std::function<void(Result<std::optional<uint64_t>>)> done);
 
   // The trainer of `rank` gave up on `step` (its fence timed out) and modifies the memory now:
-  // the step is aborted unless it already ended. Returns whether this call aborted it.
+  // the step is aborted unless it already ended or this rank's capture already completed (then
+  // its bytes are intact). Returns whether this call aborted it.
   bool Abandon(const std::string& job, uint64_t step, uint32_t rank, uint64_t session_id,
                const std::string& reason);
 
@@ -182,6 +183,10 @@ class NodeState : public CoordinatorLink::Handler {
   struct Job {
     std::map<uint64_t, Step> steps;  // in flight and recently finished
     std::vector<std::weak_ptr<EventSink>> sinks;
+    // The newest step committed in storage when the job's first session said hello (by an
+    // earlier daemon or trainer incarnation); saves of it or older steps are refused.
+    std::optional<uint64_t> newest_on_storage;
+    bool storage_lookup_posted = false;
     // Coordinator mode.
     std::map<uint32_t, std::pair<uint32_t, std::shared_ptr<const CapturePlan>>> registered;
     uint64_t plan_version = 0;

@@ -85,12 +85,12 @@ ckpt::OnFull ParseOnFull(const std::string& on_full) {
 
 // One registered shard as the Python layer hands it over:
 //   (name, dtype, global_shape, flat, offsets, lengths, flat_offset, numel, fd, fd_offset, nbytes,
-//    device_ptr)
+//    device_ptr, partial)
 // device_ptr != 0: the shard is CUDA memory at that address (Tensor.data_ptr()) and fd/fd_offset
 // are ignored; the C++ client exports it (never PyTorch's private IPC bytes).
 using TensorTuple =
     std::tuple<std::string, std::string, std::vector<uint64_t>, bool, std::vector<uint64_t>,
-               std::vector<uint64_t>, uint64_t, uint64_t, int, uint64_t, uint64_t, uint64_t>;
+               std::vector<uint64_t>, uint64_t, uint64_t, int, uint64_t, uint64_t, uint64_t, bool>;
 
 // A CUDA stream handle passed from Python as an int (torch.cuda.Stream.cuda_stream); 0 = default.
 ckpt::CudaStream ToStream(uint64_t stream) {
@@ -152,7 +152,7 @@ class PyClient {
       ckpt::HostTensor h;
       uint64_t device_ptr = 0;
       std::tie(h.name, h.dtype, h.global_shape, h.flat, h.offsets, h.lengths, h.flat_offset,
-               h.numel, h.fd, h.fd_offset, h.nbytes, device_ptr) = t;
+               h.numel, h.fd, h.fd_offset, h.nbytes, device_ptr, h.partial) = t;
       if (device_ptr == 0) {
         specs.push_back(std::move(h));
         continue;
@@ -168,6 +168,7 @@ class PyClient {
       c.numel = h.numel;
       c.device_ptr = reinterpret_cast<const void*>(static_cast<uintptr_t>(device_ptr));
       c.nbytes = h.nbytes;
+      c.partial = h.partial;
       cuda.push_back(std::move(c));
     }
     ckpt::Status st;
@@ -295,8 +296,8 @@ PYBIND11_MODULE(_ckptd, m) {
            "call_timeout: seconds every prompt call may take (None: $CKPTD_CALL_TIMEOUT or 10).")
       .def("register", &PyClient::Register, py::arg("tensors"),
            "Registers shards given as tuples (name, dtype, global_shape, flat, offsets, lengths, "
-           "flat_offset, numel, fd, fd_offset, nbytes, device_ptr). The fds stay the caller's; "
-           "device_ptr != 0 marks CUDA memory.")
+           "flat_offset, numel, fd, fd_offset, nbytes, device_ptr, partial). The fds stay the "
+           "caller's; device_ptr != 0 marks CUDA memory; partial: saved in part on purpose.")
       .def("save", &PyClient::Save, py::arg("step"), py::arg("extra"), py::arg("on_full"),
            py::arg("cuda_stream") = 0,
            "cuda_stream: the trainer's current stream (int handle) when CUDA tensors are "

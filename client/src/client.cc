@@ -175,6 +175,7 @@ struct RegisteredTensor {
   ino_t ino;
   uint64_t fd_offset, nbytes;
   std::string cuda_handle;  // CUDA: the legacy IPC handle; "vmm" rows never compare equal
+  bool partial = false;
   bool operator==(const RegisteredTensor&) const = default;
 };
 
@@ -878,7 +879,8 @@ Status Client::Impl::RegisterLocked(const ConnectionPtr& conn, std::span<const H
                                         st->second.st_ino,
                                         t.fd_offset,
                                         t.nbytes,
-                                        {}});
+                                        {},
+                                        t.partial});
   }
   // CUDA tensors: exported on every call — an address says nothing about which allocation is
   // there now (a freed and re-allocated address gets a new handle).
@@ -905,7 +907,8 @@ Status Client::Impl::RegisterLocked(const ConnectionPtr& conn, std::span<const H
       identity.push_back(RegisteredTensor{
           t.name, t.dtype, t.global_shape, t.flat, t.offsets, t.lengths, t.flat_offset, t.numel, 0,
           0, e.offset, t.nbytes,
-          e.vmm ? "vmm:" + std::to_string(identity.size()) : e.device_uuid + e.ipc_handle});
+          e.vmm ? "vmm:" + std::to_string(identity.size()) : e.device_uuid + e.ipc_handle,
+          t.partial});
       exports.push_back(std::move(e));
     }
   }
@@ -931,6 +934,7 @@ Status Client::Impl::RegisterLocked(const ConnectionPtr& conn, std::span<const H
   auto fill_geometry = [](pb::TensorSpec& spec, const auto& t) {
     spec.set_name(t.name);
     spec.set_dtype(t.dtype);
+    spec.set_partial(t.partial);
     for (uint64_t d : t.global_shape) spec.add_global_shape(d);
     if (t.flat) {
       pb::FlatGeometry* flat = spec.mutable_geometry()->mutable_flat();
@@ -1058,6 +1062,12 @@ Status Client::Impl::Save(uint64_t step, std::string_view extra, OnFull on_full,
   }
   save->set_extra(std::string(extra));
   save->set_on_full(on_full == OnFull::kSkip ? pb::FULL_POLICY_SKIP : pb::FULL_POLICY_WAIT);
+  {
+    // From here on, what is known of this step number comes from this save (WaitSnapshot
+    // trusts the step's events); an older save's record would be stale.
+    std::lock_guard lock(mu_);
+    events_.erase(step);
+  }
   std::vector<OutgoingFrame> frames;
   frames.push_back(std::move(frame));
   ConnectionPtr conn;
@@ -1141,6 +1151,22 @@ Status Client::Impl::WaitSnapshot(std::optional<milliseconds> timeout) {
                          connection_.message() + ")");
     }
     conn = conn_;
+    if (step) {
+      // The daemon already said how the step went (events of this connection's steps): no need
+      // to ask — a daemon frozen right after the capture must not make a safe step look lost.
+      auto it = events_.find(*step);
+      if (it != events_.end()) {
+        switch (it->second.state) {
+          case pb::STEP_STATE_CAPTURED:
+          case pb::STEP_STATE_PERSISTING:
+          case pb::STEP_STATE_PERSISTED:
+          case pb::STEP_STATE_COMMITTED:
+            return Status::Ok();
+          default:
+            break;
+        }
+      }
+    }
   }
   const std::string what =
       step ? "wait_snapshot for step " + std::to_string(*step) + " of job " + options_.job

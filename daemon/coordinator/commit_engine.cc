@@ -53,6 +53,7 @@ Result<ckptd::v1::Manifest> CommitEngine::Commit(std::span<const ckptd::v1::Node
           .count()));
   manifest.set_writer(config_.writer);
   RETURN_IF_ERROR(ValidateManifest(manifest), ctx);
+  RETURN_IF_ERROR(CheckManifestCoverage(manifest), ctx);
   if (check) RETURN_IF_ERROR(check(manifest), ctx);
 
   const std::string job_dir = JobDir(config_.storage_root, job);
@@ -117,7 +118,7 @@ Status CommitEngine::RemoveStep(const std::string& job, uint64_t step) {
 }
 
 Result<std::optional<uint64_t>> CommitEngine::Latest(const std::string& job) const {
-  return ResolveLatest(fs_, JobDir(config_.storage_root, job));
+  return ResolveReadableLatest(fs_, JobDir(config_.storage_root, job));
 }
 
 Result<std::vector<uint64_t>> CommitEngine::List(const std::string& job) const {

@@ -90,6 +90,30 @@ class ApiTest(unittest.TestCase):
 
     # -- the normal path -------------------------------------------------------------------
 
+    def test_incomplete_coverage_is_never_committed(self):
+        # Half of an [8] tensor: the step fails at commit, naming the tensor and the hole —
+        # not at some later restore.
+        c = self.client("coverage")
+        c.save(1, {"v": ckptd.Shard(torch.ones(4), global_shape=(8,), offsets=(0,))})
+        c.wait_snapshot(timeout=30)
+        with self.assertRaises(ckptd.Error) as cm:
+            c.wait(1, "committed", timeout=30)
+        self.assertIn("'v'", str(cm.exception))
+        self.assertIn("element [4]", str(cm.exception))
+        self.assertIsNone(c.latest())
+        # The whole tensor commits.
+        c.save(2, {"v": torch.ones(8)})
+        c.wait(2, "committed", timeout=30)
+        self.assertEqual(c.latest(), 2)
+
+    def test_a_tensor_too_large_to_count_in_bytes_is_refused(self):
+        # float32 [2^62] is 2^64 bytes: refused at save, not committed as "0 B".
+        c = self.client("overflow")
+        self.assertError("INVALID_ARGUMENT", c.save, 1,
+                         {"huge": ckptd.FlatShard(torch.ones(4), global_shape=(1 << 62,),
+                                                  flat_offset=0)},
+                         contains=("huge", "2^63 bytes"))
+
     def test_latest_wait_extra_load(self):
         c = self.client("basic")
         self.assertIsNone(c.latest())
@@ -160,9 +184,10 @@ class ApiTest(unittest.TestCase):
     def test_shards_and_strict(self):
         full = torch.arange(6 * 8, dtype=torch.int32).view(6, 8)
         c = self.client("shards")
-        # "m": rows 0-2 as a box shard; "m2": rows 3-5 as a flat shard (elements 24..47).
-        c.save(1, {"m": ckptd.Shard(full[0:3].clone(), (6, 8), (0, 0)),
-                   "m2": ckptd.FlatShard(full[3:6].clone().view(-1), (6, 8), 24)})
+        # "m": rows 0-2 as a box shard; "m2": rows 3-5 as a flat shard (elements 24..47): saved
+        # in part on purpose.
+        c.save(1, {"m": ckptd.Shard(full[0:3].clone(), (6, 8), (0, 0), partial=True),
+                   "m2": ckptd.FlatShard(full[3:6].clone().view(-1), (6, 8), 24, partial=True)})
         c.wait(1, "committed", timeout=30)
         # Load a column block of "m", a box and a flat range of "m2", and (strict=False) a tensor
         # the step does not have.

@@ -96,6 +96,10 @@ struct HostTensor {
   int fd = -1;             // host memory; owned by the caller
   uint64_t fd_offset = 0;  // where the shard's bytes start inside what the fd maps
   uint64_t nbytes = 0;     // the shard's size: its element count times the dtype's size
+  // The job saves this tensor in part on purpose: a step commits even though the ranks' shards
+  // leave parts of it uncovered. Without it, a step whose shards do not cover every tensor fails
+  // at commit (naming the tensor and the first uncovered element) — never at restore.
+  bool partial = false;
 };
 
 // One shard of a tensor living in CUDA device memory of this process (DESIGN.md §3). Geometry
@@ -115,6 +119,7 @@ struct CudaTensor {
   uint64_t flat_offset = 0, numel = 0;
   const void* device_ptr = nullptr;  // first byte of the shard in device memory
   uint64_t nbytes = 0;
+  bool partial = false;  // as HostTensor::partial
 };
 
 // A CUDA stream of the trainer (a CUstream / cudaStream_t, e.g. PyTorch's

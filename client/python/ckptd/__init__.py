@@ -123,14 +123,19 @@ class Shard:
     dimension d of the global tensor of shape ``global_shape`` (tensor / pipeline / row splits).
 
         ckptd.Shard(w_local, global_shape=(4096, 1024), offsets=(tp_rank * 1024, 0))
+
+    ``partial=True``: the job saves this tensor in part on purpose. Without it, a step whose
+    ranks' shards leave part of a tensor uncovered fails at commit (``wait()`` names the tensor
+    and the first missing element) instead of committing a checkpoint that cannot be restored.
     """
 
-    __slots__ = ("tensor", "global_shape", "offsets")
+    __slots__ = ("tensor", "global_shape", "offsets", "partial")
 
-    def __init__(self, tensor, global_shape, offsets):
+    def __init__(self, tensor, global_shape, offsets, partial=False):
         self.tensor = tensor
         self.global_shape = tuple(_as_uint_list(global_shape, "Shard global_shape"))
         self.offsets = tuple(_as_uint_list(offsets, "Shard offsets"))
+        self.partial = bool(partial)
 
     def __repr__(self):
         return "ckptd.Shard(shape=%s, global_shape=%s, offsets=%s)" % (
@@ -145,12 +150,13 @@ class FlatShard:
         ckptd.FlatShard(flat_part, global_shape=(4096, 1024), flat_offset=rank * flat_part.numel())
     """
 
-    __slots__ = ("tensor", "global_shape", "flat_offset")
+    __slots__ = ("tensor", "global_shape", "flat_offset", "partial")
 
-    def __init__(self, tensor, global_shape, flat_offset):
+    def __init__(self, tensor, global_shape, flat_offset, partial=False):
         self.tensor = tensor
         self.global_shape = tuple(_as_uint_list(global_shape, "FlatShard global_shape"))
         self.flat_offset = _as_uint(flat_offset, "FlatShard flat_offset")
+        self.partial = bool(partial)  # as Shard.partial
 
     def __repr__(self):
         return "ckptd.FlatShard(numel=%d, global_shape=%s, flat_offset=%d)" % (
@@ -296,7 +302,7 @@ def _describe(name, value):
     else:
         fd, fd_offset = _storage_fd(t)
     spec = (name, dtype, global_shape, flat, offsets, lengths, flat_offset, numel, fd, fd_offset,
-            nbytes, device_ptr)
+            nbytes, device_ptr, bool(getattr(value, "partial", False)))
     return t, spec
 
 
@@ -321,9 +327,9 @@ def _quick_key(name, value):
     meanwhile: a tensor whose ``.data`` was replaced cannot come back with a new storage at the
     old address (and the old descriptor number) and pass for the registered one."""
     if isinstance(value, Shard):
-        t, geometry = value.tensor, ("box", value.global_shape, value.offsets)
+        t, geometry = value.tensor, ("box", value.global_shape, value.offsets, value.partial)
     elif isinstance(value, FlatShard):
-        t, geometry = value.tensor, ("flat", value.global_shape, value.flat_offset)
+        t, geometry = value.tensor, ("flat", value.global_shape, value.flat_offset, value.partial)
     else:
         t, geometry = value, None
     try:

@@ -324,6 +324,92 @@ TEST_CASE("PlanCopies names the first element no stored shard covers", "[geometr
   CHECK_THAT(none.status().message(), Contains("element [1, 2]"));
 }
 
+// ---- CheckCoverage ----
+
+TEST_CASE("CheckCoverage accepts layouts that cover the tensor and names the first hole",
+          "[geometry]") {
+  const Shape shape = {8, 6};
+  // Rows, columns, flat ranges, a mix, and replicas of each: all cover.
+  REQUIRE_OK(CheckCoverage("w", std::vector{MakeFull(shape)}));
+  REQUIRE_OK(CheckCoverage(
+      "w", std::vector{MakeBox(shape, {0, 0}, {3, 6}), MakeBox(shape, {3, 0}, {5, 6})}));
+  REQUIRE_OK(
+      CheckCoverage("w", std::vector{MakeBox(shape, {0, 0}, {8, 2}), MakeBox(shape, {0, 2}, {8, 4}),
+                                     MakeBox(shape, {0, 2}, {8, 4})}));
+  REQUIRE_OK(CheckCoverage("w", std::vector{MakeFlat(shape, 0, 13), MakeFlat(shape, 13, 35)}));
+  REQUIRE_OK(
+      CheckCoverage("w", std::vector{MakeBox(shape, {0, 0}, {4, 6}), MakeFlat(shape, 24, 24)}));
+  REQUIRE_OK(CheckCoverage("empty", std::vector{MakeFull({0, 6})}));
+
+  // A hole at the start, in the middle, at the end.
+  Status s = CheckCoverage("w", std::vector{MakeBox(shape, {1, 0}, {7, 6})});
+  CHECK(s.code() == StatusCode::kNotFound);
+  CHECK_THAT(s.message(), Contains("'w'") && Contains("element [0, 0]"));
+  s = CheckCoverage("w",
+                    std::vector{MakeBox(shape, {0, 0}, {8, 2}), MakeBox(shape, {0, 3}, {8, 3})});
+  CHECK_THAT(s.message(), Contains("element [0, 2]"));
+  s = CheckCoverage("w", std::vector{MakeFlat(shape, 0, 47)});
+  CHECK_THAT(s.message(), Contains("element [7, 5]"));
+  // The issue's case: 4 of 8 elements.
+  s = CheckCoverage("v", std::vector{MakeBox({8}, {0}, {4})});
+  CHECK_THAT(s.message(), Contains("element [4]"));
+  // A partial overlap is still an overlap.
+  s = CheckCoverage("w",
+                    std::vector{MakeBox(shape, {0, 0}, {5, 6}), MakeBox(shape, {4, 0}, {4, 6})});
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(s.message(), Contains("partly overlap"));
+}
+
+TEST_CASE(
+    "CheckCoverage agrees with a brute-force count on random layouts with holes and "
+    "overlaps",
+    "[geometry]") {
+  std::mt19937_64 rng(ckpt::testing::TestSeed() + 77);
+  for (int round = 0; round < 400; ++round) {
+    const Shape shape = {1 + rng() % 6, 1 + rng() % 5, 1 + rng() % 4};
+    const uint64_t numel = RefNumel(shape);
+    std::vector<ShardGeometry> shards;
+    const int count = 1 + static_cast<int>(rng() % 5);
+    for (int i = 0; i < count; ++i) {
+      if (rng() % 2 == 0) {
+        Shape off(3), len(3);
+        for (size_t d = 0; d < 3; ++d) {
+          off[d] = rng() % shape[d];
+          len[d] = 1 + rng() % (shape[d] - off[d]);
+        }
+        shards.push_back(MakeBox(shape, off, len));
+      } else {
+        const uint64_t start = rng() % numel;
+        shards.push_back(MakeFlat(shape, start, 1 + rng() % (numel - start)));
+      }
+      if (rng() % 4 == 0) shards.push_back(shards.back());  // an exact replica
+    }
+    // Reference: how often each element is held, counting each distinct shard once.
+    std::vector<int> held(numel, 0);
+    std::vector<ShardGeometry> distinct;
+    for (const auto& g : shards) {
+      if (std::find(distinct.begin(), distinct.end(), g) != distinct.end()) continue;
+      distinct.push_back(g);
+      for (uint64_t e : RefElements(g)) ++held[e];
+    }
+    // The sweep reports whichever comes first in index order: a doubly held element or a hole.
+    const auto twice = std::find_if(held.begin(), held.end(), [](int n) { return n > 1; });
+    const auto hole = std::find(held.begin(), held.end(), 0);
+    INFO("round " << round << " shape " << RefShape(shape));
+    const Status s = CheckCoverage("t", shards);
+    if (twice < hole) {
+      CHECK(s.code() == StatusCode::kInvalidArgument);
+    } else if (hole != held.end()) {
+      REQUIRE(s.code() == StatusCode::kNotFound);
+      CHECK_THAT(
+          s.message(),
+          Contains("element " + RefCoordinates(shape, static_cast<uint64_t>(hole - held.begin()))));
+    } else {
+      CHECK(s.ok());
+    }
+  }
+}
+
 // ---- CheckNoPartialOverlap ----
 
 TEST_CASE("CheckNoPartialOverlap accepts disjoint shards and identical replicas", "[geometry]") {

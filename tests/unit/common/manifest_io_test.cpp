@@ -564,3 +564,90 @@ TEST_CASE("MergeNodeManifests keeps one copy of a replica written by several ran
   CHECK(merged->tensors(0).shards(0).writer_rank() == 0);  // the lowest writer rank's copy
   CHECK(ckpt::ValidateManifest(*merged).ok());
 }
+
+namespace ckpt {
+namespace {
+
+// ---- What a commit requires ----
+
+TEST_CASE("MergeNodeManifests refuses replicas that hold different bytes, naming both ranks",
+          "[manifest]") {
+  pb::NodeManifest a = Node("a", 0), b = Node("b", 1);
+  // Both ranks hold all of "layers.0.w" (data-parallel replicas): same geometry.
+  for (auto* n : {&a, &b}) {
+    auto* shards = n->mutable_tensors(0)->mutable_shards();
+    const uint32_t rank = shards->Get(0).writer_rank();
+    shards->Clear();
+    *shards->Add() = BoxShard({0, 0}, {4, 1024}, 4 * 1024 * 4, DataFileName(rank), 0, rank);
+  }
+  std::vector<pb::NodeManifest> nodes = {a, b};
+  REQUIRE_OK(MergeNodeManifests(nodes));  // equal checksums: one copy kept
+  b.mutable_tensors(0)->mutable_shards(0)->set_chunk_xxh3(2, 0xbad);
+  nodes = {a, b};
+  auto merged = MergeNodeManifests(nodes);
+  REQUIRE_FALSE(merged.ok());
+  CHECK(merged.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(merged.status().message(),
+             Contains("layers.0.w") && Contains("ranks 0 and 1") && Contains("chunk 2"));
+}
+
+TEST_CASE("CheckManifestCoverage names the tensor, the first hole and who saved it", "[manifest]") {
+  pb::Manifest m = ValidManifest();
+  REQUIRE_OK(CheckManifestCoverage(m));
+  // Rank 1's rows of "w" are missing: elements from [2, 0] on are in no shard.
+  m.mutable_tensors(0)->mutable_shards()->RemoveLast();
+  REQUIRE_OK(ValidateManifest(m));  // a reader may still load what is there
+  const Status st = CheckManifestCoverage(m);
+  CHECK(st.code() == StatusCode::kNotFound);
+  CHECK_THAT(st.message(),
+             Contains("layers.0.w") && Contains("element [2, 0]") && Contains("rank 0"));
+}
+
+TEST_CASE("ValidateManifest rejects a tensor whose whole size does not fit in 63 bits",
+          "[manifest]") {
+  pb::Manifest m = ValidManifest();
+  auto* t = m.add_tensors();
+  t->set_name("huge");
+  t->set_dtype("float32");
+  t->add_global_shape(1ull << 61);  // 2^63 bytes: one byte too many
+  *t->add_shards() = BoxShard({0}, {1024}, 4096, DataFileName(0), 0, 0);
+  const Status st = ValidateManifest(m);
+  CHECK(st.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(st.message(), Contains("huge") && Contains("2^63 bytes"));
+  t->set_global_shape(0, (1ull << 61) - 1);  // fits
+  CHECK_OK(ValidateManifest(m));
+}
+
+TEST_CASE("ResolveReadableLatest falls back past a committed step whose MANIFEST is damaged",
+          "[manifest]") {
+  TempDir dir;
+  FileSystem* fs = PosixFileSystem();
+  const std::string job_dir = dir / "job-a";
+  for (uint64_t step : {41, 42}) {
+    pb::Manifest m = ValidManifest();
+    m.set_step(step);
+    const std::string step_dir = JoinPath(job_dir, StepDirName(step));
+    REQUIRE_OK(fs->CreateDirs(step_dir));
+    REQUIRE_OK(WriteRaw(step_dir + "/MANIFEST", EncodeManifest(m)));
+  }
+  REQUIRE_OK(WriteRaw(job_dir + "/LATEST", "42\n"));
+  auto latest = ResolveReadableLatest(fs, job_dir);
+  REQUIRE_OK(latest);
+  CHECK(*latest == std::optional<uint64_t>(42));
+
+  // Truncated after the commit (the issue's measurement: "10 bytes is shorter than the header").
+  REQUIRE_OK(WriteRaw(JoinPath(job_dir, StepDirName(42)) + "/MANIFEST", "0123456789"));
+  std::vector<uint64_t> damaged;
+  latest = ResolveReadableLatest(fs, job_dir, &damaged);
+  REQUIRE_OK(latest);
+  CHECK(*latest == std::optional<uint64_t>(41));
+  CHECK(damaged == std::vector<uint64_t>{42});
+
+  REQUIRE_OK(WriteRaw(JoinPath(job_dir, StepDirName(41)) + "/MANIFEST", ""));
+  latest = ResolveReadableLatest(fs, job_dir);
+  REQUIRE_OK(latest);
+  CHECK(!latest->has_value());
+}
+
+}  // namespace
+}  // namespace ckpt

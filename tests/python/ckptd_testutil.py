@@ -5,11 +5,13 @@ python/ directory (the `ckptd` package), CKPT_BIN_DIR at its bin/ (the ckptd bin
 """
 
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import urllib.request
 
 import ckptd
 
@@ -110,3 +112,36 @@ def run_python(code_or_args, env_extra=None, timeout=120):
     env.update(env_extra or {})
     return subprocess.run([sys.executable] + list(code_or_args), env=env, timeout=timeout,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def committed_steps(root, job):
+    """The steps of `job` under the storage root `root` that have a MANIFEST (are committed)."""
+    try:
+        names = os.listdir(os.path.join(root, job))
+    except FileNotFoundError:
+        return []
+    out = []
+    for name in names:
+        if name.startswith("step-") and os.path.exists(os.path.join(root, job, name, "MANIFEST")):
+            try:
+                out.append(int(name[len("step-"):]))
+            except ValueError:
+                pass
+    return sorted(out)
+
+
+def metrics_text(daemon):
+    """The daemon's /metrics page (the address it bound is in its log)."""
+    found = re.findall(r"Prometheus endpoint (http://\S+/metrics)", daemon.log())
+    if not found:
+        raise AssertionError("no metrics endpoint in the daemon log")
+    with urllib.request.urlopen(found[-1], timeout=10) as r:
+        return r.read().decode()
+
+
+def metric(daemon, name):
+    """The value of an unlabelled series of the daemon's /metrics."""
+    for line in metrics_text(daemon).splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError("%s not in /metrics" % name)

@@ -125,21 +125,6 @@ def _digest(state):
     return out
 
 
-def _committed_steps(root):
-    out = []
-    try:
-        names = os.listdir(os.path.join(root, JOB))
-    except FileNotFoundError:
-        return out
-    for name in names:
-        if name.startswith("step-") and os.path.exists(os.path.join(root, JOB, name, "MANIFEST")):
-            try:
-                out.append(int(name[len("step-"):]))
-            except ValueError:
-                pass
-    return sorted(out)
-
-
 def _step_dir(root, step):
     return os.path.join(root, JOB, "step-%010d" % step)
 
@@ -418,7 +403,7 @@ class ChaosLoopTest(unittest.TestCase):
         c2 = inj.current.client(JOB, call_timeout=10.0)
         self.clients.append(c2)
         latest = c2.latest()
-        committed = _committed_steps(root)
+        committed = util.committed_steps(root, JOB)
         committed_set = set(committed)
 
         # The newest committed step, bit for bit, through a fresh model, AdamW and Checkpointer.

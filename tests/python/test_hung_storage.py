@@ -21,7 +21,6 @@ one-line summary to stderr ("hung-storage: ...") for the benchmark tables.
 """
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -29,7 +28,6 @@ import tempfile
 import threading
 import time
 import unittest
-import urllib.request
 import warnings
 
 import torch
@@ -210,38 +208,10 @@ def _ckptctl_status(daemon):
     return out.stdout
 
 
-def _metric(daemon, name):
-    """An unlabelled series of the daemon's /metrics (its address is in its log)."""
-    found = re.findall(r"Prometheus endpoint (http://\S+/metrics)", daemon.log())
-    if not found:
-        raise AssertionError("no metrics endpoint in the daemon log")
-    with urllib.request.urlopen(found[-1], timeout=10) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    raise AssertionError("%s not in /metrics" % name)
-
-
 def _model():
     """~8.7 MiB of float32 parameters: with AdamW's exp_avg and exp_avg_sq, ~26 MiB per step."""
     return torch.nn.Sequential(torch.nn.Linear(1024, 1536), torch.nn.GELU(),
                                torch.nn.Linear(1536, 448))
-
-
-def _committed_steps(root):
-    """The steps of JOB with a MANIFEST under the storage root."""
-    out = []
-    try:
-        names = os.listdir(os.path.join(root, JOB))
-    except FileNotFoundError:
-        return out
-    for name in names:
-        if name.startswith("step-") and os.path.exists(os.path.join(root, JOB, name, "MANIFEST")):
-            try:
-                out.append(int(name[len("step-"):]))
-            except ValueError:
-                pass
-    return sorted(out)
 
 
 class HungStorageTest(unittest.TestCase):
@@ -312,8 +282,8 @@ class HungStorageTest(unittest.TestCase):
                 train_step("frozen")
                 if ops_seen is None and ck.failed_saves > failed_at_freeze:
                     # Saves are being skipped: operators see why, in ckptctl and /metrics.
-                    ops_seen = (_ckptctl_status(d), _metric(d, "ckptd_storage_writes_in_flight"),
-                                _metric(d, "ckptd_storage_oldest_write_seconds"))
+                    ops_seen = (_ckptctl_status(d), util.metric(d, "ckptd_storage_writes_in_flight"),
+                                util.metric(d, "ckptd_storage_oldest_write_seconds"))
             failed_during_freeze = ck.failed_saves - failed_at_freeze
             self.assertIsNotNone(ops_seen, "no save failed while storage was frozen")
             status_text, writes_in_flight, oldest_write = ops_seen
@@ -335,7 +305,7 @@ class HungStorageTest(unittest.TestCase):
                 else:
                     last_accepted = False
                 if first_commit_after_thaw is None:
-                    done = set(_committed_steps(backing_root)).intersection(since_thaw)
+                    done = set(util.committed_steps(backing_root, JOB)).intersection(since_thaw)
                     if done:
                         first_commit_after_thaw = time.monotonic() - thawed_at
                 if first_commit_after_thaw is not None and last_accepted:
@@ -352,7 +322,7 @@ class HungStorageTest(unittest.TestCase):
                              "the fence of step %d failed: %s" % (last_step, ck.last_error))
             client.wait(last_step, "committed", timeout=60)
 
-        committed = _committed_steps(root)
+        committed = util.committed_steps(root, JOB)
         longest = max(durations, key=lambda e: e[1])
         slow = [(s, round(t, 2), p) for s, t, p in durations if t > SLOW_STEP]
         sys.stderr.write(

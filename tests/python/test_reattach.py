@@ -13,13 +13,11 @@ daemon is back, and the Checkpointer turns failures into warnings and counts (on
 """
 
 import os
-import re
 import shutil
 import signal
 import subprocess
 import time
 import unittest
-import urllib.request
 import warnings
 
 import torch
@@ -29,26 +27,8 @@ import ckptd.torch
 import ckptd_testutil as util
 
 
-def metrics_text(daemon):
-    """The daemon's /metrics page (its address is in its log)."""
-    found = re.findall(r"Prometheus endpoint (http://\S+/metrics)", daemon.log())
-    if not found:
-        raise AssertionError("no metrics endpoint in the daemon log")
-    with urllib.request.urlopen(found[-1], timeout=10) as r:
-        return r.read().decode()
-
-
-def metric(daemon, name):
-    """The value of an unlabelled series in the daemon's /metrics."""
-    text = metrics_text(daemon)
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError("%s not in /metrics" % name)
-
-
 def committed(daemon, job, step):
-    return os.path.exists(os.path.join(daemon.root, job, "step-%010d" % step, "MANIFEST"))
+    return step in util.committed_steps(daemon.root, job)
 
 
 def save_until_accepted(client, step, tensors, limit=20.0):
@@ -116,10 +96,10 @@ class ReattachTest(unittest.TestCase):
         c.wait_snapshot()
         c.wait(2, "committed", timeout=60)
         self.assertEqual(c.reattaches, 1)
-        self.assertEqual(metric(second, "ckptd_client_reattach_total"), 1.0)
+        self.assertEqual(util.metric(second, "ckptd_client_reattach_total"), 1.0)
         promtool = shutil.which("promtool")
         if promtool is not None:  # the exposition follows Prometheus conventions
-            lint = subprocess.run([promtool, "check", "metrics"], input=metrics_text(second),
+            lint = subprocess.run([promtool, "check", "metrics"], input=util.metrics_text(second),
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             self.assertEqual(lint.returncode, 0, lint.stdout)
         expected = t.clone()

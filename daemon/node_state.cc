@@ -479,10 +479,12 @@ bool NodeState::Abandon(const std::string& job, uint64_t step, uint32_t rank, ui
   if (s == nullptr || Terminal(s->state)) return false;
   auto it = s->ranks.find(rank);
   if (it == s->ranks.end() || it->second.session_id != session_id) return false;
-  // Captured already: the capture was complete before the trainer could touch the memory (the
-  // session's input was read first, session.h), so the bytes are intact and the step goes on —
-  // as when the trainer disconnects after its capture.
-  if (it->second.captured) return false;
+  // An abandoned step is never committed — unless its commit is already under way. That can
+  // only happen after this rank's capture completed, and a capture counts as complete only once
+  // the session's input was read (session.h): the trainer had not touched the memory yet, the
+  // bytes are intact, and the commit stands. With a coordinator, whose commit may be under way
+  // at any time after the rank reported its capture, the same holds from the capture on.
+  if (it->second.captured && (s->committing || link_ != nullptr)) return false;
   FailLocally(*s, ckptd::v1::STEP_STATE_ABORTED,
               "rank " + std::to_string(rank) + " abandoned step " + std::to_string(step) +
                   (reason.empty() ? std::string() : ": " + reason));

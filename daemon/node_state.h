@@ -117,8 +117,8 @@ class NodeState : public CoordinatorLink::Handler {
   void Latest(const std::string& job, std::function<void(Result<std::optional<uint64_t>>)> done);
 
   // The trainer of `rank` gave up on `step` (its fence timed out) and modifies the memory now:
-  // the step is aborted unless it already ended or this rank's capture already completed (then
-  // its bytes are intact). Returns whether this call aborted it.
+  // the step is aborted unless it already ended or its commit is under way (possible only once
+  // this rank's capture completed, so its bytes are intact). Returns whether this aborted it.
   bool Abandon(const std::string& job, uint64_t step, uint32_t rank, uint64_t session_id,
                const std::string& reason);
 

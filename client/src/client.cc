@@ -434,14 +434,16 @@ Status Client::Impl::ReattachLocked(Clock::time_point deadline, bool first) {
   if (!fd.ok()) return fail(fd.status());
   auto conn = std::make_shared<Connection>(std::move(fd).value(), ++generation_);
   conn->last_heard_ns = NowNs();
+  // The reader starts before the connection is published: once other threads can see it (Close
+  // joins its reader), the thread object is never written again.
+  conn->reader = std::thread([this, raw = conn.get()] { ReaderLoop(raw); });
   {
     std::lock_guard lock(mu_);
-    if (closed_) return connection_;
+    if (closed_) return connection_;  // `conn` shuts its reader down as it goes
     conn_ = conn;
     // Calls of other threads keep failing (or waiting for register_mu_) until `ready`.
     connection_ = Unavailable(Lost("reconnecting"));
   }
-  conn->reader = std::thread([this, raw = conn.get()] { ReaderLoop(raw); });
   old.reset();
 
   if (Status st = HelloOn(conn, deadline, first); !st.ok()) {

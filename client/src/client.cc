@@ -252,7 +252,44 @@ struct Connection {
   const uint64_t generation;
   std::thread reader;
   FrameReader frames;        // the reader thread's
-  std::timed_mutex send_mu;  // serializes writes on `socket`
+  // Serializes writes on `socket` (`send_mu`): a gate taken with a deadline. Not a
+  // std::timed_mutex: ThreadSanitizer does not model its timed lock (pthread_mutex_clocklock)
+  // and reports every later unlock as an error.
+  class SendGate {
+   public:
+    bool TryAcquireUntil(Clock::time_point deadline) {
+      std::unique_lock lock(mu_);
+      if (!cv_.wait_until(lock, deadline, [&] { return !busy_; })) return false;
+      busy_ = true;
+      return true;
+    }
+    void Release() {
+      {
+        std::lock_guard lock(mu_);
+        busy_ = false;
+      }
+      cv_.notify_one();
+    }
+
+   private:
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool busy_ = false;  // guarded by mu_
+  };
+  // Holds the gate for a scope once acquired.
+  class SendHold {
+   public:
+    explicit SendHold(SendGate& gate) : gate_(gate) {}
+    ~SendHold() {
+      if (held_) gate_.Release();
+    }
+    bool TryUntil(Clock::time_point deadline) { return held_ = gate_.TryAcquireUntil(deadline); }
+
+   private:
+    SendGate& gate_;
+    bool held_ = false;
+  };
+  SendGate send_mu;
   std::atomic<int64_t> last_heard_ns{0};
   // Guarded by Client::Impl::mu_.
   bool ready = false;   // hello (and re-registration) done: calls may use it
@@ -506,10 +543,10 @@ bool Client::Impl::SendOneWay(const ConnectionPtr& conn, pb::ClientMessage messa
     message.set_request_id(next_request_id_++);  // its reply finds no caller and is dropped
   }
   const std::string payload = message.SerializeAsString();
-  std::unique_lock send_lock(conn->send_mu, std::defer_lock);
+  Connection::SendHold send_lock(conn->send_mu);
   size_t sent = 0;
   Status st = DeadlineExceeded("another request held the socket");
-  if (send_lock.try_lock_until(deadline)) {
+  if (send_lock.TryUntil(deadline)) {
     st = SendFrameUntil(conn->socket.get(), payload, {}, deadline, &sent);
   }
   if (st.ok()) return true;
@@ -575,8 +612,8 @@ Result<pb::DaemonMessage> Client::Impl::Call(const ConnectionPtr& conn,
   const auto send_deadline =
       limits.deadline ? std::min(*limits.deadline, start + call_timeout_) : start + call_timeout_;
   {
-    std::unique_lock send_lock(conn->send_mu, std::defer_lock);
-    if (!send_lock.try_lock_until(send_deadline)) {
+    Connection::SendHold send_lock(conn->send_mu);
+    if (!send_lock.TryUntil(send_deadline)) {
       forget();
       return DeadlineExceeded(std::string(what) + " timed out after " +
                               Ms(std::chrono::ceil<milliseconds>(Clock::now() - start)) +

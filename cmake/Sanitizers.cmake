@@ -1,7 +1,7 @@
 # CKPT_SANITIZE=address|undefined|thread (or "address,undefined"): applied to every target.
 # CKPT_BUILD_FUZZ=ON (clang only): every target is compiled with coverage for libFuzzer plus
 # AddressSanitizer and UndefinedBehaviorSanitizer, and tests/fuzz/ builds the harnesses (target
-# ckpt_fuzz; scripts/fuzz.sh runs them).
+# ckpt_fuzz; tests/fuzz/run.sh runs them).
 option(CKPT_BUILD_FUZZ "Build the libFuzzer harnesses in tests/fuzz (needs clang)" OFF)
 if(CKPT_BUILD_FUZZ)
   if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")

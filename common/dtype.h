@@ -1,4 +1,4 @@
-// The dtype table: PyTorch's names (DESIGN.md §7) and element sizes. Thread safety: immutable.
+// The dtype table: PyTorch names (docs/design.md §7.6) and element sizes. Thread safety: immutable.
 #pragma once
 
 #include <cstdint>

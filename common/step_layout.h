@@ -1,4 +1,4 @@
-// Names on disk (DESIGN.md §5):
+// Names on disk (docs/design.md §5.1):
 //   <root>/<job>/LATEST                      decimal step of the newest committed checkpoint
 //   <root>/<job>/step-<step:010d>/MANIFEST   global manifest; exists iff the step is committed
 //   <root>/<job>/step-<step:010d>/rank-<rank:05d>.data     raw tensor bytes of one rank

@@ -1,5 +1,5 @@
 // CaptureEngine: threads that copy registered trainer memory into the host pool while the
-// trainer goes on with forward/backward (the lazy snapshot of DESIGN.md §2.3).
+// trainer goes on with forward/backward (the lazy snapshot of docs/design.md §2.3).
 //
 // A job is captured slot by slot in file order by one thread (a single-thread memcpy already
 // outruns storage ~10×, and several ranks are captured in parallel by the pool of threads).

@@ -54,8 +54,8 @@ struct CaptureJob {
   std::atomic<int64_t> pending{1};  // the capture pass's token
   // Created by the first flush thread that needs it (EnsureWriter); read by the finalizer.
   std::unique_ptr<DataFileWriter> writer;
-  // checksums[shard][piece]; each element written by exactly one capture of one slot, read after
-  // the job finished.
+  // checksums[shard][piece]; each element written by the one flush thread that wrote its slot
+  // (after the write), read after the job finished.
   std::vector<std::vector<uint64_t>> checksums;
 
   // Creates the step directory and the data file once; later callers wait for the first and

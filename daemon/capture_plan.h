@@ -1,6 +1,6 @@
 // CapturePlan: what one rank registered, validated, mapped and laid out — everything a save
 // needs, computed once at registration and reused by every later save while the registration
-// is unchanged (DESIGN.md §2.1: "re-registration of an unchanged set is free").
+// is unchanged (docs/design.md §2.2: "registering an unchanged set again is free").
 #pragma once
 
 #include <memory>

@@ -4,8 +4,8 @@
 // Each distinct object (st_dev, st_ino) is mapped once per session, whole, MAP_SHARED, and the
 // mapping is shared by every tensor that lives in it; the mapping stays alive as long as a
 // capture or load still uses it, even after the trainer died (host memory outlives the
-// process that shared it — DESIGN.md §2). Mappings are writable when the descriptor allows, so
-// loads can write straight into the trainer's tensors.
+// process that shared it — docs/design.md §2.7). Mappings are writable when the descriptor allows,
+// so loads can write straight into the trainer's tensors.
 //
 // A trainer can still shrink its object after registering it; touching the vanished pages
 // raises SIGBUS. Every copy to or from trainer memory therefore goes through GuardedCopy, which

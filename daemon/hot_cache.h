@@ -1,6 +1,6 @@
 // HotCache: recent checkpoint bytes kept in the host pool, so that a restarted trainer restores
-// from the daemon's memory instead of the PFS (DESIGN.md §4 "hot restore"), and so that several
-// local ranks loading the same bytes read them from storage once ("read-once per node").
+// from the daemon's memory instead of the PFS (docs/design.md §4.3 "hot restore"), and so that
+// several local ranks loading the same bytes read them from storage once ("read-once per node").
 //
 // Entries are windows of a step's data files, one pool slot each, holding the file bytes at
 // [window start, window start + slot size) and a list of which ranges are valid. Two sources

@@ -1,5 +1,5 @@
 // LoadService: restores a committed step into a rank's registered memory, in any layout
-// (DESIGN.md §4).
+// (docs/design.md §4).
 //
 // A load resolves the step (LATEST when none is given), pins it against retention and in the
 // hot cache, and asks the CheckpointReader for every registered tensor: the reader intersects

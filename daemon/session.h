@@ -1,4 +1,4 @@
-// Session: one trainer's connection to the daemon (DESIGN.md §1, local data plane).
+// Session: one trainer's connection to the daemon (docs/design.md §1.2, local data plane).
 //
 // The session reads frames off its Unix socket on the daemon's Asio loop (non-blocking reads,
 // exactly one frame at a time so received descriptors always belong to the frame they came

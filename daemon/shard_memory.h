@@ -1,7 +1,7 @@
 // ShardMemory: the memory of one registered shard, wherever it lives (the trainer's host memory
 // mapped from an fd, or GPU memory opened from a CUDA IPC handle). The capture engine copies
 // out of it into pool slots; the load path copies into it. All device specifics live behind
-// this interface (DESIGN.md §3), so everything else runs on machines without a GPU.
+// this interface (docs/design.md §3), so everything else runs on machines without a GPU.
 //
 // Host memory is copied synchronously (CopyOut). Device memory is copied asynchronously: the
 // capture engine enqueues CopyOutAsync on the shard's copy_queue() (one per GPU: its copy

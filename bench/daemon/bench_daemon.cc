@@ -1,5 +1,5 @@
 // bench_daemon: a real ckptd, driven through the C++ client, against baselines measured in the
-// same run on the same machine and directory (ANCHORS.md "Physical limits"; bench/daemon/run.sh
+// same run on the same machine and directory (docs/design.md §8; bench/daemon/run.sh
 // runs it with sizes for a CI machine, bench/daemon/RESULTS.md holds method and numbers).
 //
 // Each section starts its own ckptd from the directory of this binary (--bin), with its storage

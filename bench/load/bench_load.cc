@@ -1,5 +1,5 @@
 // bench_load: loads through a real ckptd, driven by the C++ client, against baselines measured in
-// the same run on the same machine and directory (ANCHORS.md "Physical limits"; bench/load/run.sh
+// the same run on the same machine and directory (docs/design.md §8; bench/load/run.sh
 // runs it with sizes for a CI machine, bench/load/RESULTS.md holds method and numbers).
 //
 // The state: --tensors float32 global tensors of shape [rows, --cols] (--size bytes in all),

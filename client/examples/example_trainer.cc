@@ -1,7 +1,7 @@
 // ckpt_example_trainer: a small but real trainer rank that checkpoints through ckptd.
 //
 // It keeps K int32 tensors (row-block shards of global tensors, client/examples/trainer_data.h)
-// in one memfd, registers them once, and runs the lazy-snapshot loop of DESIGN.md §2:
+// in one memfd, registers them once, and runs the lazy-snapshot loop of docs/design.md §2.3:
 //
 //   for step in start .. start+steps-1:
 //     "optimizer step"    fill the tensors with the step's values (only after the previous

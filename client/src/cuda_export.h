@@ -1,4 +1,4 @@
-// CudaExporter: the client's side of the CUDA handoff (DESIGN.md §3, proto/README.md §3).
+// CudaExporter: the client's side of the CUDA handoff (docs/design.md §3.2, proto/README.md §3).
 //
 // The client library must load into any trainer — with or without a GPU, next to whatever CUDA
 // runtime the trainer uses (PyTorch ships its own) — so it never links CUDA: the driver is

@@ -1,7 +1,7 @@
 // AdminProvider: what a process serving ckptd.v1.Admin must answer, with no gRPC types in it
-// (STYLE.md §2: the gRPC service in admin_service.h only translates). The node daemon implements
-// it in node_admin_provider.h; ckpt-coordinator implements it over its own state and hands it to
-// the same AdminServer, so both serve one Admin API.
+// (docs/design.md §10.2: the gRPC service in admin_service.h only translates). The node daemon
+// implements it in node_admin_provider.h; ckpt-coordinator implements it over its own state and
+// hands it to the same AdminServer, so both serve one Admin API.
 //
 // Contract: each method calls `reply` exactly once, from any thread, possibly before returning;
 // none may block (they post work to the owner's loop or storage thread). Errors name the job

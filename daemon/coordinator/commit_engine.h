@@ -1,4 +1,4 @@
-// CommitEngine: the commit protocol on the storage root (DESIGN.md §2.6, §5, §6).
+// CommitEngine: the commit protocol on the storage root (docs/design.md §2.5, §5.4, §6).
 //
 // A step becomes visible in exactly one rename: its MANIFEST. The order is
 //   data files fdatasync'ed (by the flush engine) → node manifest(s) → MANIFEST via temp +

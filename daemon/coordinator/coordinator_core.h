@@ -1,4 +1,4 @@
-// CoordinatorCore: the global commit protocol of ckpt-coordinator (DESIGN.md §6), with no gRPC
+// CoordinatorCore: the global commit protocol of ckpt-coordinator (docs/design.md §6), with no gRPC
 // types in it — coordinator_service.cc translates RPCs into these calls.
 //
 // Durable truth is the storage root, never this object's memory:

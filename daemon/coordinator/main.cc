@@ -1,4 +1,4 @@
-// ckpt-coordinator: the global coordinator of multi-node jobs (DESIGN.md §6). Scans the
+// ckpt-coordinator: the global coordinator of multi-node jobs (docs/design.md §6). Scans the
 // storage root (commits every fully persisted step, removes the rest), then serves
 // ckptd.v1.Coordinator until SIGTERM/SIGINT. See coordinator_core.h for the protocol.
 // The same endpoint serves ckptd.v1.Admin (role "coordinator", coordinator_admin_provider.h),

@@ -1,5 +1,5 @@
 // WriterPlan: which rank writes each shard of a job, so that data-parallel replicas are written
-// once and the bytes written per node are balanced (DESIGN.md §4, ByteCheckpoint's worst-fit).
+// once and the bytes written per node are balanced (docs/design.md §4.4, §6.3: worst-fit).
 //
 // Input: every rank's registration (the node it runs on and, per shard, a key that is equal for
 // two shards iff they are replicas — same tensor, dtype, global shape and geometry — and the

@@ -1,4 +1,4 @@
-// CudaApi: the daemon's only door to CUDA (STYLE.md §11, DESIGN.md §3).
+// CudaApi: the daemon's only door to CUDA (docs/design.md §10.6, §3.3).
 //
 // Every CUDA runtime or driver call the daemon makes goes through this interface, so that
 //   * the daemon builds and runs on machines without a GPU or driver (the real implementation

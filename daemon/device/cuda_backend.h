@@ -1,5 +1,5 @@
-// CudaBackend: the DeviceBackend of CUDA memory, one per session (DESIGN.md §3; the handoff is
-// specified in proto/README.md §3).
+// CudaBackend: the DeviceBackend of CUDA memory, one per session (docs/design.md §3.2; the handoff
+// is specified in proto/README.md §3).
 //
 //   register:  each CudaMemory names a GPU by UUID and one allocation, by a legacy IPC handle of
 //              its base or by a VMM POSIX fd. The backend activates the GPU (CudaDevices), opens

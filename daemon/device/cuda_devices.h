@@ -1,5 +1,5 @@
-// CudaDevices: the daemon's GPUs, as the CUDA backend uses them (DESIGN.md §3, ANCHORS.md
-// "CUDA IPC pitfalls").
+// CudaDevices: the daemon's GPUs, as the CUDA backend uses them (docs/design.md §3.2, and
+// §3.3 for the CUDA rules).
 //
 // At start the daemon only enumerates devices and their UUIDs — no context is created. A GPU is
 // *activated* the first time a client names it (a registration or a save's event): that creates

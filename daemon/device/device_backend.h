@@ -1,11 +1,11 @@
-// DeviceBackend: opens the memory a client registered (DESIGN.md §3).
+// DeviceBackend: opens the memory a client registered (docs/design.md §3).
 //
 // One backend per kind of memory handle and per session: HostFdBackend maps host descriptors
 // (memfd / POSIX shm), CudaBackend opens CUDA IPC handles and VMM fds. BuildCapturePlan asks the
 // backend of each TensorSpec's memory kind for a ShardMemory; nothing outside the backends knows
 // how the bytes are reached.
 //
-// Caching contract (the pitfalls of ANCHORS.md): a backend opens each handle once per client and
+// Caching contract (docs/design.md §3.3): a backend opens each handle once per client and
 // caches the opened mapping by the handle's identity — descriptor object (st_dev, st_ino) for
 // fds, the handle bytes for CUDA IPC — never by address. DropUnused() after a registration closes
 // what the new registration no longer uses; Clear() on disconnect forgets everything. A mapping

@@ -1,4 +1,4 @@
-// HostFdBackend: the DeviceBackend of host memory shared by descriptor (DESIGN.md §3 "host fd"):
+// HostFdBackend: the DeviceBackend of host memory shared by descriptor (docs/design.md §3.1):
 // each distinct object is mapped once per session through a MappingCache (daemon/host_memory.h)
 // and a shard is a byte range of it. The CPU path of every test runs through here.
 #pragma once

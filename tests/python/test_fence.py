@@ -1,4 +1,4 @@
-"""The lazy-snapshot fence works (DESIGN.md §2): a tensor is never modified while the daemon
+"""The lazy-snapshot fence works (docs/design.md §2.3): a tensor is never modified while the daemon
 still copies it, because Checkpointer's optimizer pre-step hook calls wait_snapshot().
 
 The daemon runs with --capture-throttle 8MiB (bytes/s) and the state is 64 MiB, so a capture

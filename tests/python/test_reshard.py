@@ -1,4 +1,4 @@
-"""Save with one sharding, load with others (DESIGN.md §4).
+"""Save with one sharding, load with others (docs/design.md §4).
 
 Two processes save a model whose 2-D weights are row-sharded (ckptd.Shard with row offsets), a
 1-D tensor split in two and a replicated scalar. Then three processes load it column-sharded

@@ -1,4 +1,4 @@
-// ckpt::Client — the trainer's side of the local data plane (DESIGN.md §1–§3).
+// ckpt::Client — the trainer's side of the local data plane (docs/design.md §1–§3).
 //
 // A trainer rank connects to its node's daemon over a Unix stream socket, registers its tensors
 // once (names, dtype, global shape, shard geometry and a file descriptor of the host memory that
@@ -102,7 +102,7 @@ struct HostTensor {
   bool partial = false;
 };
 
-// One shard of a tensor living in CUDA device memory of this process (DESIGN.md §3). Geometry
+// One shard of a tensor living in CUDA device memory of this process (docs/design.md §3). Geometry
 // fields as in HostTensor. The client finds the allocation holding `device_ptr` and hands the
 // daemon a CUDA IPC handle of its base (cudaMalloc memory) or a VMM POSIX fd (cuMemCreate memory
 // exportable as a POSIX fd, e.g. PyTorch expandable segments), with the GPU's UUID; the daemon
@@ -126,7 +126,7 @@ struct CudaTensor {
 // torch.cuda.current_stream().cuda_stream), or nullptr for the legacy default stream.
 using CudaStream = void*;
 
-// States that Wait can wait for (DESIGN.md §2): this rank's bytes are in the daemon's host
+// States that Wait can wait for (docs/design.md §2.1): this rank's bytes are in the daemon's host
 // memory; the node's data is durable in storage; the checkpoint is globally committed.
 enum class WaitState { kCaptured, kPersisted, kCommitted };
 

@@ -1,4 +1,4 @@
-"""ckptd — checkpoint PyTorch tensors through the node's checkpoint daemon (DESIGN.md §7).
+"""ckptd — checkpoint PyTorch tensors through the node's checkpoint daemon (docs/design.md §7.4).
 
     import ckptd
     c = ckptd.Client("myjob", rank, world_size, socket="/run/ckptd/ckptd.sock")
@@ -39,7 +39,7 @@ __all__ = ["Client", "Shard", "FlatShard", "Error", "LoadInfo", "DEFAULT_SOCKET"
 
 DEFAULT_SOCKET = "/run/ckptd/ckptd.sock"
 
-# DESIGN.md §7: dtype names follow PyTorch; float8 types only where this torch has them.
+# docs/design.md §7.6: dtype names follow PyTorch; float8 types only where this torch has them.
 _DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64", "int8", "uint8", "int16", "int32",
                 "int64", "bool", "float8_e4m3fn", "float8_e5m2")
 

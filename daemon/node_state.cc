@@ -102,6 +102,13 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
                                 " (a committed checkpoint is never overwritten: number steps "
                                 "after it, or load it first)");
     }
+    if (auto lost = job.lost_saves.find(req.step); lost != job.lost_saves.end()) {
+      lost->second.erase(req.rank);  // this rank saves it after all
+      if (!lost->second.empty()) {
+        return FailedPrecondition(ctx + ": " + LostSaveReason(*lost->second.begin(), req.step) +
+                                  "; save the next step");
+      }
+    }
     size_t deferred = 0;
     for (const auto& [n, s] : job.steps) deferred += s.deferred ? 1 : 0;
     if (deferred >= config_.max_steps_deferred) {
@@ -278,6 +285,27 @@ void NodeState::OnRankPersisted(const std::string& job, uint64_t step, uint32_t 
     SetState(*s, ckptd::v1::STEP_STATE_PERSISTED);
     TryCommit(job);
   }
+}
+
+void NodeState::OnSaveLost(const std::string& job, uint64_t step, uint32_t rank,
+                           uint32_t world_size) {
+  Step* s = FindStep(job, step);
+  if (s == nullptr) {
+    // Not saved here yet: another rank's save of it may still come. Remembered, it is refused.
+    auto& lost = jobs_[job].lost_saves;
+    lost[step].insert(rank);
+    while (lost.size() > config_.finished_steps_kept) lost.erase(lost.begin());
+    return;
+  }
+  if (Terminal(s->state) || s->world_size != world_size || s->ranks.count(rank) != 0) return;
+  FailLocally(*s, ckptd::v1::STEP_STATE_ABORTED, LostSaveReason(rank, step));
+}
+
+std::string NodeState::LostSaveReason(uint32_t rank, uint64_t step) {
+  return "rank " + std::to_string(rank) + " saved step " + std::to_string(step) +
+         " on a connection that broke before this daemon heard of it (its daemon was restarted, "
+         "or the connection was lost), so step " +
+         std::to_string(step) + " can never complete";
 }
 
 void NodeState::OnTimeout(const std::string& job, uint64_t step) {

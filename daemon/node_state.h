@@ -1,5 +1,5 @@
 // NodeState: every step this daemon knows of, and the rules that move it along
-// (DESIGN.md §2: PENDING → CAPTURING → CAPTURED → PERSISTING → PERSISTED → COMMITTED, or
+// (docs/design.md §2: PENDING → CAPTURING → CAPTURED → PERSISTING → PERSISTED → COMMITTED, or
 // ABORTED / FAILED with a reason).
 //
 // Ownership: NodeState lives on the daemon's Asio loop and is only touched from it — no locks.
@@ -14,7 +14,11 @@
 //   * a rank that abandons a step (its trainer's fence gave up; it modifies the memory now)
 //     aborts it; a capture counts as complete only after the session has read everything its
 //     trainer sent until then (SaveRequest::sync_input), so a late Abandon is never missed;
-//   * a step some rank never saves is aborted after step_timeout, naming the missing ranks;
+//   * a step some rank never saves is aborted after step_timeout, naming the missing ranks, or
+//     at once when that rank re-attaches saying its save of the step went out on a connection
+//     that broke (Hello.lost_step: the daemon it saved to was lost, and the rank never saves
+//     the step again) — with or without a coordinator, since a step that can never complete
+//     holds back every later commit;
 //   * at most max_steps_in_flight steps per job capture or persist at once; a newer save is
 //     accepted but its capture waits until an older step ends (felt in wait_snapshot);
 //   * a failed or aborted step is never committed: its captures are cancelled and, once every
@@ -123,6 +127,10 @@ class NodeState : public CoordinatorLink::Handler {
                const std::string& reason);
 
   void AddSink(const std::string& job, std::weak_ptr<EventSink> sink);
+  // A re-attaching rank says its save of `step` went out on a connection that broke
+  // (Hello.lost_step): if the step is in flight here without that rank, it can never complete
+  // and is aborted now; if it is not here yet, a later save of it by another rank is refused.
+  void OnSaveLost(const std::string& job, uint64_t step, uint32_t rank, uint32_t world_size);
   void OnSessionClosed(uint64_t session_id, const std::string& job, uint32_t rank, int32_t pid);
 
   // Shutdown: refuse new saves; `idle` runs once no step is in flight (at once if none is).
@@ -187,6 +195,9 @@ class NodeState : public CoordinatorLink::Handler {
     // earlier daemon or trainer incarnation); saves of it or older steps are refused.
     std::optional<uint64_t> newest_on_storage;
     bool storage_lookup_posted = false;
+    // Steps not (yet) saved here whose save by these ranks was lost (OnSaveLost): a later save
+    // of them by another rank is refused. The newest finished_steps_kept.
+    std::map<uint64_t, std::set<uint32_t>> lost_saves;
     // Coordinator mode.
     std::map<uint32_t, std::pair<uint32_t, std::shared_ptr<const CapturePlan>>> registered;
     uint64_t plan_version = 0;
@@ -210,6 +221,7 @@ class NodeState : public CoordinatorLink::Handler {
   void OnRankCaptured(const std::string& job, uint64_t step, uint32_t rank, Status status);
   void OnRankPersisted(const std::string& job, uint64_t step, uint32_t rank, Status status);
   void OnTimeout(const std::string& job, uint64_t step);
+  static std::string LostSaveReason(uint32_t rank, uint64_t step);
   void SetState(Step& s, ckptd::v1::StepState state);
   void FailStep(Step& s, ckptd::v1::StepState state, const std::string& reason);
   void ResolveWaiters(Step& s);

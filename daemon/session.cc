@@ -175,6 +175,9 @@ void Session::HandleHello(uint64_t id, const ckptd::v1::Hello& hello) {
   rank_ = hello.rank();
   world_size_ = hello.world_size();
   services_->node->AddSink(job_, weak_from_this());
+  if (hello.has_lost_step()) {
+    services_->node->OnSaveLost(job_, hello.lost_step(), rank_, world_size_);
+  }
   spdlog::info("session {}: job '{}' rank {}/{} (pid {}, client {}, protocol {}{})", id_, job_,
                rank_, world_size_, peer_pid_, EscapeForLog(hello.client_version()), protocol_,
                hello.reattach() > 0 ? ", re-attach " + std::to_string(hello.reattach()) : "");

@@ -26,7 +26,8 @@
 
 namespace ckpt::testing {
 
-// A fresh directory under $TMPDIR (or /tmp), removed when the object dies.
+// A fresh directory under $TMPDIR (or /tmp), removed when the object dies unless
+// CKPT_KEEP_TEST_DIRS is set (to read a failed test's logs afterwards).
 class TempDir {
  public:
   TempDir() {
@@ -37,6 +38,8 @@ class TempDir {
     path_ = p;
   }
   ~TempDir() {
+    const char* keep = std::getenv("CKPT_KEEP_TEST_DIRS");
+    if (keep != nullptr && *keep != '\0') return;
     std::error_code ec;
     std::filesystem::remove_all(path_, ec);
   }

@@ -400,6 +400,9 @@ class Client::Impl {
   // This rank's most recent accepted Save, and the connection generation it went out on.
   std::optional<uint64_t> last_saved_step_;  // guarded by mu_
   uint64_t last_saved_generation_ = 0;       // guarded by mu_
+  // The newest step this rank tried to save, accepted or not, and the connection it went out on
+  // (0: none), until a re-attach's hello reports it (Hello.lost_step).
+  std::optional<std::pair<uint64_t, uint64_t>> unconfirmed_save_;  // (step, generation); mu_
   // GPUs (ordinal → UUID) holding the registered CUDA tensors; Save records an event on each.
   std::map<int, std::string> cuda_devices_;  // guarded by mu_
 
@@ -798,6 +801,14 @@ Status Client::Impl::HelloOn(const ConnectionPtr& conn, Clock::time_point deadli
   hello->set_local_rank(options_.local_rank);
   hello->set_client_version("ckpt-client " CKPT_CLIENT_VERSION);
   hello->set_reattach(first ? 0 : reattaches_.load() + 1);
+  std::optional<uint64_t> lost_step;
+  {
+    std::lock_guard lock(mu_);
+    if (unconfirmed_save_ && unconfirmed_save_->second != conn->generation) {
+      lost_step = unconfirmed_save_->first;
+      hello->set_lost_step(*lost_step);
+    }
+  }
   std::vector<OutgoingFrame> frames;
   frames.push_back(std::move(frame));
   const std::string who = "rank " + std::to_string(options_.rank) + " of job " + options_.job;
@@ -833,6 +844,10 @@ Status Client::Impl::HelloOn(const ConnectionPtr& conn, Clock::time_point deadli
     conn->protocol = hr.protocol_version();
   }
   if (first) node_id_ = hr.node_id();
+  if (lost_step) {
+    std::lock_guard lock(mu_);
+    if (unconfirmed_save_ && unconfirmed_save_->first == *lost_step) unconfirmed_save_.reset();
+  }
   spdlog::debug("ckpt client: {} connected to ckptd {} on node {} (session {}, protocol {})", who,
                 hr.daemon_version(), hr.node_id(), hr.session_id(), hr.protocol_version());
   return Status::Ok();
@@ -1112,6 +1127,12 @@ Status Client::Impl::Save(uint64_t step, std::string_view extra, OnFull on_full,
   ConnectionPtr conn;
   auto reply = CallAttached(std::move(frames), pb::DaemonMessage::kSave, Limits{deadline, false},
                             deadline, what, &conn);
+  {
+    // Whatever became of it, this rank does not save the step again: if the connection breaks,
+    // the next re-attach says so (Hello.lost_step).
+    std::lock_guard lock(mu_);
+    unconfirmed_save_.emplace(step, conn != nullptr ? conn->generation : 0);
+  }
   if (!reply.ok()) {
     if (conn == nullptr) return reply.status();
     if (reply.status().code() == StatusCode::kDeadlineExceeded) {

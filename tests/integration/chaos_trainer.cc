@@ -6,12 +6,13 @@
 // line per command on stdin, so that all ranks save the same step (a training loop's
 // collectives keep real ranks in step the same way):
 //   "save N"  → fill the tensors with step N's values (trainer_data.h), Save(N), WaitSnapshot,
-//               Wait(N, committed); reply "done N ok" or "done N err <code> <message>".
+//               Wait(N, committed); reply "done N ok" or "done N err <code> <message>". When the
+//               daemon went away it re-attaches before replying (one Latest call).
 // EOF on stdin ends the process with status 0. Replies go to descriptor 3, one line each; logs
 // to stderr.
-//   "reconnect" → a new connection and registration (after the test restarted the daemon: a
-//               trainer learns from its failed calls that the daemon went away; one idle at the
-//               moment of the kill learns it from this); reply "reconnected ok|err ...".
+//   "reconnect" → a re-attach (a new client if it has none), after the test restarted the
+//               daemon: a trainer learns from its failed calls that the daemon went away, one
+//               idle at the moment of the kill from this; reply "reconnected ok|err ...".
 // At start it connects, registers and restores like a restarted rank: Load(latest)
 // and a check that every byte and the extra blob equal what that step saved; reply
 // "ready loaded=<step|none> ok" or "ready loaded=<step> err <message>".
@@ -134,8 +135,10 @@ class ChaosRank {
     return head + " ok";
   }
 
+  // The same client re-attaches by itself on its next call; a new one when it has none yet.
   std::string ReconnectNow() {
-    if (ckpt::Status s = Reconnect(); !s.ok()) return "reconnected err " + Describe(s);
+    ckpt::Status s = client_ == nullptr ? Reconnect() : client_->Latest().status();
+    if (!s.ok()) return "reconnected err " + Describe(s);
     return "reconnected ok";
   }
 
@@ -154,8 +157,12 @@ class ChaosRank {
     if (s.ok()) s = client_->WaitSnapshot(timeout);
     if (s.ok()) s = client_->Wait(step, ckpt::WaitState::kCommitted, timeout);
     if (s.ok()) return head + " ok";
-    // The daemon went away: the next step reconnects.
-    if (s.code() == ckpt::StatusCode::kUnavailable) client_.reset();
+    if (s.code() == ckpt::StatusCode::kUnavailable) {
+      // The daemon went away with this step. Like a training loop that goes on, the client
+      // re-attaches at once (any call does): its hello tells the new daemon that this rank's save
+      // of the step was lost, so ranks that saved it there learn it can never commit.
+      (void)client_->Latest();
+    }
     return head + " err " + Describe(s);
   }
 
@@ -199,7 +206,9 @@ class ChaosRank {
   std::unique_ptr<ckpt::Client> client_;
 };
 
+// Every reply is logged too: the test shows a trainer's log when an assertion fails.
 void Reply(const std::string& line) {
+  std::cerr << "reply: " << line << std::endl;
   const std::string out = line + "\n";
   size_t done = 0;
   while (done < out.size()) {

@@ -1,6 +1,6 @@
-// The daemon's failure semantics (DESIGN.md §2) with real processes: trainers that die, a
+// The daemon's failure semantics (docs/design.md §2.7) with real processes: trainers that die, a
 // daemon that is killed or stopped, failing storage, and hostile clients.
-#include "tests/integration/daemon_harness.h"  // first: it configures Catch
+#include "tests/integration/coordinator_harness.h"  // first: it configures Catch
 
 #include <fcntl.h>
 #include <signal.h>
@@ -267,6 +267,72 @@ TEST_CASE("daemon: a trainer killed while its step is captured aborts the step, 
   CHECK(!ReadLatest(daemon.root(), "torn").has_value());
   CHECK(CommittedSteps(daemon.root(), "torn").empty());
   REQUIRE(daemon.Alive());
+}
+
+// A daemon killed in the middle of a step: rank 0 saved it there (lost with that daemon), rank 1
+// saves it on the restarted one. The step can never complete, and it would hold back every later
+// commit (commits go in step order) until the step timeout. Rank 0's re-attach says its save of
+// the step was lost (Hello.lost_step): the step is aborted at once, naming it, and the next step
+// commits. Both with the embedded coordinator and with ckpt-coordinator.
+TEST_CASE("daemon: a step whose save was lost with a killed daemon is aborted on re-attach",
+          "[daemon]") {
+  const bool with_coordinator = GENERATE(false, true);
+  INFO((with_coordinator ? "with ckpt-coordinator" : "embedded coordinator"));
+  TempDir dir;
+  auto options = DaemonProcess::InDir(dir);
+  std::optional<ckpt::itest::CoordinatorProcess> coordinator;
+  if (with_coordinator) {
+    ckpt::itest::CoordinatorProcess::Options c;
+    c.socket = dir / "coord.sock";
+    c.storage_root = options.storage_root;
+    c.log_path = dir / "coordinator.log";
+    coordinator.emplace(c);
+    options.flags = {"--node-id", "n0", "--coordinator", coordinator->address()};
+  }
+  std::optional<DaemonProcess> daemon(std::in_place, options);
+  const uint64_t seed = ckpt::testing::TestSeed() + 31;
+  constexpr uint64_t kBytes = 1ull << 20;
+  InProcessRank rank0(kBytes, 2, 0, 2, seed);
+  InProcessRank rank1(kBytes, 2, 1, 2, seed);
+  auto client0 = daemon->Connect("lost", 0, 2);
+  auto client1 = daemon->Connect("lost", 1, 2);
+  REQUIRE_OK(client0->Register(rank0.Specs()));
+  REQUIRE_OK(client1->Register(rank1.Specs()));
+
+  rank0.Fill(4);
+  REQUIRE_OK(client0->Save(4, rank0.Extra(4)));
+  REQUIRE_OK(client0->WaitSnapshot(kWait));
+  const auto killed = daemon->Kill(SIGKILL);
+  REQUIRE(killed.has_value());
+  daemon.reset();
+  daemon.emplace(options);
+
+  rank1.Fill(4);
+  REQUIRE_OK(client1->Save(4, rank1.Extra(4)));  // re-attaches: the new daemon's step 4
+  // With ckpt-coordinator the step may already be aborted here: the coordinator heard of rank
+  // 0's save from the old daemon and aborted the step when the node came back as a new process.
+  const ckpt::Status snap = client1->WaitSnapshot(kWait);
+  INFO("wait_snapshot of step 4: " << snap.ToString());
+  REQUIRE((snap.ok() || (with_coordinator && snap.code() == StatusCode::kAborted)));
+  REQUIRE_OK(client0->Latest().status());  // rank 0 re-attaches: "my save of step 4 was lost"
+  const ckpt::Status lost = client1->Wait(4, ckpt::WaitState::kCommitted, kWait);
+  INFO("wait for step 4: " << lost.ToString());
+  REQUIRE(lost.code() == StatusCode::kAborted);
+  if (!with_coordinator) {
+    CHECK_THAT(lost.message(), Catch::Contains("rank 0 saved step 4 on a connection that broke"));
+  }
+
+  for (auto* c : {client0.get(), client1.get()}) {
+    (c == client0.get() ? rank0 : rank1).Fill(5);
+    REQUIRE_OK(c->Save(5, (c == client0.get() ? rank0 : rank1).Extra(5)));
+  }
+  REQUIRE_OK(client0->WaitSnapshot(kWait));
+  REQUIRE_OK(client1->WaitSnapshot(kWait));
+  REQUIRE_OK(client0->Wait(5, ckpt::WaitState::kCommitted, kWait));
+  REQUIRE_OK(client1->Wait(5, ckpt::WaitState::kCommitted, kWait));
+  REQUIRE(CommittedSteps(daemon->root(), "lost") == std::vector<uint64_t>{5});
+  RequireTrainerStep(daemon->root(), "lost", 5, kBytes, 2, 2, seed);
+  CHECK(PollUntil([&] { return !PathExists(ckpt::StepDir(daemon->root(), "lost", 4)); }));
 }
 
 TEST_CASE("daemon: killed mid-flush, a restarted daemon removes the torn step and goes on",

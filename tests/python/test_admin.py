@@ -213,8 +213,10 @@ class AdminTest(unittest.TestCase):
         self.assertIn("step 8", missing.stderr)
 
     def test_ckptctl_watch_json(self):
+        # Progress samples are events too: one interleaved on a slow machine would take the
+        # place of a state change among the five, so none is due within the test.
         watch = subprocess.Popen([CKPTCTL, "--admin", self.admin, "--json", "watch", "--job",
-                                  "watch-job", "--max-events", "5"],
+                                  "watch-job", "--max-events", "5", "--interval-ms", "600000"],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             # Subscribed once the daemon counts the stream (no event announces it).

@@ -140,8 +140,15 @@ Result<LoadService::Outcome> LoadService::LoadNow(const Request& request) {
   }
   out.bytes_from_memory = stats.bytes_from_memory;
   out.bytes_from_storage = stats.bytes_from_storage;
-  for (const auto& r : (*reader)->manifest().ranks()) {
-    if (r.rank() == request.rank) out.extra = r.extra();
+  // This rank's blob; a rank the step never had (the job grew) gets that of rank
+  // (rank mod saved world size).
+  const auto& manifest = (*reader)->manifest();
+  out.saved_world_size = manifest.world_size();
+  out.extra_rank = manifest.world_size() == 0 || request.rank < manifest.world_size()
+                       ? request.rank
+                       : request.rank % manifest.world_size();
+  for (const auto& r : manifest.ranks()) {
+    if (r.rank() == out.extra_rank) out.extra = r.extra();
   }
   spdlog::info("{}: {} tensors, {} bytes from memory, {} from storage{}", ctx, requests.size(),
                out.bytes_from_memory, out.bytes_from_storage,

@@ -54,6 +54,8 @@ class LoadService {
   struct Outcome {
     uint64_t step = 0;
     std::string extra;
+    uint32_t extra_rank = 0;        // whose blob `extra` is (LoadReply.extra_rank)
+    uint32_t saved_world_size = 0;  // how many ranks saved the step
     uint64_t bytes_from_memory = 0;
     uint64_t bytes_from_storage = 0;
     std::vector<std::string> missing;

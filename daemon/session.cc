@@ -426,6 +426,8 @@ void Session::HandleLoad(uint64_t id, const ckptd::v1::Load& load) {
       auto* r = reply.mutable_load();
       r->set_step(out->step);
       r->set_extra(out->extra);
+      r->set_extra_rank(out->extra_rank);
+      r->set_saved_world_size(out->saved_world_size);
       r->set_bytes_from_memory(out->bytes_from_memory);
       r->set_bytes_from_storage(out->bytes_from_storage);
       for (auto& m : out->missing) r->add_missing(m);

@@ -221,7 +221,7 @@ class PyClient {
     return *latest;
   }
 
-  // (step, extra, bytes_from_memory, bytes_from_storage, missing)
+  // (step, extra, bytes_from_memory, bytes_from_storage, missing, extra_rank, saved_world_size)
   py::tuple Load(std::optional<uint64_t> step, bool strict, uint64_t cuda_stream,
                  const std::string& job) {
     auto result = [&] {
@@ -232,7 +232,8 @@ class PyClient {
     py::list missing;
     for (const std::string& name : result->missing) missing.append(py::str(name));
     return py::make_tuple(result->step, py::bytes(result->extra), result->bytes_from_memory,
-                          result->bytes_from_storage, missing);
+                          result->bytes_from_storage, missing, result->extra_rank,
+                          result->saved_world_size);
   }
 
   void Abandon(std::optional<uint64_t> step, const std::string& reason) {

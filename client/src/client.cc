@@ -1335,6 +1335,8 @@ Result<LoadResult> Client::Impl::Load(const LoadOptions& options) {
   LoadResult result;
   result.step = lr.step();
   result.extra = lr.extra();
+  result.extra_rank = lr.extra_rank();
+  result.saved_world_size = lr.saved_world_size();
   result.bytes_from_memory = lr.bytes_from_memory();
   result.bytes_from_storage = lr.bytes_from_storage();
   result.missing.assign(lr.missing().begin(), lr.missing().end());

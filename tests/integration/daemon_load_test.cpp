@@ -218,8 +218,11 @@ LoadTotals LoadAndCheck(const DaemonProcess& daemon, const std::string& job, uin
     INFO("load of job " << job << " step " << step << " into rank " << r << " of " << ranks);
     REQUIRE_OK(results[r]);
     CHECK(results[r]->step == step);
-    if (r < saved_world_size) CHECK(results[r]->extra == "extra of rank " + std::to_string(r));
-    else CHECK(results[r]->extra.empty());
+    // A rank the step never had (the job grew) gets the blob of rank r mod the saved world.
+    const uint32_t extra_rank = r % saved_world_size;
+    CHECK(results[r]->extra == "extra of rank " + std::to_string(extra_rank));
+    CHECK(results[r]->extra_rank == extra_rank);
+    CHECK(results[r]->saved_world_size == saved_world_size);
     totals.from_memory += results[r]->bytes_from_memory;
     totals.from_storage += results[r]->bytes_from_storage;
     for (size_t i = 0; i < tensors.size(); ++i) {

@@ -137,7 +137,10 @@ enum class OnFull { kWait, kSkip };
 
 struct LoadResult {
   uint64_t step = 0;                 // the step that was loaded
-  std::string extra;                 // this rank's opaque blob passed to Save
+  std::string extra;                 // this rank's opaque blob passed to Save, or see extra_rank
+  uint32_t extra_rank = 0;           // whose blob `extra` is: this rank's, or for a rank beyond
+                                     // the saved world (the job grew) rank % saved_world_size
+  uint32_t saved_world_size = 0;     // how many ranks saved the step
   uint64_t bytes_from_memory = 0;    // served from the daemon's host memory (hot restore)
   uint64_t bytes_from_storage = 0;   // read from storage
   std::vector<std::string> missing;  // non-strict loads: registered tensors not in the step

@@ -166,14 +166,20 @@ class FlatShard:
 class LoadInfo:
     """What the last :meth:`Client.load` did (``Client.last_load``)."""
 
-    __slots__ = ("step", "extra", "bytes_from_memory", "bytes_from_storage", "missing")
+    __slots__ = ("step", "extra", "bytes_from_memory", "bytes_from_storage", "missing",
+                 "extra_rank", "saved_world_size")
 
-    def __init__(self, step, extra, bytes_from_memory, bytes_from_storage, missing):
+    def __init__(self, step, extra, bytes_from_memory, bytes_from_storage, missing,
+                 extra_rank=0, saved_world_size=0):
         self.step = step                              # the step that was loaded
-        self.extra = extra                            # this rank's extra bytes
+        self.extra = extra                            # this rank's extra bytes (see extra_rank)
         self.bytes_from_memory = bytes_from_memory    # served from the daemon's host memory
         self.bytes_from_storage = bytes_from_storage  # read from storage
         self.missing = missing                        # strict=False: tensors not in the step
+        # Whose extra bytes these are: this rank's, or for a rank beyond the saved world size
+        # (the job grew) those of rank (rank % saved_world_size).
+        self.extra_rank = extra_rank
+        self.saved_world_size = saved_world_size      # how many ranks saved the step
 
     def __repr__(self):
         return ("ckptd.LoadInfo(step=%d, extra=%d bytes, bytes_from_memory=%d, "
@@ -450,7 +456,8 @@ class Client:
     def load(self, tensors, step=None, strict=True, job=None):
         """Fill ``tensors`` ({name: torch.Tensor | Shard | FlatShard}, CPU or CUDA, contiguous) in place
         from ``step`` (None: the newest committed one), whatever sharding it was saved with.
-        Returns this rank's ``extra`` bytes; details in ``self.last_load`` (a LoadInfo).
+        Returns this rank's ``extra`` bytes (a rank the step never had, because the job grew,
+        gets those of rank ``rank % saved_world_size``); details in ``self.last_load``.
         strict=False leaves tensors missing from the step untouched (listed in
         ``last_load.missing``) instead of raising NOT_FOUND. ``job`` loads another job's
         checkpoint (e.g. fine-tuning from a pretraining run): the daemon allows it only for jobs
@@ -460,9 +467,10 @@ class Client:
         if job is not None and not isinstance(job, str):
             raise _error("job must be a string, not %r" % (job,))
         self._register(tensors)
-        loaded, extra, from_memory, from_storage, missing = self._c.load(
+        loaded, extra, from_memory, from_storage, missing, extra_rank, saved_world = self._c.load(
             step, bool(strict), _cuda_stream(self._registered), job or "")
-        self.last_load = LoadInfo(loaded, extra, from_memory, from_storage, list(missing))
+        self.last_load = LoadInfo(loaded, extra, from_memory, from_storage, list(missing),
+                                  extra_rank, saved_world)
         return extra
 
     def abandon(self, step=None, reason=""):

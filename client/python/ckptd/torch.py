@@ -20,7 +20,9 @@ What is saved, per rank:
 - in the rank's ``extra`` blob (pickled): non-tensor optimizer state, the param_groups
   (lr, betas, ...), the dtype/shape of every optimizer state tensor (so a fresh optimizer can be
   rebuilt), non-tensor model state (``get_extra_state``) and the user's ``extra_state``.
-  ``load`` unpickles this blob: load only checkpoints you trust.
+  ``load`` unpickles this blob: load only checkpoints you trust. A job may restore with more
+  ranks than saved: a rank the step never had reads the blob of rank (rank % saved world size),
+  so its optimizer layout and user state come from that rank (``last_restore["extra_rank"]``).
 """
 
 import pickle
@@ -461,7 +463,8 @@ class Checkpointer:
             from_storage += self.client.last_load.bytes_from_storage
         # Where the restore came from: the daemon's memory (hot) or storage.
         self.last_restore = {"step": step, "bytes_from_memory": from_memory,
-                             "bytes_from_storage": from_storage}
+                             "bytes_from_storage": from_storage,
+                             "extra_rank": self.client.last_load.extra_rank}
         self.loaded_extra_state = meta["extra_state"]
         es = self.extra_state
         if es is not None and hasattr(es, "load") and callable(es.load):

@@ -243,6 +243,46 @@ ckptd::v1::ShardGeometry GeometryToProto(const ShardGeometry& g) {
   return out;
 }
 
+namespace {
+
+// Every shard a rank left to another under the writer plan (NodeManifest.skipped) must be in
+// the merged manifest, with the same dtype, global shape and geometry. A plan that changed
+// while a step was in flight can make two ranks each leave a replica to the other: the step
+// then fails here, naming both ends, instead of committing a hole.
+Status CheckSkippedWereWritten(const ckptd::v1::Manifest& merged,
+                               std::span<const ckptd::v1::NodeManifest> nodes) {
+  std::map<std::string_view, const ckptd::v1::TensorEntry*> by_name;
+  for (const auto& t : merged.tensors()) by_name.emplace(t.name(), &t);
+  for (const auto& n : nodes) {
+    for (const auto& k : n.skipped()) {
+      auto it = by_name.find(k.name());
+      const ckptd::v1::TensorEntry* t = it == by_name.end() ? nullptr : it->second;
+      bool written = false;
+      if (t != nullptr && t->dtype() == k.dtype() &&
+          std::equal(t->global_shape().begin(), t->global_shape().end(),
+                     k.global_shape().begin(), k.global_shape().end())) {
+        const std::string want = k.geometry().SerializeAsString();
+        for (const auto& s : t->shards()) {
+          if (s.geometry().SerializeAsString() == want) {
+            written = true;
+            break;
+          }
+        }
+      }
+      if (!written) {
+        return FailedPrecondition(
+            "tensor '" + EscapeForLog(k.name()) + "': rank " + std::to_string(k.rank()) +
+            " (node '" + n.node_id() +
+            "') left a shard to another rank under the writer plan, and no rank wrote it (the "
+            "plan changed while the step was in flight); the next step uses one plan");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<ckptd::v1::Manifest> MergeNodeManifests(std::span<const ckptd::v1::NodeManifest> nodes) {
   if (nodes.empty()) return InvalidArgument("no node manifests to merge");
   ckptd::v1::Manifest out;
@@ -319,6 +359,7 @@ Result<ckptd::v1::Manifest> MergeNodeManifests(std::span<const ckptd::v1::NodeMa
     *out.add_tensors() = std::move(entry.first);
   }
   for (auto& [rank, entry] : ranks) *out.add_ranks() = std::move(entry);
+  RETURN_IF_ERROR(CheckSkippedWereWritten(out, nodes));
   return out;
 }
 

@@ -2,6 +2,7 @@
 
 #include <boost/asio/post.hpp>
 #include <cerrno>
+#include <random>
 
 #include "common/atomic_file.h"
 #include "common/logging.h"
@@ -44,7 +45,13 @@ NodeState::NodeState(boost::asio::io_context& io, Config config, FileSystem* fs,
       hot_(hot),
       capture_(capture),
       commit_(commit),
-      storage_(storage) {}
+      storage_(storage),
+      restore_points_(config_.step_timeout) {
+  // Registration ids must not repeat across daemon restarts (the coordinator may still hold
+  // the previous process's): a random start, 2^63 apart from 0.
+  std::random_device rd;
+  next_registration_id_ = ((uint64_t{rd()} << 32) | rd()) | (uint64_t{1} << 63);
+}
 
 NodeState::~NodeState() { *alive_ = false; }
 
@@ -116,6 +123,7 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
                                " saves of this job are already waiting for older steps to "
                                "commit; call wait_snapshot before saving again");
     }
+    restore_points_.OnNewStep(req.job);  // training resumed: the restore is over
     Step fresh;
     fresh.job = req.job;
     fresh.step = req.step;
@@ -152,7 +160,8 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
   if (s.ranks.count(req.rank) != 0) return FailedPrecondition(ctx + ": this rank already saved it");
   if (link_ != nullptr) {
     // The writer plan may leave this rank only part of what it registered.
-    ASSIGN_OR_RETURN(req.plan, PlanForSave(req.job, req.rank, req.world_size, req.plan), ctx);
+    ASSIGN_OR_RETURN(req.plan,
+                     PlanForSave(req.job, req.rank, req.world_size, req.session_id, req.plan), ctx);
   }
 
   auto capture = std::make_shared<CaptureJob>();
@@ -440,7 +449,7 @@ void NodeState::Latest(const std::string& job,
                        std::function<void(Result<std::optional<uint64_t>>)> done) {
   if (link_ != nullptr) {
     // The coordinator's answer; if it cannot be reached, the storage root's (same truth).
-    link_->Latest(job, [this, alive = alive_, job,
+    link_->Latest(job, std::nullopt, [this, alive = alive_, job,
                         done = std::move(done)](Result<std::optional<uint64_t>> r) mutable {
       if (!*alive) return;
       if (r.ok()) {
@@ -463,6 +472,31 @@ void NodeState::Latest(const std::string& job,
     boost::asio::post(io_, [alive, done = std::move(done), latest = std::move(latest)]() mutable {
       if (*alive) done(std::move(latest));
     });
+  });
+}
+
+void NodeState::RestorePoint(const std::string& job, uint32_t rank, uint32_t world_size,
+                             std::function<void(Result<std::optional<uint64_t>>)> done) {
+  if (link_ != nullptr) {
+    link_->Latest(job, CoordinatorPort::RestoreQuery{rank, world_size},
+                  [alive = alive_, done = std::move(done)](Result<std::optional<uint64_t>> r) {
+                    if (*alive) done(std::move(r));
+                  });
+    return;
+  }
+  using Clock = RestorePoints::Clock;
+  if (auto pinned = restore_points_.Find(job, rank, world_size, Clock::now())) {
+    done(*pinned);
+    return;
+  }
+  Latest(job, [this, alive = alive_, job, rank, world_size,
+               done = std::move(done)](Result<std::optional<uint64_t>> latest) {
+    if (!*alive) return;
+    if (!latest.ok()) {
+      done(latest.status());
+      return;
+    }
+    done(restore_points_.Pin(job, rank, world_size, *latest, Clock::now()));
   });
 }
 
@@ -523,6 +557,20 @@ void NodeState::OnSessionClosed(uint64_t session_id, const std::string& job, uin
                                 int32_t pid) {
   auto j = jobs_.find(job);
   if (j == jobs_.end()) return;
+  if (auto reg = j->second.registered.find(rank);
+      link_ != nullptr && reg != j->second.registered.end() &&
+      reg->second.session_id == session_id) {
+    // The trainer is gone and with it this layout: no rank may skip a replica on its account.
+    ckptd::v1::ReportRegistrationRequest req;
+    req.set_job(job);
+    req.set_rank(rank);
+    req.set_world_size(reg->second.world_size);
+    req.set_registration_id(reg->second.id);
+    req.set_withdrawn(true);
+    link_->ReportRegistration(std::move(req));
+    j->second.registered.erase(reg);
+    j->second.subsets.erase(rank);
+  }
   for (auto& [n, s] : j->second.steps) {
     if (Terminal(s.state)) continue;
     auto it = s.ranks.find(rank);
@@ -591,6 +639,14 @@ Result<ckptd::v1::NodeManifest> BuildNodeManifest(const std::string& job_name, u
       shard->set_chunk_size(plan.layout.checksum_chunk);
       for (uint64_t c : job.checksums[i]) shard->add_chunk_xxh3(c);
       shard->set_writer_rank(rank);
+    }
+    for (const RegisteredTensor& t : plan.skipped) {
+      auto* k = m.add_skipped();
+      k->set_name(t.name);
+      k->set_dtype(std::string(t.dtype.name));
+      for (uint64_t d : t.geometry.global_shape()) k->add_global_shape(d);
+      *k->mutable_geometry() = GeometryToProto(t.geometry);
+      k->set_rank(rank);
     }
     auto* r = m.add_ranks();
     r->set_rank(rank);
@@ -817,13 +873,14 @@ void NodeState::ReportNodeManifest(Step& s) {
   });
 }
 
-void NodeState::ReportRegistration(const std::string& job, uint32_t rank, uint32_t world_size,
-                                   const CapturePlan& plan) {
+void NodeState::ReportRegistration(const std::string& job, uint32_t rank,
+                                   const Registration& reg) {
   ckptd::v1::ReportRegistrationRequest req;
   req.set_job(job);
   req.set_rank(rank);
-  req.set_world_size(world_size);
-  for (const RegisteredTensor& t : plan.tensors) {
+  req.set_world_size(reg.world_size);
+  req.set_registration_id(reg.id);
+  for (const RegisteredTensor& t : reg.plan->tensors) {
     auto* k = req.add_shards();
     k->set_name(t.name);
     k->set_dtype(std::string(t.dtype.name));
@@ -835,16 +892,22 @@ void NodeState::ReportRegistration(const std::string& job, uint32_t rank, uint32
 }
 
 Result<std::shared_ptr<const CapturePlan>> NodeState::PlanForSave(
-    const std::string& job_name, uint32_t rank, uint32_t world_size,
+    const std::string& job_name, uint32_t rank, uint32_t world_size, uint64_t session_id,
     std::shared_ptr<const CapturePlan> plan) {
   Job& j = jobs_[job_name];
-  auto& registered = j.registered[rank];
-  if (registered.second != plan || registered.first != world_size) {
-    registered = {world_size, plan};
-    ReportRegistration(job_name, rank, world_size, *plan);
+  Registration& registered = j.registered[rank];
+  if (registered.plan != plan || registered.world_size != world_size ||
+      registered.session_id != session_id) {
+    registered = Registration{world_size, plan, next_registration_id_++, session_id};
+    ReportRegistration(job_name, rank, registered);
   }
   auto skips = j.skips.find(rank);
-  if (skips == j.skips.end() || skips->second.empty()) return plan;
+  // Skips computed from another registration (this rank's trainer registered anew since) do
+  // not apply: the rank writes everything until the plan for this registration arrives.
+  if (skips == j.skips.end() || skips->second.names.empty() ||
+      skips->second.registration_id != registered.id) {
+    return plan;
+  }
   WriterSubset& cached = j.subsets[rank];
   if (cached.subset && cached.registered == plan && cached.plan_version == j.plan_version) {
     return cached.subset;
@@ -852,7 +915,10 @@ Result<std::shared_ptr<const CapturePlan>> NodeState::PlanForSave(
   auto subset = std::make_shared<CapturePlan>();
   std::vector<uint64_t> sizes;
   for (const RegisteredTensor& t : plan->tensors) {
-    if (skips->second.count(t.name) != 0) continue;
+    if (skips->second.names.count(t.name) != 0) {
+      subset->skipped.push_back(t);
+      continue;
+    }
     subset->tensors.push_back(t);
     sizes.push_back(t.bytes());
     subset->total_bytes += t.bytes();
@@ -869,7 +935,7 @@ Result<std::shared_ptr<const CapturePlan>> NodeState::PlanForSave(
 void NodeState::OnCoordinatorConnected() {
   for (auto& [name, j] : jobs_) {
     for (const auto& [rank, reg] : j.registered) {
-      if (reg.second) ReportRegistration(name, rank, reg.first, *reg.second);
+      if (reg.plan) ReportRegistration(name, rank, reg);
     }
     for (auto& [n, s] : j.steps) {
       if (Terminal(s.state)) {
@@ -911,7 +977,11 @@ void NodeState::OnCoordinatorEvent(const ckptd::v1::CoordinatorEvent& event) {
     ++j.plan_version;  // local counter: a restarted coordinator numbers its plans anew
     j.skips.clear();
     j.subsets.clear();
-    for (const auto& r : p.ranks()) j.skips[r.rank()].insert(r.skip().begin(), r.skip().end());
+    for (const auto& r : p.ranks()) {
+      PlannedSkips& k = j.skips[r.rank()];
+      k.registration_id = r.registration_id();
+      k.names.insert(r.skip().begin(), r.skip().end());
+    }
     spdlog::info("job '{}': writer plan v{} from the coordinator ({} ranks here)", p.job(),
                  p.version(), p.ranks_size());
     return;

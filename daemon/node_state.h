@@ -54,7 +54,8 @@
 #include "daemon/capture_engine.h"
 #include "daemon/capture_plan.h"
 #include "daemon/coordinator/commit_engine.h"
-#include "daemon/coordinator/coordinator_link.h"
+#include "daemon/coordinator/coordinator_port.h"
+#include "daemon/coordinator/restore_points.h"
 #include "daemon/daemon_observer.h"
 #include "daemon/host_pool.h"
 #include "daemon/hot_cache.h"
@@ -69,7 +70,7 @@ class EventSink {
   virtual void OnEvent(const ckptd::v1::Event& event) = 0;
 };
 
-class NodeState : public CoordinatorLink::Handler {
+class NodeState : public CoordinatorPort::Handler {
  public:
   struct Config {
     std::string node_id;
@@ -88,7 +89,7 @@ class NodeState : public CoordinatorLink::Handler {
   ~NodeState() override;
 
   // Hands the step-wide rules to a global coordinator (before any save; the link outlives this).
-  void AttachCoordinator(CoordinatorLink* link) { link_ = link; }
+  void AttachCoordinator(CoordinatorPort* link) { link_ = link; }
   void OnCoordinatorConnected() override;
   void OnCoordinatorEvent(const ckptd::v1::CoordinatorEvent& event) override;
 
@@ -119,6 +120,11 @@ class NodeState : public CoordinatorLink::Handler {
   void WaitState(const std::string& job, uint64_t step, ckptd::v1::StepState state, Done done);
   // Newest committed step of a job (looked up on the storage thread).
   void Latest(const std::string& job, std::function<void(Result<std::optional<uint64_t>>)> done);
+  // The step `rank` of `world_size` restores from: Latest, resolved once per restart of the job
+  // (restore_points.h) — here, or by the coordinator, whose answer only counts (no fallback to
+  // the storage root: two ranks must never restore different steps).
+  void RestorePoint(const std::string& job, uint32_t rank, uint32_t world_size,
+                    std::function<void(Result<std::optional<uint64_t>>)> done);
 
   // The trainer of `rank` gave up on `step` (its fence timed out) and modifies the memory now:
   // the step is aborted unless it already ended or its commit is under way (possible only once
@@ -183,6 +189,16 @@ class NodeState : public CoordinatorLink::Handler {
     bool decided_globally = false;
     std::chrono::steady_clock::time_point accepted = std::chrono::steady_clock::now();
   };
+  struct Registration {
+    uint32_t world_size = 0;
+    std::shared_ptr<const CapturePlan> plan;
+    uint64_t id = 0;          // ReportRegistrationRequest.registration_id
+    uint64_t session_id = 0;  // of the trainer that registered it
+  };
+  struct PlannedSkips {
+    uint64_t registration_id = 0;  // the registration they were computed from
+    std::set<std::string> names;   // tensors the rank does not write
+  };
   struct WriterSubset {
     std::shared_ptr<const CapturePlan> registered;
     uint64_t plan_version = 0;
@@ -198,17 +214,17 @@ class NodeState : public CoordinatorLink::Handler {
     // Steps not (yet) saved here whose save by these ranks was lost (OnSaveLost): a later save
     // of them by another rank is refused. The newest finished_steps_kept.
     std::map<uint64_t, std::set<uint32_t>> lost_saves;
-    // Coordinator mode.
-    std::map<uint32_t, std::pair<uint32_t, std::shared_ptr<const CapturePlan>>> registered;
+    // Coordinator mode: what each rank registered (reported at its first save after a change,
+    // withdrawn when its session ends) and the writer plan's skips for it.
+    std::map<uint32_t, Registration> registered;
     uint64_t plan_version = 0;
-    std::map<uint32_t, std::set<std::string>> skips;  // rank → tensors it does not write
+    std::map<uint32_t, PlannedSkips> skips;
     std::map<uint32_t, WriterSubset> subsets;
   };
   Result<std::shared_ptr<const CapturePlan>> PlanForSave(const std::string& job, uint32_t rank,
-                                                         uint32_t world_size,
+                                                         uint32_t world_size, uint64_t session_id,
                                                          std::shared_ptr<const CapturePlan> plan);
-  void ReportRegistration(const std::string& job, uint32_t rank, uint32_t world_size,
-                          const CapturePlan& plan);
+  void ReportRegistration(const std::string& job, uint32_t rank, const Registration& reg);
   void Report(const Step& s, ckptd::v1::StepState state, std::vector<uint32_t> ranks,
               std::string reason = {});
   void ReportNodeManifest(Step& s);
@@ -244,7 +260,9 @@ class NodeState : public CoordinatorLink::Handler {
   std::map<std::string, Job> jobs_;
   bool draining_ = false;
   std::function<void()> on_idle_;
-  CoordinatorLink* link_ = nullptr;  // null: embedded coordinator
+  CoordinatorPort* link_ = nullptr;  // null: embedded coordinator
+  uint64_t next_registration_id_;    // random start per daemon process
+  RestorePoints restore_points_;     // embedded coordinator
   DaemonObserver* observer_ = nullptr;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // guards late posts
 };

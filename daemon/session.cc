@@ -108,19 +108,23 @@ void Session::Handle(const ckptd::v1::ClientMessage& m, std::vector<UniqueFd> fd
       HandleWait(id, m.wait().step(), m.wait().state());
       return;
     case ckptd::v1::ClientMessage::kLatest: {
-      services_->node->Latest(
-          job_, [self = shared_from_this(), id](Result<std::optional<uint64_t>> latest) {
-            if (self->closed_) return;
-            if (!latest.ok()) {
-              self->SendError(id, latest.status());
-              return;
-            }
-            ckptd::v1::DaemonMessage reply;
-            reply.set_request_id(id);
-            reply.mutable_latest()->set_has_step(latest->has_value());
-            if (latest->has_value()) reply.mutable_latest()->set_step(**latest);
-            self->Send(reply);
-          });
+      auto reply = [self = shared_from_this(), id](Result<std::optional<uint64_t>> latest) {
+        if (self->closed_) return;
+        if (!latest.ok()) {
+          self->SendError(id, latest.status());
+          return;
+        }
+        ckptd::v1::DaemonMessage reply;
+        reply.set_request_id(id);
+        reply.mutable_latest()->set_has_step(latest->has_value());
+        if (latest->has_value()) reply.mutable_latest()->set_step(**latest);
+        self->Send(reply);
+      };
+      if (m.latest().restore_point()) {
+        services_->node->RestorePoint(job_, rank_, world_size_, std::move(reply));
+      } else {
+        services_->node->Latest(job_, std::move(reply));
+      }
       return;
     }
     case ckptd::v1::ClientMessage::kLoad:
@@ -389,9 +393,13 @@ void Session::HandleLoad(uint64_t id, const ckptd::v1::Load& load) {
   req.strict = load.strict();
   req.rank = rank_;
   req.plan = plan_;
-  auto start = [self = shared_from_this(), id, plan = plan_,
+  // A load of "the latest" of the session's own job restores the job's restore point: the same
+  // step on every rank of a restart (restore_points.h). Set before `start` runs.
+  auto restore_point = std::make_shared<std::optional<uint64_t>>();
+  auto start = [self = shared_from_this(), id, plan = plan_, restore_point,
                 req = std::move(req)](Status captured) mutable {
     if (self->closed_) return;
+    if (*restore_point) req.step = **restore_point;
     if (!captured.ok()) {
       // The previous save failed; its capture no longer reads the memory, so loading is safe.
       spdlog::debug("session {}: load after a failed save: {}", self->id_, captured.ToString());
@@ -435,11 +443,34 @@ void Session::HandleLoad(uint64_t id, const ckptd::v1::Load& load) {
     });
   };
   // A load writes into the registered memory: never while this rank's last save still reads it.
-  if (last_saved_step_) {
-    services_->node->WaitCaptured(job_, *last_saved_step_, rank_, std::move(start));
-  } else {
-    start(Status::Ok());
+  auto after_capture = [self = shared_from_this(), start = std::move(start)]() mutable {
+    if (self->last_saved_step_) {
+      self->services_->node->WaitCaptured(self->job_, *self->last_saved_step_, self->rank_,
+                                          std::move(start));
+    } else {
+      start(Status::Ok());
+    }
+  };
+  if (load.has_step() || source != job_) {
+    after_capture();
+    return;
   }
+  services_->node->RestorePoint(
+      job_, rank_, world_size_,
+      [self = shared_from_this(), id, restore_point,
+       after_capture = std::move(after_capture)](Result<std::optional<uint64_t>> point) mutable {
+        if (self->closed_) return;
+        if (!point.ok()) {
+          self->SendError(id, point.status().WithContext("load: the job's restore point"));
+          return;
+        }
+        if (!point->has_value()) {
+          self->SendError(id, NotFound("job '" + self->job_ + "' has no committed checkpoint"));
+          return;
+        }
+        *restore_point = **point;
+        after_capture();
+      });
 }
 
 void Session::OnEvent(const ckptd::v1::Event& event) {

@@ -113,6 +113,23 @@ void PrintStatusText(const ckptd::v1::GetStatusResponse& s) {
                   << jobs << "\n";
       }
     }
+    if (s.writer_plans_size() > 0) {
+      std::cout << "\nwriter plans (replicas written once):\n";
+      std::cout << "  " << std::left << std::setw(24) << "JOB" << std::setw(14) << "REGISTERED"
+                << std::setw(34) << "PLAN" << "WRITES\n";
+      for (const auto& p : s.writer_plans()) {
+        const std::string plan =
+            p.in_force() ? "v" + std::to_string(p.version()) + " in force"
+                       : std::string("none: every rank writes all it holds");
+        std::cout << "  " << std::setw(24) << p.job() << std::setw(14)
+                  << (std::to_string(p.ranks_registered()) + "/" + std::to_string(p.world_size()))
+                  << std::setw(34) << plan
+                  << (p.in_force() ? FormatBytes(p.unique_bytes()) + " of " +
+                                         FormatBytes(p.registered_bytes())
+                                   : std::string("-"))
+                  << "\n";
+      }
+    }
   } else {
     std::cout << "\nclients: " << s.clients_size() << "\n";
   }

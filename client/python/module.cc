@@ -212,10 +212,10 @@ class PyClient {
     ThrowIfError(st);
   }
 
-  std::optional<uint64_t> Latest() {
+  std::optional<uint64_t> Latest(bool restore_point) {
     auto latest = [&] {
       py::gil_scoped_release release;
-      return client_->Latest();
+      return restore_point ? client_->RestorePoint() : client_->Latest();
     }();
     ThrowIfError(latest.status());
     return *latest;
@@ -305,7 +305,7 @@ PYBIND11_MODULE(_ckptd, m) {
            "registered; an event is recorded on it before the request is sent.")
       .def("wait_snapshot", &PyClient::WaitSnapshot, py::arg("timeout"))
       .def("wait", &PyClient::Wait, py::arg("step"), py::arg("state"), py::arg("timeout"))
-      .def("latest", &PyClient::Latest)
+      .def("latest", &PyClient::Latest, py::arg("restore_point") = false)
       .def("load", &PyClient::Load, py::arg("step"), py::arg("strict"), py::arg("cuda_stream") = 0,
            py::arg("job") = std::string(),
            "Returns (step, extra, bytes_from_memory, bytes_from_storage, missing). job: "

@@ -314,7 +314,7 @@ class Client::Impl {
   Status Save(uint64_t step, std::string_view extra, OnFull on_full, CudaStream stream);
   Status WaitSnapshot(std::optional<milliseconds> timeout);
   Status Wait(uint64_t step, WaitState state, std::optional<milliseconds> timeout);
-  Result<std::optional<uint64_t>> Latest();
+  Result<std::optional<uint64_t>> Latest(bool restore_point);
   Result<LoadResult> Load(const LoadOptions& options);
   Status Abandon(std::optional<uint64_t> step, std::string_view reason);
   void Close();
@@ -1299,11 +1299,11 @@ Status Client::Impl::Wait(uint64_t step, WaitState state, std::optional<millisec
   return Status::Ok();
 }
 
-Result<std::optional<uint64_t>> Client::Impl::Latest() {
+Result<std::optional<uint64_t>> Client::Impl::Latest(bool restore_point) {
   const auto deadline = PromptDeadline();
-  const std::string what = "latest of job " + options_.job;
+  const std::string what = (restore_point ? "restore point of job " : "latest of job ") + options_.job;
   OutgoingFrame frame;
-  frame.message.mutable_latest();
+  frame.message.mutable_latest()->set_restore_point(restore_point);
   std::vector<OutgoingFrame> frames;
   frames.push_back(std::move(frame));
   auto reply = CallAttached(std::move(frames), pb::DaemonMessage::kLatest, Limits{deadline, false},
@@ -1405,7 +1405,8 @@ Status Client::WaitSnapshot(std::optional<milliseconds> timeout) {
 Status Client::Wait(uint64_t step, WaitState state, std::optional<milliseconds> timeout) {
   return impl_->Wait(step, state, timeout);
 }
-Result<std::optional<uint64_t>> Client::Latest() { return impl_->Latest(); }
+Result<std::optional<uint64_t>> Client::Latest() { return impl_->Latest(false); }
+Result<std::optional<uint64_t>> Client::RestorePoint() { return impl_->Latest(true); }
 Result<LoadResult> Client::Load(std::optional<uint64_t> step, bool strict) {
   return impl_->Load(LoadOptions{step, strict, {}, nullptr});
 }

@@ -102,6 +102,16 @@ ckptd::v1::GetStatusResponse CoordinatorAdminProvider::CollectStatus() {
     }
     for (const auto& j : n.jobs) ns->add_jobs(j);
   }
+  for (const auto& p : snap.plans) {
+    auto* ps = out.add_writer_plans();
+    ps->set_job(p.job);
+    ps->set_world_size(p.world_size);
+    ps->set_ranks_registered(p.ranks_registered);
+    ps->set_version(p.version);
+    ps->set_in_force(p.in_force);
+    ps->set_unique_bytes(p.unique_bytes);
+    ps->set_registered_bytes(p.registered_bytes);
+  }
   {
     std::lock_guard lock(mu_);
     for (const auto& f : failures_) *out.add_recent_failures() = f;

@@ -44,7 +44,8 @@ std::string ShardKeyOf(std::string_view name, std::string_view dtype,
 CoordinatorCore::CoordinatorCore(Config config, FileSystem* fs)
     : config_(std::move(config)),
       fs_(fs),
-      commit_({config_.storage_root, config_.keep, config_.writer, config_.on_commit_point}, fs) {}
+      commit_({config_.storage_root, config_.keep, config_.writer, config_.on_commit_point}, fs),
+      restore_points_(config_.step_timeout) {}
 
 CoordinatorCore::~CoordinatorCore() { Stop(); }
 
@@ -197,6 +198,13 @@ void CoordinatorCore::LoseNode(const std::string& node_id, const std::string& wh
   spdlog::warn("node '{}' lost: {}", node_id, why);
   for (auto& [name, j] : jobs_) {
     if (j.nodes.count(node_id) == 0) continue;
+    // Its trainers' registrations went with it: nobody skips a replica it was to write.
+    std::vector<uint32_t> gone;
+    for (const auto& [rank, reg] : j.registrations) {
+      if (reg.node_id == node_id) gone.push_back(rank);
+    }
+    for (uint32_t rank : gone) WithdrawRank(j, rank);
+    MaybePlan(name, j);
     for (auto& [n, s] : j.steps) {
       if (Terminal(s.state) || s.committing || s.persisted.size() == s.world_size) continue;
       Decide(name, n, s, ckptd::v1::STEP_STATE_ABORTED,
@@ -316,6 +324,7 @@ Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
       d->set_reason(why);
       return resp;
     }
+    restore_points_.OnNewStep(req.job());  // training resumed: the restore is over
     StepRecord fresh;
     fresh.world_size = req.world_size();
     fresh.first_report = Clock::now();
@@ -404,9 +413,24 @@ Status CoordinatorCore::ReportRegistration(const ckptd::v1::ReportRegistrationRe
     return InvalidArgument(ctx + ": rank is not below world size " +
                            std::to_string(req.world_size()));
   }
+  if (req.withdrawn()) {
+    std::lock_guard lock(mu_);
+    auto j = jobs_.find(req.job());
+    if (j == jobs_.end()) return Status::Ok();
+    auto have = j->second.registrations.find(req.rank());
+    // Only the registration it names: the rank may have registered anew elsewhere meanwhile.
+    if (have == j->second.registrations.end() || have->second.node_id != req.node_id() ||
+        (req.registration_id() != 0 && have->second.registration_id != req.registration_id())) {
+      return Status::Ok();
+    }
+    WithdrawRank(j->second, req.rank());
+    MaybePlan(req.job(), j->second);
+    return Status::Ok();
+  }
   RankRegistration reg;
   reg.rank = req.rank();
   reg.node_id = req.node_id();
+  reg.registration_id = req.registration_id();
   reg.shards.reserve(req.shards_size());
   std::string fingerprint = req.node_id() + "\n";
   for (const auto& s : req.shards()) {
@@ -433,9 +457,21 @@ Status CoordinatorCore::ReportRegistration(const ckptd::v1::ReportRegistrationRe
     have = std::move(fingerprint);
     j.registrations[req.rank()] = std::move(reg);
     j.plan_dirty = true;
+  } else if (auto& kept = j.registrations[req.rank()];
+             kept.registration_id != reg.registration_id) {
+    // The same shards registered anew (a trainer that reconnected): the plan stands, and the
+    // node needs it under the new id before the rank skips anything.
+    kept.registration_id = reg.registration_id;
+    if (!j.plan_dirty && j.plan && !j.plan_revoked) SendPlan(req.job(), j, req.node_id());
   }
   MaybePlan(req.job(), j);
   return Status::Ok();
+}
+
+void CoordinatorCore::WithdrawRank(JobRecord& j, uint32_t rank) {
+  j.registrations.erase(rank);
+  j.registration_keys.erase(rank);
+  j.plan_dirty = true;
 }
 
 void CoordinatorCore::MaybePlan(const std::string& job, JobRecord& j) {
@@ -454,7 +490,7 @@ void CoordinatorCore::MaybePlan(const std::string& job, JobRecord& j) {
   ranks.reserve(j.registrations.size());
   for (const auto& [r, reg] : j.registrations) ranks.push_back(&reg);
   const auto start = Clock::now();
-  j.plan = std::make_shared<const WriterAssignment>(PlanWriters(ranks));
+  j.plan = std::make_shared<const WriterAssignment>(PlanWriters(ranks, j.plan.get()));
   j.plan_dirty = false;
   ++j.plan_version;
   spdlog::info(
@@ -476,40 +512,13 @@ void CoordinatorCore::SendPlan(const std::string& job, JobRecord& j, const std::
     if (reg.node_id != node) continue;
     auto* rs = p->add_ranks();
     rs->set_rank(rank);
+    rs->set_registration_id(reg.registration_id);
     auto skips = j.plan->skips.find(rank);
     if (skips != j.plan->skips.end()) {
       for (const auto& name : skips->second) rs->add_skip(name);
     }
   }
   n->second.sink->Send(e);
-}
-
-Status CoordinatorCore::CheckCoverage(const std::string& job, const ckptd::v1::Manifest& m) {
-  // The distinct shards of the current plan (shared, immutable: no copy under the lock).
-  std::shared_ptr<const WriterAssignment> plan;
-  {
-    std::lock_guard lock(mu_);
-    auto j = jobs_.find(job);
-    if (j == jobs_.end() || j->second.world_size != m.world_size() || !j->second.plan) {
-      return Status::Ok();  // no plan was in force: every rank wrote everything
-    }
-    plan = j->second.plan;
-  }
-  const auto& wanted = plan->distinct;
-  std::unordered_set<std::string> have;
-  for (const auto& t : m.tensors()) {
-    for (const auto& s : t.shards()) {
-      have.insert(ShardKeyOf(t.name(), t.dtype(), t.global_shape(), s.geometry()));
-    }
-  }
-  for (const auto& [key, name] : wanted) {
-    if (have.count(key) == 0) {
-      return FailedPrecondition("tensor '" + EscapeForLog(name) +
-                                "': a registered shard was written by no rank (the writer plan "
-                                "changed while the step was in flight)");
-    }
-  }
-  return Status::Ok();
 }
 
 void CoordinatorCore::TryCommit(const std::string& job) {
@@ -527,9 +536,7 @@ void CoordinatorCore::TryCommit(const std::string& job) {
     ++commits_in_flight_;
     commit_thread_.Post([this, job, step = n, nodes = std::move(nodes)] {
       const std::string step_dir = StepDir(config_.storage_root, job, step);
-      Status st =
-          commit_.Commit(nodes, [&](const ckptd::v1::Manifest& m) { return CheckCoverage(job, m); })
-              .status();
+      Status st = commit_.Commit(nodes).status();
       if (!st.ok()) {
         // A failure after the MANIFEST rename still leaves a committed step: report the truth.
         auto exists = fs_->Exists(JoinPath(step_dir, std::string(kManifestFileName)));
@@ -622,6 +629,20 @@ CoordinatorCore::Snapshot CoordinatorCore::TakeSnapshot() {
                                    s.persisted, s.first_report});
     }
   }
+  for (const auto& [name, j] : jobs_) {
+    if (j.world_size == 0) continue;
+    PlanView v;
+    v.job = name;
+    v.world_size = j.world_size;
+    v.ranks_registered = static_cast<uint32_t>(j.registrations.size());
+    v.version = j.plan_version;
+    v.in_force = j.plan && !j.plan_revoked && !j.plan_dirty;
+    if (j.plan) {
+      v.unique_bytes = j.plan->unique_bytes;
+      v.registered_bytes = j.plan->registered_bytes;
+    }
+    out.plans.push_back(std::move(v));
+  }
   for (const auto& [id, node] : nodes_) {
     NodeView v;
     v.node_id = id;
@@ -638,6 +659,24 @@ CoordinatorCore::Snapshot CoordinatorCore::TakeSnapshot() {
 Result<std::optional<uint64_t>> CoordinatorCore::Latest(const std::string& job) {
   RETURN_IF_ERROR(ValidateJobName(job));
   return commit_.Latest(job);
+}
+
+Result<std::optional<uint64_t>> CoordinatorCore::RestorePoint(const std::string& job,
+                                                              uint32_t rank,
+                                                              uint32_t world_size) {
+  RETURN_IF_ERROR(ValidateJobName(job));
+  if (world_size == 0 || rank >= world_size) {
+    return InvalidArgument("restore point of job '" + job + "': rank " + std::to_string(rank) +
+                           " is not below world size " + std::to_string(world_size));
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (auto pinned = restore_points_.Find(job, rank, world_size, Clock::now())) return *pinned;
+  }
+  // Resolved outside the lock (a storage read); a concurrent first answer wins in Pin.
+  ASSIGN_OR_RETURN(auto latest, commit_.Latest(job));
+  std::lock_guard lock(mu_);
+  return restore_points_.Pin(job, rank, world_size, latest, Clock::now());
 }
 
 Result<std::vector<uint64_t>> CoordinatorCore::List(const std::string& job) {

@@ -24,9 +24,14 @@
 //     and the step directory is removed (each daemon also removes its own leftovers once its
 //     writers have let go of them). Training is never blocked: only events are sent.
 //   * registrations of all ranks of a job give the writer plan (writer_plan.h); it is recomputed
-//     only when a registration changes and pushed to each node of the job. Before a commit the
-//     merged manifest is checked to hold every registered shard, so a plan that changed under a
-//     step can fail that step but never commit a hole.
+//     only when a registration changes and pushed to each node of the job, each rank's skips
+//     tagged with the registration they were computed from (a rank registered anew since skips
+//     nothing). A rank's registration ends with its trainer (the node withdraws it) or its node;
+//     until every rank has registered again, the plan is revoked and every rank writes all it
+//     holds. So the first save after a restart — any layout — writes everything, and the next
+//     uses the new plan. Each node manifest lists what its ranks skipped, and the merge checks
+//     that some rank wrote it (manifest_io.h): a plan that changed under a step can fail that
+//     step, never commit a hole.
 //
 // Thread safety: every public method may be called from any thread; state is guarded by mu_.
 // Sinks are called with mu_ held and must only queue (never call back into the core).
@@ -48,6 +53,7 @@
 #include "ckptd/v1/coordinator.pb.h"
 #include "common/file_system.h"
 #include "daemon/coordinator/commit_engine.h"
+#include "daemon/coordinator/restore_points.h"
 #include "daemon/coordinator/writer_plan.h"
 #include "daemon/task_pool.h"
 
@@ -94,9 +100,19 @@ class CoordinatorCore {
     std::optional<std::chrono::steady_clock::time_point> lease_expires;  // while detached
     std::vector<std::string> jobs;
   };
+  struct PlanView {
+    std::string job;
+    uint32_t world_size = 0;
+    uint32_t ranks_registered = 0;
+    uint64_t version = 0;
+    bool in_force = false;
+    uint64_t unique_bytes = 0;
+    uint64_t registered_bytes = 0;
+  };
   struct Snapshot {
     std::vector<StepView> steps;  // not yet COMMITTED / ABORTED / FAILED, by job then step
     std::vector<NodeView> nodes;
+    std::vector<PlanView> plans;  // jobs that registered tensors
   };
   CoordinatorCore(Config config, FileSystem* fs);
   ~CoordinatorCore();
@@ -116,6 +132,10 @@ class CoordinatorCore {
   Status ReportRegistration(const ckptd::v1::ReportRegistrationRequest& req);
 
   Result<std::optional<uint64_t>> Latest(const std::string& job);
+  // The step `rank` of `world_size` restores from: Latest, resolved once per restart of the
+  // job (restore_points.h).
+  Result<std::optional<uint64_t>> RestorePoint(const std::string& job, uint32_t rank,
+                                               uint32_t world_size);
   Result<std::vector<uint64_t>> List(const std::string& job);
 
   Snapshot TakeSnapshot();
@@ -162,11 +182,11 @@ class CoordinatorCore {
   void Broadcast(const std::string& job, const ckptd::v1::CoordinatorEvent& e);  // REQUIRES(mu_)
   void SendPlan(const std::string& job, JobRecord& j, const std::string& only_node);
   void MaybePlan(const std::string& job, JobRecord& j);  // REQUIRES(mu_)
+  static void WithdrawRank(JobRecord& j, uint32_t rank);  // REQUIRES(mu_)
   void TryCommit(const std::string& job);                // REQUIRES(mu_)
   void OnCommitted(const std::string& job, uint64_t step, Status st);
   void LoseNode(const std::string& node_id, const std::string& why);  // REQUIRES(mu_)
   std::string MissingRanks(const StepRecord& s) const;                // REQUIRES(mu_)
-  Status CheckCoverage(const std::string& job, const ckptd::v1::Manifest& m);
   void Prune(JobRecord& j);
   void TimerLoop();
   Result<std::vector<std::string>> RecoverJob(const std::string& job);
@@ -179,6 +199,7 @@ class CoordinatorCore {
   std::condition_variable cv_;
   std::map<std::string, JobRecord> jobs_;    // guarded by mu_
   std::map<std::string, NodeRecord> nodes_;  // guarded by mu_
+  RestorePoints restore_points_;             // guarded by mu_
   int commits_in_flight_ = 0;                // guarded by mu_
   bool stopping_ = false;                    // guarded by mu_
   std::thread timer_;

@@ -192,13 +192,18 @@ void CoordinatorLink::ReportRegistration(ckptd::v1::ReportRegistrationRequest re
   });
 }
 
-void CoordinatorLink::Latest(const std::string& job,
-                             std::function<void(Result<std::optional<uint64_t>>)> done) {
-  Enqueue([this, job, done = std::move(done)]() mutable {
+void CoordinatorLink::Latest(const std::string& job, std::optional<RestoreQuery> restore_point,
+                             LatestDone done) {
+  Enqueue([this, job, restore_point, done = std::move(done)]() mutable {
     grpc::ClientContext ctx;
     Deadline(ctx);
     ckptd::v1::JobRequest req;
     req.set_job(job);
+    if (restore_point) {
+      req.set_restore_point(true);
+      req.set_rank(restore_point->rank);
+      req.set_world_size(restore_point->world_size);
+    }
     ckptd::v1::LatestResponse resp;
     grpc::Status st = stub_->Latest(&ctx, req, &resp);
     Result<std::optional<uint64_t>> out =

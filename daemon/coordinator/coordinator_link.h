@@ -1,4 +1,5 @@
-// CoordinatorLink: a daemon's connection to ckpt-coordinator (daemon --coordinator ADDR).
+// CoordinatorLink: a daemon's connection to ckpt-coordinator (daemon --coordinator ADDR); the
+// gRPC implementation of CoordinatorPort.
 //
 // Two threads, neither on the daemon's Asio loop:
 //   * the watch thread registers the node (node id, admin address, version, a random instance
@@ -31,11 +32,12 @@
 
 #include "ckptd/v1/coordinator.grpc.pb.h"
 #include "common/status.h"
+#include "daemon/coordinator/coordinator_port.h"
 #include "daemon/coordinator/transport_security.h"
 
 namespace ckpt {
 
-class CoordinatorLink {
+class CoordinatorLink final : public CoordinatorPort {
  public:
   struct Config {
     std::string address;
@@ -48,25 +50,19 @@ class CoordinatorLink {
     std::chrono::milliseconds backoff_min{100};
     std::chrono::milliseconds backoff_max{2000};
   };
-  // Implemented by the node state; called on the loop.
-  class Handler {
-   public:
-    virtual ~Handler() = default;
-    virtual void OnCoordinatorConnected() = 0;
-    virtual void OnCoordinatorEvent(const ckptd::v1::CoordinatorEvent& event) = 0;
-  };
-
   CoordinatorLink(boost::asio::io_context& io, Config config);
-  ~CoordinatorLink();
+  ~CoordinatorLink() override;
 
   // Checks the address and credentials (errors name the flag); starts both threads. The
   // handler must outlive Stop().
   Status Start(Handler* handler);
   void Stop();
 
-  void ReportRanks(ckptd::v1::ReportRanksRequest request);
-  void ReportRegistration(ckptd::v1::ReportRegistrationRequest request);
-  void Latest(const std::string& job, std::function<void(Result<std::optional<uint64_t>>)> done);
+  // CoordinatorPort
+  void ReportRanks(ckptd::v1::ReportRanksRequest request) override;
+  void ReportRegistration(ckptd::v1::ReportRegistrationRequest request) override;
+  void Latest(const std::string& job, std::optional<RestoreQuery> restore_point,
+              LatestDone done) override;
 
   const Config& config() const { return config_; }
 

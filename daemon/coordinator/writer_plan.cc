@@ -6,7 +6,8 @@
 
 namespace ckpt {
 
-WriterAssignment PlanWriters(const std::vector<const RankRegistration*>& rank_ptrs) {
+WriterAssignment PlanWriters(const std::vector<const RankRegistration*>& rank_ptrs,
+                             const WriterAssignment* previous) {
   std::vector<std::reference_wrapper<const RankRegistration>> ranks;
   ranks.reserve(rank_ptrs.size());
   for (const RankRegistration* r : rank_ptrs) ranks.emplace_back(*r);
@@ -35,33 +36,45 @@ WriterAssignment PlanWriters(const std::vector<const RankRegistration*>& rank_pt
   std::map<std::string, uint64_t>& node_load = out.node_bytes;
   std::vector<uint64_t> rank_load(ranks.size(), 0);
   for (const RankRegistration& r : ranks) node_load.try_emplace(r.node_id, 0);
-  std::vector<const Group*> replicated;
-  out.distinct.reserve(groups.size());
+  std::vector<std::pair<std::string_view, const Group*>> replicated;
+  out.writer.reserve(groups.size());
   for (const auto& [key, g] : groups) {
     out.unique_bytes += g.bytes;
-    out.distinct.emplace_back(
-        std::string(key),
-        ranks[g.holders[0].rank_index].get().shards[g.holders[0].shard_index].name);
     if (g.holders.size() == 1) {
       node_load[ranks[g.holders[0].rank_index].get().node_id] += g.bytes;
       rank_load[g.holders[0].rank_index] += g.bytes;
+      out.writer.emplace(std::string(key), ranks[g.holders[0].rank_index].get().rank);
     } else {
-      replicated.push_back(&g);
+      replicated.emplace_back(key, &g);
     }
   }
   // Largest first; equal sizes in a fixed order (first holder) so every run plans the same.
-  std::sort(replicated.begin(), replicated.end(), [&](const Group* a, const Group* b) {
+  std::sort(replicated.begin(), replicated.end(), [&](const auto& pa, const auto& pb) {
+    const Group* a = pa.second;
+    const Group* b = pb.second;
     if (a->bytes != b->bytes) return a->bytes > b->bytes;
     const Holder& ha = a->holders[0];
     const Holder& hb = b->holders[0];
     if (ha.rank_index != hb.rank_index) return ha.rank_index < hb.rank_index;
     return ha.shard_index < hb.shard_index;
   });
-  for (const Group* g : replicated) {
+  for (const auto& [key, g] : replicated) {
     const Holder* best = nullptr;
     uint64_t best_node = 0;
     const std::string* best_name = nullptr;
+    if (previous != nullptr) {  // stability: the previous writer keeps it if it still holds it
+      if (auto was = previous->writer.find(std::string(key)); was != previous->writer.end()) {
+        for (const Holder& h : g->holders) {
+          if (ranks[h.rank_index].get().rank != was->second) continue;
+          best = &h;
+          best_name = &ranks[h.rank_index].get().node_id;
+          break;
+        }
+      }
+    }
+    const bool kept = best != nullptr;
     for (const Holder& h : g->holders) {
+      if (kept) break;
       const std::string& node = ranks[h.rank_index].get().node_id;
       const uint64_t load = node_load[node];
       const bool better = best == nullptr || load < best_node ||
@@ -76,6 +89,7 @@ WriterAssignment PlanWriters(const std::vector<const RankRegistration*>& rank_pt
         best_name = &node;
       }
     }
+    out.writer.emplace(std::string(key), ranks[best->rank_index].get().rank);
     node_load[*best_name] += g->bytes;
     rank_load[best->rank_index] += g->bytes;
     for (const Holder& h : g->holders) {

@@ -9,12 +9,18 @@
 // Replicated shards are then placed largest first; each goes to the holder node with the fewest
 // bytes so far (ties: node name), and on that node to the holder rank with the fewest bytes
 // (ties: lowest rank). O(S log S) for S distinct shards; measured in bench/coordinator.
+//
+// Stability: given the previous plan, a replicated shard whose previous writer still holds it
+// keeps that writer. Plans reach nodes at different times, so two ranks can save one step under
+// two consecutive plans; a writer that stays put is what keeps that from leaving a replica
+// unwritten (each rank skipping it because the other plan names the other rank).
 // Pure function, no I/O, thread-compatible.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace ckpt {
@@ -29,6 +35,7 @@ struct RankRegistration {
   uint32_t rank = 0;
   std::string node_id;
   std::vector<PlannedShard> shards;
+  uint64_t registration_id = 0;  // the daemon's id of this registration (echoed in the plan)
 };
 
 struct WriterAssignment {
@@ -36,11 +43,13 @@ struct WriterAssignment {
   std::map<std::string, uint64_t> node_bytes;          // bytes each node writes
   uint64_t unique_bytes = 0;                           // bytes written in all
   uint64_t registered_bytes = 0;                       // bytes registered in all
-  // One (key, tensor name) per distinct shard: what a committed step must hold.
-  std::vector<std::pair<std::string, std::string>> distinct;
+  // Key of every distinct shard → the rank that writes it (what the next plan keeps).
+  std::unordered_map<std::string, uint32_t> writer;
 };
 
-// `ranks` point into storage the caller keeps alive during the call.
-WriterAssignment PlanWriters(const std::vector<const RankRegistration*>& ranks);
+// `ranks` point into storage the caller keeps alive during the call; `previous` (may be null)
+// is the plan this one replaces.
+WriterAssignment PlanWriters(const std::vector<const RankRegistration*>& ranks,
+                             const WriterAssignment* previous = nullptr);
 
 }  // namespace ckpt

@@ -108,8 +108,9 @@ inline std::vector<std::unique_ptr<DaemonProcess>> StartNodes(
 class ModelRank {
  public:
   ModelRank(const std::string& socket, const std::string& job, uint32_t rank, uint32_t world,
-            uint32_t tp, uint32_t tensors)
-      : model_(tensors, tp, rank) {
+            uint32_t tp, uint32_t tensors,
+            testing::CoordinatorModel::Split split = testing::CoordinatorModel::Split::kRows)
+      : model_(tensors, tp, rank, split) {
     fd_ = ::memfd_create("model-rank", MFD_CLOEXEC);
     REQUIRE(fd_ >= 0);
     REQUIRE(::ftruncate(fd_, static_cast<off_t>(model_.total_bytes())) == 0);
@@ -142,6 +143,18 @@ class ModelRank {
   }
   Status WaitCommitted(uint64_t step) {
     return client_->Wait(step, WaitState::kCommitted, std::chrono::seconds(60));
+  }
+  struct Restored {
+    uint64_t step = 0;
+    uint64_t mismatches = 0;
+  };
+  // Loads the job's restore point (Load without a step) and checks it against the values of
+  // the step the daemon says it loaded.
+  Result<Restored> LoadRestorePointAndCheck() {
+    std::memset(base_, 0xEE, model_.total_bytes());
+    auto r = client_->Load(std::nullopt);
+    if (!r.ok()) return r.status();
+    return Restored{r->step, model_.CountMismatches(base_, r->step)};
   }
   // Loads `step` and returns the number of wrong elements.
   Result<uint64_t> LoadAndCheck(uint64_t step) {

@@ -1,6 +1,8 @@
-// The model the coordinator tests save and load (see coordinator_rank.cc): K row-split int32
-// matrices plus one replicated matrix, values a pure function of (step, tensor, element).
-// Shared by the rank program and the tests, which compute the bytes they expect on disk.
+// The model the coordinator tests save and load (see coordinator_rank.cc): K int32 matrices
+// split over `tp` ranks by rows, by columns or as flat ranges of the flattened matrix, plus one
+// matrix replicated whole on every rank; values a pure function of (step, tensor, element), so
+// any layout can check what any other layout saved. Shared by the rank program and the tests,
+// which compute the bytes they expect on disk.
 #pragma once
 
 #include <cstddef>
@@ -18,28 +20,54 @@ class CoordinatorModel {
   static constexpr uint64_t kCols = 1024;
   static constexpr uint64_t kEmbedRows = 64;
 
+  enum class Split { kRows, kCols, kFlat };
+
   struct Tensor {
     std::string name;
     uint64_t rows;        // global rows
-    uint64_t row0;        // first row this rank holds
-    uint64_t local_rows;  // rows this rank holds
+    uint64_t row0;        // box: first row this rank holds
+    uint64_t local_rows;  // box: rows this rank holds
+    uint64_t col0 = 0;    // box: first column this rank holds
+    uint64_t local_cols = kCols;
+    bool flat = false;    // a flat range [flat0, flat0 + local_rows * local_cols) instead
+    uint64_t flat0 = 0;
     uint64_t offset;      // in the rank's memory
     uint32_t id;
-    uint64_t bytes() const { return local_rows * kCols * 4; }
+    uint64_t numel() const { return local_rows * local_cols; }
+    uint64_t bytes() const { return numel() * 4; }
+    // Global row-major index of local element i.
+    uint64_t GlobalIndex(uint64_t i) const {
+      if (flat) return flat0 + i;
+      return (row0 + i / local_cols) * kCols + col0 + i % local_cols;
+    }
   };
 
-  // `tp` row slices; this rank holds slice rank % tp. Row counts are multiples of 16 so that
-  // tp ∈ {1, 2, 4, 8, 16} all divide them.
-  CoordinatorModel(uint32_t tensors, uint32_t tp, uint32_t rank) {
+  // `tp` slices; this rank holds slice rank % tp. Row counts are multiples of 16 so that
+  // tp ∈ {1, 2, 4, 8, 16} all divide them (and every shard stays a multiple of 4 KiB).
+  CoordinatorModel(uint32_t tensors, uint32_t tp, uint32_t rank, Split split = Split::kRows) {
     uint64_t offset = 0;
+    const uint64_t slice = rank % tp;
     for (uint32_t k = 0; k <= tensors; ++k) {
       Tensor t;
       t.id = k;
+      t.local_cols = kCols;
+      t.col0 = 0;
       if (k < tensors) {
         t.name = "layers." + std::to_string(k) + ".weight";
         t.rows = 16 * (k + 1);
-        t.local_rows = t.rows / tp;
-        t.row0 = (rank % tp) * t.local_rows;
+        t.local_rows = t.rows;
+        t.row0 = 0;
+        if (split == Split::kRows) {
+          t.local_rows = t.rows / tp;
+          t.row0 = slice * t.local_rows;
+        } else if (split == Split::kCols) {
+          t.local_cols = kCols / tp;
+          t.col0 = slice * t.local_cols;
+        } else {
+          t.flat = true;
+          t.local_rows = t.rows / tp;  // numel/tp elements, as whole rows' worth
+          t.flat0 = slice * t.local_rows * kCols;
+        }
       } else {
         t.name = "embed.weight";
         t.rows = kEmbedRows;
@@ -77,8 +105,14 @@ class CoordinatorModel {
       h.name = t.name;
       h.dtype = "int32";
       h.global_shape = {t.rows, kCols};
-      h.offsets = {t.row0, 0};
-      h.lengths = {t.local_rows, kCols};
+      if (t.flat) {
+        h.flat = true;
+        h.flat_offset = t.flat0;
+        h.numel = t.numel();
+      } else {
+        h.offsets = {t.row0, t.col0};
+        h.lengths = {t.local_rows, t.local_cols};
+      }
       h.fd = fd;
       h.fd_offset = t.offset;
       h.nbytes = t.bytes();
@@ -90,8 +124,7 @@ class CoordinatorModel {
   void Fill(std::byte* base, uint64_t step) const {
     for (const Tensor& t : tensors_) {
       auto* p = reinterpret_cast<uint32_t*>(base + t.offset);
-      const uint64_t first = t.row0 * kCols;
-      for (uint64_t i = 0; i < t.local_rows * kCols; ++i) p[i] = Value(step, t.id, first + i);
+      for (uint64_t i = 0; i < t.numel(); ++i) p[i] = Value(step, t.id, t.GlobalIndex(i));
     }
   }
 
@@ -99,10 +132,7 @@ class CoordinatorModel {
     uint64_t bad = 0;
     for (const Tensor& t : tensors_) {
       const auto* p = reinterpret_cast<const uint32_t*>(base + t.offset);
-      const uint64_t first = t.row0 * kCols;
-      for (uint64_t i = 0; i < t.local_rows * kCols; ++i) {
-        bad += p[i] != Value(step, t.id, first + i) ? 1 : 0;
-      }
+      for (uint64_t i = 0; i < t.numel(); ++i) bad += p[i] != Value(step, t.id, t.GlobalIndex(i)) ? 1 : 0;
     }
     return bad;
   }

@@ -115,6 +115,33 @@ class WorldSizeTest(unittest.TestCase):
                 with self.subTest(saved=saved, loaded=loaded):
                     self.roundtrip(d, "worlds-%d-%d" % (saved, loaded), saved, loaded)
 
+    def test_restore_point_is_one_answer_per_rank_of_a_restart(self):
+        # The daemon's side of the restart race is forced in restore_point_test.cpp; here the
+        # Python binding: both ranks get the pinned answer, a question repeated by a rank (the
+        # next restart) and a new step resolve anew.
+        with util.Daemon() as d:
+            t = torch.arange(8, dtype=torch.float32)
+            ranks = [d.client("restore", r, 2) for r in range(2)]
+            for c in ranks:
+                self.assertIsNone(c.restore_point())
+            for c in ranks:
+                c.save(1, {"t": t})
+            for c in ranks:
+                c.wait(1, "committed", timeout=60)
+            self.assertEqual(ranks[0].restore_point(), 1)
+            self.assertEqual(ranks[1].restore_point(), 1)
+            for c in ranks:
+                c.save(2, {"t": t})
+            for c in ranks:
+                c.wait(2, "committed", timeout=60)
+            self.assertEqual(ranks[1].restore_point(), 2)
+            out = torch.zeros(8)
+            ranks[0].load({"t": out})  # step=None: the restore point
+            self.assertEqual(ranks[0].last_load.step, 2)
+            self.assertTrue(torch.equal(out, t))
+            for c in ranks:
+                c.close()
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -216,9 +216,16 @@ class Client {
   // The newest committed step of this job, or nullopt when there is none.
   Result<std::optional<uint64_t>> Latest();
 
-  // Fills the registered tensors from `step` (nullopt: the newest committed one), whatever
-  // layout the checkpoint was written with. With strict, a registered tensor missing from the
-  // step is an error (kNotFound naming it); otherwise it is left untouched and listed in
+  // The step this job restores from after a restart, or nullopt when none is committed: the
+  // newest committed step, resolved once for the whole job — every rank of the same world size
+  // that asks gets the same answer, once, even when a step of the previous incarnation commits
+  // between two ranks' calls (that step is then restored by none; save steps after it, since a
+  // committed step number is never saved again). Load(nullopt) restores this step.
+  Result<std::optional<uint64_t>> RestorePoint();
+
+  // Fills the registered tensors from `step` (nullopt: the job's restore point, RestorePoint()),
+  // whatever layout the checkpoint was written with. With strict, a registered tensor missing
+  // from the step is an error (kNotFound naming it); otherwise it is left untouched and listed in
   // LoadResult::missing. The registered memory must not be used until this returns.
   Result<LoadResult> Load(std::optional<uint64_t> step = std::nullopt, bool strict = true);
   // As above; when CUDA tensors were filled, `stream` is made to wait on the daemon's "loaded"

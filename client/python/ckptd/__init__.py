@@ -451,11 +451,21 @@ class Client:
 
     def latest(self):
         """The newest committed step of this job, or None."""
-        return self._c.latest()
+        return self._c.latest(False)
+
+    def restore_point(self):
+        """The step this job restores from after a restart, or None when none is committed: the
+        newest committed step, resolved once for the whole job. Every rank (of the same world
+        size) that asks gets the same answer, once, even when a step of the previous incarnation
+        commits between two ranks' calls — that step is then restored by no rank (number the
+        next saves after it: a committed step is never saved again). ``load(step=None)`` and
+        ``ckptd.torch.Checkpointer.load()`` restore this step."""
+        return self._c.latest(True)
 
     def load(self, tensors, step=None, strict=True, job=None):
         """Fill ``tensors`` ({name: torch.Tensor | Shard | FlatShard}, CPU or CUDA, contiguous) in place
-        from ``step`` (None: the newest committed one), whatever sharding it was saved with.
+        from ``step`` (None: the job's restore point, :meth:`restore_point`), whatever sharding
+        it was saved with.
         Returns this rank's ``extra`` bytes (a rank the step never had, because the job grew,
         gets those of rank ``rank % saved_world_size``); details in ``self.last_load``.
         strict=False leaves tensors missing from the step untouched (listed in

@@ -421,10 +421,11 @@ class Checkpointer:
     # -- load ------------------------------------------------------------------------------
 
     def load(self, step=None, strict=True):
-        """Restore ``step`` (None: the newest committed one). Returns the step loaded, or None
+        """Restore ``step`` (None: the job's restore point, the newest committed step resolved once
+        for all ranks: :meth:`ckptd.Client.restore_point`). Returns the step loaded, or None
         when nothing is committed for this job (then nothing is touched)."""
         if step is None:
-            step = self.client.latest()
+            step = self.client.restore_point()
             if step is None:
                 return None
         # Phase 1: the model's tensors (their registration does not depend on the checkpoint);

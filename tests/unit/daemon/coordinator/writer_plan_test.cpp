@@ -66,7 +66,7 @@ TEST_CASE("PlanWriters writes each replicated shard exactly once", "[writer_plan
   for (uint32_t t = 0; t < 8; ++t) slice_sum += 2 * 4096ull * (t + 1);
   CHECK(plan.unique_bytes == slice_sum);
   CHECK(plan.registered_bytes == slice_sum * 6);
-  CHECK(plan.distinct.size() == 16);
+  CHECK(plan.writer.size() == 16);
 }
 
 TEST_CASE("PlanWriters balances bytes over the nodes that hold replicas", "[writer_plan]") {
@@ -102,6 +102,33 @@ TEST_CASE("PlanWriters is deterministic", "[writer_plan]") {
   const WriterAssignment b = PlanWriters(Ptrs(ranks));
   CHECK(a.skips == b.skips);
   CHECK(a.node_bytes == b.node_bytes);
+}
+
+TEST_CASE("PlanWriters keeps a replica's writer while it still holds the replica",
+          "[writer_plan]") {
+  // Rank 0 re-registers with an extra tensor (optimizer state created after the first step):
+  // balance alone would move replicas away from rank 0's node; stability keeps every writer of
+  // a replica that survived, so ranks that save one step under the two plans never both skip it.
+  auto ranks = TpDp(8, 1, 2, 6);
+  const WriterAssignment before = PlanWriters(Ptrs(ranks));
+  ranks[0].shards.push_back({"exp_avg", "exp_avg", 1 << 22});
+  const WriterAssignment after = PlanWriters(Ptrs(ranks), &before);
+  for (const auto& [key, rank] : before.writer) {
+    INFO(key);
+    REQUIRE(after.writer.count(key) == 1);
+    CHECK(after.writer.at(key) == rank);
+  }
+  CHECK(after.writer.at("exp_avg") == 0);
+
+  // A writer that no longer holds its replica hands it to a holder.
+  const uint32_t old_writer = before.writer.at("t5/slice0");
+  std::erase_if(ranks[old_writer].shards, [](const PlannedShard& s) { return s.name == "t5"; });
+  const WriterAssignment moved = PlanWriters(Ptrs(ranks), &after);
+  CHECK(moved.writer.at("t5/slice0") != old_writer);
+  const auto writes = Writes(ranks, moved);
+  int writers = 0;
+  for (const auto& [rank, names] : writes) writers += names.count("t5") != 0 ? 1 : 0;
+  CHECK(writers == 1);
 }
 
 }  // namespace

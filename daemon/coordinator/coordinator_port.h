@@ -1,0 +1,46 @@
+// CoordinatorPort: how a node's state (NodeState) speaks to the global coordinator, with no
+// transport in it — protobuf messages in, decisions and plans out through Handler.
+//
+// The implementation today is CoordinatorLink (gRPC to a remote ckpt-coordinator); the node
+// state neither knows nor includes it, so the daemon core compiles and links without gRPC.
+// Every call returns at once: reports are queued and delivered in order, answers and events
+// arrive on the daemon's loop.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "ckptd/v1/coordinator.pb.h"
+#include "common/status.h"
+
+namespace ckpt {
+
+class CoordinatorPort {
+ public:
+  // Implemented by the node state; called on the daemon's loop.
+  class Handler {
+   public:
+    virtual ~Handler() = default;
+    // (Re)connected: re-report everything still in flight (reports are idempotent).
+    virtual void OnCoordinatorConnected() = 0;
+    // A step decision or a writer plan.
+    virtual void OnCoordinatorEvent(const ckptd::v1::CoordinatorEvent& event) = 0;
+  };
+  // A question for the job's restore point (restore_points.h) instead of its newest step.
+  struct RestoreQuery {
+    uint32_t rank = 0;
+    uint32_t world_size = 0;
+  };
+  using LatestDone = std::function<void(Result<std::optional<uint64_t>>)>;
+
+  virtual ~CoordinatorPort() = default;
+  virtual void ReportRanks(ckptd::v1::ReportRanksRequest request) = 0;
+  virtual void ReportRegistration(ckptd::v1::ReportRegistrationRequest request) = 0;
+  // `done` runs on the loop.
+  virtual void Latest(const std::string& job, std::optional<RestoreQuery> restore_point,
+                      LatestDone done) = 0;
+};
+
+}  // namespace ckpt

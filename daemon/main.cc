@@ -27,6 +27,7 @@
 #include "daemon/capture_engine.h"
 #include "daemon/coordinator/commit_engine.h"
 #include "daemon/coordinator/coordinator_link.h"
+#include "daemon/coordinator/in_process_coordinator.h"
 #include "daemon/daemon_config.h"
 #include "daemon/device/cuda_devices.h"
 #include "daemon/flush_engine.h"
@@ -136,16 +137,28 @@ int RunDaemon(const DaemonConfig& config) {
   }
 
   CommitEngine commit({config.storage_root, config.keep, std::string("ckptd ") + kVersion}, fs);
+  boost::asio::io_context io;
+  // Single node: the coordinator runs in process. This daemon is then the only writer of the
+  // root, and its recovery scan commits what every rank persisted and removes every other
+  // leftover of a crash. (With a global coordinator the root is shared: other nodes' steps are
+  // in flight, and the coordinator's scan decides.)
+  std::unique_ptr<InProcessCoordinator> embedded;
   if (config.coordinator.empty()) {
-    // Single node, embedded coordinator: this daemon is the only writer of the root, so
-    // whatever has no MANIFEST is a leftover of a crash. (With a global coordinator the root is
-    // shared: other nodes' steps are in flight, and the coordinator's scan decides.)
-    auto removed = commit.RemoveUncommitted();
-    if (!removed.ok()) {
-      spdlog::error("recovery scan of {}: {}", config.storage_root, removed.status().ToString());
+    CoordinatorCore::Config core;
+    core.storage_root = config.storage_root;
+    core.keep = config.keep;
+    core.step_timeout = config.step_timeout;
+    core.writer = std::string("ckptd ") + kVersion;
+    core.refuse_recovered_steps = false;
+    embedded = std::make_unique<InProcessCoordinator>(io, config.node_id, std::move(core), fs,
+                                                      &commit);
+    auto recovered = embedded->Recover();
+    if (!recovered.ok()) {
+      spdlog::error("recovery scan of {}: {}", config.storage_root,
+                    recovered.status().ToString());
       return 1;
     }
-    for (const auto& path : *removed) spdlog::warn("recovery: removed uncommitted {}", path);
+    for (const auto& line : *recovered) spdlog::warn("recovery: {}", line);
   }
 
   // Mapped now, populated and pinned once the admin endpoint is up (it says NOT_SERVING
@@ -175,7 +188,6 @@ int RunDaemon(const DaemonConfig& config) {
   }
   // ---- end CUDA backend
 
-  boost::asio::io_context io;
   TaskPool storage(1, config.worker_nice);
   HotCache hot(pool->get());
   (*pool)->SetReclaimer([&hot] { return hot.ReclaimOne(); });
@@ -188,7 +200,6 @@ int RunDaemon(const DaemonConfig& config) {
   NodeState::Config node_config;
   node_config.node_id = config.node_id;
   node_config.storage_root = config.storage_root;
-  node_config.step_timeout = config.step_timeout;
   node_config.capture_throttle_bytes_per_second = config.capture_throttle;
   node_config.layout = LayoutOptions{config.checksum_chunk, config.slot_size};
   NodeState node(io, node_config, fs, pool->get(), &hot, &capture, &commit, &storage);
@@ -197,7 +208,11 @@ int RunDaemon(const DaemonConfig& config) {
     spdlog::error("{}", coordinator_link.status().ToString());
     return 2;
   }
-  if (*coordinator_link) node.AttachCoordinator(coordinator_link->get());
+  if (*coordinator_link) {
+    node.AttachCoordinator(coordinator_link->get());
+  } else {
+    node.AttachCoordinator(embedded.get());
+  }
 
   LoadService::Config load_config;
   load_config.storage_root = config.storage_root;
@@ -289,8 +304,9 @@ int RunDaemon(const DaemonConfig& config) {
   loads.Start();
   flush.Start();
   capture.Start();
-  if (*coordinator_link) {
-    if (Status st = (*coordinator_link)->Start(&node); !st.ok()) {
+  {
+    Status st = *coordinator_link ? (*coordinator_link)->Start(&node) : embedded->Start(&node);
+    if (!st.ok()) {
       spdlog::error("{}", st.ToString());
       admin_provider.Close();
       admin.Stop();
@@ -359,6 +375,7 @@ int RunDaemon(const DaemonConfig& config) {
   node.CancelAll("the daemon is stopping");
   capture.Stop();
   if (*coordinator_link) (*coordinator_link)->Stop();
+  if (embedded) embedded->Stop();
   flush.Stop();
   loads.Stop();
   storage.Stop();

@@ -45,8 +45,7 @@ NodeState::NodeState(boost::asio::io_context& io, Config config, FileSystem* fs,
       hot_(hot),
       capture_(capture),
       commit_(commit),
-      storage_(storage),
-      restore_points_(config_.step_timeout) {
+      storage_(storage) {
   // Registration ids must not repeat across daemon restarts (the coordinator may still hold
   // the previous process's): a random start, 2^63 apart from 0.
   std::random_device rd;
@@ -123,7 +122,6 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
                                " saves of this job are already waiting for older steps to "
                                "commit; call wait_snapshot before saving again");
     }
-    restore_points_.OnNewStep(req.job);  // training resumed: the restore is over
     Step fresh;
     fresh.job = req.job;
     fresh.step = req.step;
@@ -132,19 +130,11 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
     // it in wait_snapshot, like pool backpressure) until an older step ends.
     fresh.deferred = ActiveSteps(job) >= config_.max_steps_in_flight;
     it = job.steps.emplace(req.step, std::move(fresh)).first;
-    Step& s = it->second;
-    if (link_ == nullptr) {  // with a coordinator, its step timeout applies
-      s.timeout = std::make_unique<boost::asio::steady_timer>(io_, config_.step_timeout);
-      s.timeout->async_wait(
-          [this, alive = alive_, j = req.job, n = req.step](const boost::system::error_code& ec) {
-            if (!ec && *alive) OnTimeout(j, n);
-          });
-    }
   }
   Step& s = it->second;
   const std::string stalled = capture_->StorageStalled();
   if (Terminal(s.state) && (req.on_full == ckptd::v1::FULL_POLICY_SKIP || !stalled.empty()) &&
-      s.reason.find(" skipped: ") != std::string::npos) {
+      s.skipped) {
     // Another rank's skip already decided this step: this rank skips it too.
     return SaveOutcome{true, s.reason};
   }
@@ -158,11 +148,9 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
                            " differs from the step's " + std::to_string(s.world_size));
   }
   if (s.ranks.count(req.rank) != 0) return FailedPrecondition(ctx + ": this rank already saved it");
-  if (link_ != nullptr) {
-    // The writer plan may leave this rank only part of what it registered.
-    ASSIGN_OR_RETURN(req.plan,
-                     PlanForSave(req.job, req.rank, req.world_size, req.session_id, req.plan), ctx);
-  }
+  // The writer plan may leave this rank only part of what it registered.
+  ASSIGN_OR_RETURN(req.plan,
+                   PlanForSave(req.job, req.rank, req.world_size, req.session_id, req.plan), ctx);
 
   auto capture = std::make_shared<CaptureJob>();
   capture->job = req.job;
@@ -186,6 +174,7 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
                                 " slots, " + std::to_string(pool_->free_slots()) + " are free)"};
       spdlog::warn("{}: {}", ctx, out.reason);
       s.ranks[req.rank] = RankSave{req.session_id, req.pid, nullptr, {}, false, false, true};
+      s.skipped = true;
       FailLocally(s, ckptd::v1::STEP_STATE_FAILED,
                   "rank " + std::to_string(req.rank) + " " + out.reason);
       return out;
@@ -206,7 +195,7 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
   };
   s.ranks[req.rank] = RankSave{req.session_id, req.pid, capture, std::move(req.extra)};
   s.ranks[req.rank].sync_input = std::move(req.sync_input);
-  if (link_ != nullptr) Report(s, ckptd::v1::STEP_STATE_PENDING, {req.rank});
+  Report(s, ckptd::v1::STEP_STATE_PENDING, {req.rank});
   if (s.deferred) {
     s.deferred_captures.push_back(std::move(capture));
     return SaveOutcome{};
@@ -245,17 +234,8 @@ void NodeState::OnRankCaptured(const std::string& job, uint64_t step, uint32_t r
         job, step, rank, captured_rank.capture->plan->total_bytes,
         std::chrono::duration<double>(captured_rank.captured_at - captured_rank.accepted).count());
   }
-  if (link_ != nullptr) {  // the coordinator decides when the whole step is captured
-    if (!Terminal(s->state)) Report(*s, ckptd::v1::STEP_STATE_CAPTURED, {rank});
-    ResolveWaiters(*s);
-    return;
-  }
-  size_t captured = 0;
-  for (const auto& [r, rs] : s->ranks) captured += rs.captured ? 1 : 0;
-  if (!Terminal(s->state) && captured == s->world_size) {
-    SetState(*s, ckptd::v1::STEP_STATE_CAPTURED);
-    SetState(*s, ckptd::v1::STEP_STATE_PERSISTING);
-  }
+  // The coordinator decides when the whole step is captured.
+  if (!Terminal(s->state)) Report(*s, ckptd::v1::STEP_STATE_CAPTURED, {rank});
   ResolveWaiters(*s);
 }
 
@@ -284,16 +264,7 @@ void NodeState::OnRankPersisted(const std::string& job, uint64_t step, uint32_t 
     CheckDrained();
     return;
   }
-  if (link_ != nullptr) {
-    ReportNodeManifest(*s);
-    return;
-  }
-  size_t persisted = 0;
-  for (const auto& [r, x] : s->ranks) persisted += x.persisted ? 1 : 0;
-  if (persisted == s->world_size) {
-    SetState(*s, ckptd::v1::STEP_STATE_PERSISTED);
-    TryCommit(job);
-  }
+  ReportNodeManifest(*s);
 }
 
 void NodeState::OnSaveLost(const std::string& job, uint64_t step, uint32_t rank,
@@ -317,23 +288,10 @@ std::string NodeState::LostSaveReason(uint32_t rank, uint64_t step) {
          std::to_string(step) + " can never complete";
 }
 
-void NodeState::OnTimeout(const std::string& job, uint64_t step) {
-  Step* s = FindStep(job, step);
-  if (s == nullptr || Terminal(s->state) || s->ranks.size() == s->world_size) return;
-  std::string missing;
-  for (uint32_t r = 0; r < s->world_size; ++r) {
-    if (s->ranks.count(r) == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-  }
-  FailStep(*s, ckptd::v1::STEP_STATE_ABORTED,
-           "ranks [" + missing + "] did not save step " + std::to_string(step) + " within " +
-               std::to_string(config_.step_timeout.count()) + " ms");
-}
-
 void NodeState::SetState(Step& s, StepState state) {
   s.state = state;
   spdlog::info("job '{}' step {}: {}{}", s.job, s.step, StepStateName(state),
                s.reason.empty() ? "" : " (" + s.reason + ")");
-  if (Terminal(state) && s.timeout) s.timeout->cancel();
   if (observer_ != nullptr) observer_->OnStepState(s.job, s.step, state, s.reason);
   Publish(s);
   ResolveWaiters(s);
@@ -360,14 +318,13 @@ void NodeState::FailStep(Step& s, StepState state, const std::string& reason) {
   hot_->Drop(s.job, s.step);
   SetState(s, state);
   MaybeCleanup(s);
-  TryCommit(s.job);  // a later step may have been waiting behind this one
   CheckDrained();
 }
 
 void NodeState::MaybeCleanup(Step& s) {
   if (s.cleanup_posted || !Terminal(s.state) || s.state == ckptd::v1::STEP_STATE_COMMITTED) return;
-  // With a coordinator, only its decision makes the step's files garbage (see the essay).
-  if (link_ != nullptr && !s.decided_globally) return;
+  // Only the coordinator's decision makes the step's files garbage (see the essay).
+  if (!s.decided_globally) return;
   for (const auto& [r, rs] : s.ranks) {
     if (rs.capture && !rs.finished) return;  // its writer still holds files in the directory
   }
@@ -447,57 +404,40 @@ void NodeState::WaitState(const std::string& job, uint64_t step, StepState state
 
 void NodeState::Latest(const std::string& job,
                        std::function<void(Result<std::optional<uint64_t>>)> done) {
-  if (link_ != nullptr) {
-    // The coordinator's answer; if it cannot be reached, the storage root's (same truth).
-    link_->Latest(job, std::nullopt, [this, alive = alive_, job,
-                        done = std::move(done)](Result<std::optional<uint64_t>> r) mutable {
-      if (!*alive) return;
-      if (r.ok()) {
-        done(std::move(r));
-        return;
-      }
-      spdlog::warn("{}; reading LATEST from the storage root instead", r.status().message());
-      storage_->Post([this, alive, job, done = std::move(done)]() mutable {
-        auto latest = commit_->Latest(job);
-        boost::asio::post(io_,
-                          [alive, done = std::move(done), latest = std::move(latest)]() mutable {
-                            if (*alive) done(std::move(latest));
-                          });
-      });
-    });
-    return;
-  }
-  storage_->Post([this, alive = alive_, job, done = std::move(done)]() mutable {
-    auto latest = commit_->Latest(job);
-    boost::asio::post(io_, [alive, done = std::move(done), latest = std::move(latest)]() mutable {
-      if (*alive) done(std::move(latest));
-    });
-  });
+  // The coordinator's answer; if it cannot be reached, the storage root's (same truth).
+  link_->Latest(job, std::nullopt,
+                [this, alive = alive_, job,
+                 done = std::move(done)](Result<std::optional<uint64_t>> r) mutable {
+                  if (!*alive) return;
+                  if (r.ok()) {
+                    done(std::move(r));
+                    return;
+                  }
+                  spdlog::warn("{}; reading LATEST from the storage root instead",
+                               r.status().message());
+                  storage_->Post([this, alive, job, done = std::move(done)]() mutable {
+                    auto latest = commit_->Latest(job);
+                    boost::asio::post(io_, [alive, done = std::move(done),
+                                            latest = std::move(latest)]() mutable {
+                      if (*alive) done(std::move(latest));
+                    });
+                  });
+                });
 }
 
 void NodeState::RestorePoint(const std::string& job, uint32_t rank, uint32_t world_size,
+                             uint64_t session_id,
                              std::function<void(Result<std::optional<uint64_t>>)> done) {
-  if (link_ != nullptr) {
-    link_->Latest(job, CoordinatorPort::RestoreQuery{rank, world_size},
-                  [alive = alive_, done = std::move(done)](Result<std::optional<uint64_t>> r) {
-                    if (*alive) done(std::move(r));
-                  });
-    return;
-  }
-  using Clock = RestorePoints::Clock;
-  if (auto pinned = restore_points_.Find(job, rank, world_size, Clock::now())) {
-    done(*pinned);
-    return;
-  }
-  Latest(job, [this, alive = alive_, job, rank, world_size,
-               done = std::move(done)](Result<std::optional<uint64_t>> latest) {
-    if (!*alive) return;
-    if (!latest.ok()) {
-      done(latest.status());
-      return;
-    }
-    done(restore_points_.Pin(job, rank, world_size, *latest, Clock::now()));
-  });
+  jobs_[job].restore_askers[rank] = {session_id, world_size};
+  link_->Latest(job,
+                CoordinatorPort::RestoreQuery{rank, world_size, RestoreSession(session_id)},
+                [alive = alive_, done = std::move(done)](Result<std::optional<uint64_t>> r) {
+                  if (*alive) done(std::move(r));
+                });
+}
+
+std::string NodeState::RestoreSession(uint64_t session_id) const {
+  return config_.node_id + "/" + std::to_string(session_id);
 }
 
 void NodeState::AddSink(const std::string& job, std::weak_ptr<EventSink> sink) {
@@ -541,12 +481,11 @@ bool NodeState::Abandon(const std::string& job, uint64_t step, uint32_t rank, ui
   if (s == nullptr || Terminal(s->state)) return false;
   auto it = s->ranks.find(rank);
   if (it == s->ranks.end() || it->second.session_id != session_id) return false;
-  // An abandoned step is never committed — unless its commit is already under way. That can
-  // only happen after this rank's capture completed, and a capture counts as complete only once
-  // the session's input was read (session.h): the trainer had not touched the memory yet, the
-  // bytes are intact, and the commit stands. With a coordinator, whose commit may be under way
-  // at any time after the rank reported its capture, the same holds from the capture on.
-  if (it->second.captured && (s->committing || link_ != nullptr)) return false;
+  // An abandoned step is never committed — unless this rank's capture already completed: the
+  // coordinator's commit may be under way at any time after the rank reported it, and a capture
+  // counts as complete only once the session's input was read (session.h), so the trainer had
+  // not touched the memory yet, the bytes are intact, and the commit stands.
+  if (it->second.captured) return false;
   FailLocally(*s, ckptd::v1::STEP_STATE_ABORTED,
               "rank " + std::to_string(rank) + " abandoned step " + std::to_string(step) +
                   (reason.empty() ? std::string() : ": " + reason));
@@ -557,19 +496,31 @@ void NodeState::OnSessionClosed(uint64_t session_id, const std::string& job, uin
                                 int32_t pid) {
   auto j = jobs_.find(job);
   if (j == jobs_.end()) return;
-  if (auto reg = j->second.registered.find(rank);
-      link_ != nullptr && reg != j->second.registered.end() &&
-      reg->second.session_id == session_id) {
-    // The trainer is gone and with it this layout: no rank may skip a replica on its account.
+  {
+    // The trainer is gone, and with it its layout (no rank may skip a replica on its account)
+    // and its part in a restore that did not reach training (restore_points.h).
+    Job& jr = j->second;
     ckptd::v1::ReportRegistrationRequest req;
     req.set_job(job);
     req.set_rank(rank);
-    req.set_world_size(reg->second.world_size);
-    req.set_registration_id(reg->second.id);
     req.set_withdrawn(true);
-    link_->ReportRegistration(std::move(req));
-    j->second.registered.erase(reg);
-    j->second.subsets.erase(rank);
+    if (auto reg = jr.registered.find(rank);
+        reg != jr.registered.end() && reg->second.session_id == session_id) {
+      req.set_world_size(reg->second.world_size);
+      req.set_registration_id(reg->second.id);
+      jr.registered.erase(reg);
+      jr.subsets.erase(rank);
+    }
+    if (auto asked = jr.restore_askers.find(rank);
+        asked != jr.restore_askers.end() && asked->second.first == session_id) {
+      req.set_world_size(asked->second.second);
+      req.set_restore_session(RestoreSession(session_id));
+      jr.restore_askers.erase(asked);
+    }
+    if (req.world_size() != 0) {
+      jr.withdrawals[rank] = req;
+      link_->ReportRegistration(std::move(req));
+    }
   }
   for (auto& [n, s] : j->second.steps) {
     if (Terminal(s.state)) continue;
@@ -658,59 +609,6 @@ Result<ckptd::v1::NodeManifest> BuildNodeManifest(const std::string& job_name, u
 
 }  // namespace
 
-void NodeState::TryCommit(const std::string& job_name) {
-  if (link_ != nullptr) return;  // the coordinator commits
-  auto j = jobs_.find(job_name);
-  if (j == jobs_.end()) return;
-  for (auto& [n, s] : j->second.steps) {
-    if (Terminal(s.state)) continue;
-    // The oldest step still in flight decides: later ones wait for it.
-    if (s.state != ckptd::v1::STEP_STATE_PERSISTED || s.committing) break;
-    std::vector<PersistedRank> ranks;
-    ranks.reserve(s.ranks.size());
-    for (const auto& [rank, rs] : s.ranks) ranks.push_back({rank, rs.capture, rs.extra});
-    s.committing = true;
-    storage_->Post([this, alive = alive_, job = s.job, step = s.step, world_size = s.world_size,
-                    ranks = std::move(ranks)] {
-      const std::string step_dir = StepDir(commit_->config().storage_root, job, step);
-      auto node = BuildNodeManifest(job, step, world_size, config_.node_id, ranks);
-      Status st = node.status();
-      if (st.ok()) {
-        st = WriteFileAtomically(fs_, JoinPath(step_dir, NodeManifestFileName(node->node_id())),
-                                 EncodeNodeManifest(*node));
-      }
-      if (st.ok()) st = commit_->Commit(std::span(&*node, 1)).status();
-      if (!st.ok() && node.ok()) {
-        // A failure after the MANIFEST rename still leaves a committed step: report the truth.
-        auto exists = fs_->Exists(JoinPath(step_dir, std::string(kManifestFileName)));
-        if (exists.ok() && *exists) {
-          spdlog::warn("job '{}' step {}: committed, but: {}", job, step, st.ToString());
-          st = Status::Ok();
-        }
-      }
-      boost::asio::post(io_, [this, alive, job, step, st] {
-        if (*alive) OnCommitted(job, step, st);
-      });
-    });
-    return;  // one commit at a time per job, in order
-  }
-}
-
-void NodeState::OnCommitted(const std::string& job, uint64_t step, Status st) {
-  Step* s = FindStep(job, step);
-  if (s == nullptr) return;
-  s->committing = false;
-  if (!st.ok()) {
-    FailStep(*s, ckptd::v1::STEP_STATE_FAILED, "commit failed: " + st.message());
-    return;
-  }
-  SetState(*s, ckptd::v1::STEP_STATE_COMMITTED);
-  ReleaseCaptures(*s);
-  Prune(jobs_[job]);
-  TryCommit(job);
-  CheckDrained();
-}
-
 void NodeState::ReleaseCaptures(Step& s) {
   // Called right after the step's waiters were answered, when a trainer's next Save may already
   // be queued behind this handler: the captures (per-tensor checksum lists, the data file's
@@ -727,9 +625,8 @@ void NodeState::Prune(Job& j) {
   for (const auto& [n, s] : j.steps) finished += Terminal(s.state) ? 1 : 0;
   for (auto it = j.steps.begin(); it != j.steps.end() && finished > config_.finished_steps_kept;) {
     const Step& s = it->second;
-    bool removable =
-        Terminal(s.state) && s.waiters.empty() &&
-        (s.state == ckptd::v1::STEP_STATE_COMMITTED || s.cleanup_posted || link_ != nullptr);
+    // A failed step's files are removed by MaybeCleanup, or by the coordinator that decided it.
+    const bool removable = Terminal(s.state) && s.waiters.empty();
     if (removable) {
       it = j.steps.erase(it);
       --finished;
@@ -786,7 +683,7 @@ void NodeState::CheckDrained() {
   if (!draining_ || !on_idle_) return;
   for (const auto& [name, j] : jobs_) {
     for (const auto& [n, s] : j.steps) {
-      if (!Terminal(s.state) || s.committing) return;
+      if (!Terminal(s.state)) return;
       for (const auto& [r, rs] : s.ranks) {
         if (rs.capture && !rs.finished) return;
       }
@@ -801,11 +698,9 @@ void NodeState::CheckDrained() {
 
 void NodeState::FailLocally(Step& s, StepState state, const std::string& reason) {
   if (Terminal(s.state)) return;
-  if (link_ != nullptr) {
-    std::vector<uint32_t> ranks;
-    for (const auto& [r, rs] : s.ranks) ranks.push_back(r);
-    Report(s, state, std::move(ranks), reason);
-  }
+  std::vector<uint32_t> ranks;
+  for (const auto& [r, rs] : s.ranks) ranks.push_back(r);
+  Report(s, state, std::move(ranks), reason);
   FailStep(s, state, reason);
 }
 
@@ -818,6 +713,7 @@ void NodeState::Report(const Step& s, StepState state, std::vector<uint32_t> ran
   req.set_state(state);
   for (uint32_t r : ranks) req.add_ranks(r);
   req.set_reason(std::move(reason));
+  req.set_skipped(s.skipped);
   link_->ReportRanks(std::move(req));
 }
 
@@ -934,6 +830,11 @@ Result<std::shared_ptr<const CapturePlan>> NodeState::PlanForSave(
 
 void NodeState::OnCoordinatorConnected() {
   for (auto& [name, j] : jobs_) {
+    // A restarted coordinator plans anew, maybe differently: until its plan arrives (at once,
+    // on attach, when it has one), every rank writes everything.
+    j.skips.clear();
+    j.subsets.clear();
+    for (const auto& [rank, w] : j.withdrawals) link_->ReportRegistration(w);
     for (const auto& [rank, reg] : j.registered) {
       if (reg.plan) ReportRegistration(name, rank, reg);
     }
@@ -1015,6 +916,7 @@ void NodeState::OnCoordinatorEvent(const ckptd::v1::CoordinatorEvent& event) {
     case ckptd::v1::STEP_STATE_FAILED:
       s->decided_globally = true;
       if (!Terminal(s->state)) {
+        s->skipped = d.skipped();
         FailStep(*s, d.state(), d.reason());
       } else {
         MaybeCleanup(*s);

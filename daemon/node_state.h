@@ -1,45 +1,41 @@
-// NodeState: every step this daemon knows of, and the rules that move it along
-// (docs/design.md §2: PENDING → CAPTURING → CAPTURED → PERSISTING → PERSISTED → COMMITTED, or
-// ABORTED / FAILED with a reason).
+// NodeState: every step this daemon knows of, its ranks' part in it, and the decisions of the
+// coordinator applied to it (docs/design.md §2: PENDING → CAPTURING → CAPTURED → PERSISTING →
+// PERSISTED → COMMITTED, or ABORTED / FAILED with a reason).
 //
 // Ownership: NodeState lives on the daemon's Asio loop and is only touched from it — no locks.
-// Engine threads report through callbacks that post back onto the loop; storage work (commits,
-// cleanup, LATEST lookups) is posted to the storage thread, whose results are posted back too.
+// Engine threads report through callbacks that post back onto the loop; storage work (node
+// manifests, cleanup, LATEST lookups) is posted to the storage thread, whose results are posted
+// back too.
 //
-// Rules it enforces:
-//   * a step needs all world_size ranks: it is committed when every rank persisted, in step
-//     order per job (a later step waits for every earlier in-flight step to end);
-//   * a rank whose session ends before its capture completed aborts the step, naming the rank;
-//     a rank that already captured is persisted and committed without its trainer;
-//   * a rank that abandons a step (its trainer's fence gave up; it modifies the memory now)
-//     aborts it; a capture counts as complete only after the session has read everything its
-//     trainer sent until then (SaveRequest::sync_input), so a late Abandon is never missed;
-//   * a step some rank never saves is aborted after step_timeout, naming the missing ranks, or
-//     at once when that rank re-attaches saying its save of the step went out on a connection
-//     that broke (Hello.lost_step: the daemon it saved to was lost, and the rank never saves
-//     the step again) — with or without a coordinator, since a step that can never complete
-//     holds back every later commit;
+// The step-wide rules — step order of commits, step timeouts and missing ranks, the writer
+// plan, the commit itself, restore points — belong to the coordinator (coordinator_core.h),
+// reached through a CoordinatorPort: in process on a single node (in_process_coordinator.h), or
+// ckpt-coordinator over gRPC. There is one implementation of each. What this node does:
+//   * reports each rank's save, capture and persist; on persist it writes the node manifest of
+//     every rank it persisted so far to node-<id>.nmf (atomically) and reports it;
+//   * takes the step's CAPTURED, PERSISTED, COMMITTED, ABORTED and FAILED states from the
+//     coordinator's decisions;
+//   * rules that need this node's knowledge, decided here and reported: a rank whose session
+//     ends before its capture completed aborts the step, naming the rank (a rank that already
+//     captured is persisted and committed without its trainer); a rank that abandons a step
+//     (its trainer's fence gave up) aborts it, unless its capture completed — a capture counts
+//     only after the session read everything its trainer sent until then
+//     (SaveRequest::sync_input), so a late Abandon is never missed; a rank that re-attaches
+//     saying its save of a step went out on a connection that broke (Hello.lost_step) aborts
+//     that step, which can never complete; a failed capture or write fails the step;
 //   * at most max_steps_in_flight steps per job capture or persist at once; a newer save is
 //     accepted but its capture waits until an older step ends (felt in wait_snapshot);
-//   * a failed or aborted step is never committed: its captures are cancelled and, once every
-//     capture job has let go of its files, its directory is removed; older steps are untouched.
-//
-// With a global coordinator (AttachCoordinator; daemon --coordinator) the node only sees its
-// own ranks of a step, so the step-wide rules move to the coordinator (coordinator_core.h):
-//   * each rank's save, capture and persist is reported; on persist the node manifest of every
-//     rank this node persisted so far is written to node-<id>.nmf (atomically) and reported;
-//   * the step's CAPTURED, PERSISTED, COMMITTED, ABORTED, FAILED states come from the
-//     coordinator's decisions; there is no local step timeout (the coordinator's applies);
-//   * a local failure is reported (the coordinator fails the step everywhere); the node removes
-//     a step's files only after the coordinator's abort/fail decision, never on its own — a
-//     removal racing a commit on another node could tear a step;
-//   * the writer plan pushed by the coordinator makes a rank skip replicas another rank writes:
-//     the save uses a subset of the registered plan (cached until plan or registration change).
-//     Without a plan yet, a rank writes everything; the merge keeps one copy.
+//   * a failed or aborted step is never committed: its captures are cancelled and, once the
+//     coordinator decided its end and every capture job let go of its files, its directory is
+//     removed — never on this node's own decision, since a removal racing a commit decided
+//     elsewhere could tear a step; older steps are untouched;
+//   * the writer plan pushed by the coordinator makes a rank skip replicas another rank writes,
+//     for the registration it was computed from only: the save uses a subset of the registered
+//     plan (cached until plan or registration change). Without a plan a rank writes everything;
+//     the merge keeps one copy.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -55,7 +51,6 @@
 #include "daemon/capture_plan.h"
 #include "daemon/coordinator/commit_engine.h"
 #include "daemon/coordinator/coordinator_port.h"
-#include "daemon/coordinator/restore_points.h"
 #include "daemon/daemon_observer.h"
 #include "daemon/host_pool.h"
 #include "daemon/hot_cache.h"
@@ -75,7 +70,6 @@ class NodeState : public CoordinatorPort::Handler {
   struct Config {
     std::string node_id;
     std::string storage_root;
-    std::chrono::milliseconds step_timeout{std::chrono::minutes(10)};
     uint64_t capture_throttle_bytes_per_second = 0;
     uint32_t max_steps_in_flight = 32;  // per job, capturing or persisting; more wait
     uint32_t max_steps_deferred = 64;   // per job, waiting to start; more are refused
@@ -88,7 +82,8 @@ class NodeState : public CoordinatorPort::Handler {
             HotCache* hot, CaptureEngine* capture, CommitEngine* commit, TaskPool* storage);
   ~NodeState() override;
 
-  // Hands the step-wide rules to a global coordinator (before any save; the link outlives this).
+  // The coordinator that owns the step-wide rules (in process or ckpt-coordinator): required,
+  // before any save; it outlives this.
   void AttachCoordinator(CoordinatorPort* link) { link_ = link; }
   void OnCoordinatorConnected() override;
   void OnCoordinatorEvent(const ckptd::v1::CoordinatorEvent& event) override;
@@ -124,7 +119,7 @@ class NodeState : public CoordinatorPort::Handler {
   // (restore_points.h) — here, or by the coordinator, whose answer only counts (no fallback to
   // the storage root: two ranks must never restore different steps).
   void RestorePoint(const std::string& job, uint32_t rank, uint32_t world_size,
-                    std::function<void(Result<std::optional<uint64_t>>)> done);
+                    uint64_t session_id, std::function<void(Result<std::optional<uint64_t>>)> done);
 
   // The trainer of `rank` gave up on `step` (its fence timed out) and modifies the memory now:
   // the step is aborted unless it already ended or its commit is under way (possible only once
@@ -178,8 +173,7 @@ class NodeState : public CoordinatorPort::Handler {
     std::string reason;
     std::map<uint32_t, RankSave> ranks;
     std::vector<Waiter> waiters;
-    std::unique_ptr<boost::asio::steady_timer> timeout;
-    bool committing = false;
+    bool skipped = false;  // FAILED because a rank skipped it by policy (StepDecision.skipped)
     bool cleanup_posted = false;
     bool deferred = false;  // accepted, captures not started: too many older steps in flight
     std::vector<std::shared_ptr<CaptureJob>> deferred_captures;
@@ -220,6 +214,11 @@ class NodeState : public CoordinatorPort::Handler {
     uint64_t plan_version = 0;
     std::map<uint32_t, PlannedSkips> skips;
     std::map<uint32_t, WriterSubset> subsets;
+    // The session of each rank that asked the job's restore point (its world size with it).
+    std::map<uint32_t, std::pair<uint64_t, uint32_t>> restore_askers;
+    // The last withdrawal of each rank, sent again after a reconnect (the coordinator ignores
+    // one that no longer matches).
+    std::map<uint32_t, ckptd::v1::ReportRegistrationRequest> withdrawals;
   };
   Result<std::shared_ptr<const CapturePlan>> PlanForSave(const std::string& job, uint32_t rank,
                                                          uint32_t world_size, uint64_t session_id,
@@ -236,14 +235,12 @@ class NodeState : public CoordinatorPort::Handler {
   Step* FindStep(const std::string& job, uint64_t step);
   void OnRankCaptured(const std::string& job, uint64_t step, uint32_t rank, Status status);
   void OnRankPersisted(const std::string& job, uint64_t step, uint32_t rank, Status status);
-  void OnTimeout(const std::string& job, uint64_t step);
   static std::string LostSaveReason(uint32_t rank, uint64_t step);
+  std::string RestoreSession(uint64_t session_id) const;  // RestoreQuery::session
   void SetState(Step& s, ckptd::v1::StepState state);
   void FailStep(Step& s, ckptd::v1::StepState state, const std::string& reason);
   void ResolveWaiters(Step& s);
   void MaybeCleanup(Step& s);
-  void TryCommit(const std::string& job);
-  void OnCommitted(const std::string& job, uint64_t step, Status status);
   void Publish(const Step& s);
   void ReleaseCaptures(Step& s);
   void Prune(Job& j);
@@ -260,9 +257,8 @@ class NodeState : public CoordinatorPort::Handler {
   std::map<std::string, Job> jobs_;
   bool draining_ = false;
   std::function<void()> on_idle_;
-  CoordinatorPort* link_ = nullptr;  // null: embedded coordinator
+  CoordinatorPort* link_ = nullptr;  // the coordinator: in process, or ckpt-coordinator
   uint64_t next_registration_id_;    // random start per daemon process
-  RestorePoints restore_points_;     // embedded coordinator
   DaemonObserver* observer_ = nullptr;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // guards late posts
 };

@@ -121,7 +121,7 @@ void Session::Handle(const ckptd::v1::ClientMessage& m, std::vector<UniqueFd> fd
         self->Send(reply);
       };
       if (m.latest().restore_point()) {
-        services_->node->RestorePoint(job_, rank_, world_size_, std::move(reply));
+        services_->node->RestorePoint(job_, rank_, world_size_, id_, std::move(reply));
       } else {
         services_->node->Latest(job_, std::move(reply));
       }
@@ -456,7 +456,7 @@ void Session::HandleLoad(uint64_t id, const ckptd::v1::Load& load) {
     return;
   }
   services_->node->RestorePoint(
-      job_, rank_, world_size_,
+      job_, rank_, world_size_, id_,
       [self = shared_from_this(), id, restore_point,
        after_capture = std::move(after_capture)](Result<std::optional<uint64_t>> point) mutable {
         if (self->closed_) return;

@@ -25,22 +25,28 @@ class TaskPool {
   TaskPool& operator=(const TaskPool&) = delete;
 
   void Start() {
+    std::lock_guard lock(mu_);
     for (int i = 0; i < size_; ++i) threads_.emplace_back([this] { Run(); });
   }
-  // Runs what was posted before, then joins. Posts after Stop are dropped.
+  // Runs what was posted before (and what those tasks post), then joins. Posts after that are
+  // dropped. Safe to call more than once and from several threads: the first call joins.
   void Stop() {
+    std::vector<std::thread> threads;
     {
       std::lock_guard lock(mu_);
       stopping_ = true;
+      threads.swap(threads_);
+      draining_ = !threads.empty();
     }
     cv_.notify_all();
-    for (auto& t : threads_) t.join();
-    threads_.clear();
+    for (auto& t : threads) t.join();
+    std::lock_guard lock(mu_);
+    draining_ = false;
   }
   void Post(std::function<void()> task) {
     {
       std::lock_guard lock(mu_);
-      if (stopping_ && threads_.empty()) return;
+      if (stopping_ && !draining_) return;
       tasks_.push_back(std::move(task));
     }
     cv_.notify_one();
@@ -68,7 +74,8 @@ class TaskPool {
   std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_;  // guarded by mu_
   bool stopping_ = false;                    // guarded by mu_
-  std::vector<std::thread> threads_;
+  bool draining_ = false;                    // guarded by mu_: Stop is joining the threads
+  std::vector<std::thread> threads_;         // guarded by mu_
 };
 
 }  // namespace ckpt

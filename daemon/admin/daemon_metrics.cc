@@ -16,7 +16,7 @@ using prometheus::BuildHistogram;
 
 std::string FailureReasonLabel(const std::string& reason) {
   auto has = [&](const char* s) { return reason.find(s) != std::string::npos; };
-  if (has("did not save step")) return "timeout";
+  if (has("did not save step") || has("not every rank persisted within")) return "timeout";
   if (has("abandoned")) return "abandoned";
   if (has("disconnected")) return "rank_disconnected";
   if (has("storage stalled")) return "storage_stalled";

@@ -41,11 +41,16 @@ std::string ShardKeyOf(std::string_view name, std::string_view dtype,
 
 }  // namespace
 
-CoordinatorCore::CoordinatorCore(Config config, FileSystem* fs)
+CoordinatorCore::CoordinatorCore(Config config, FileSystem* fs, CommitEngine* shared_commit)
     : config_(std::move(config)),
       fs_(fs),
-      commit_({config_.storage_root, config_.keep, config_.writer, config_.on_commit_point}, fs),
-      restore_points_(config_.step_timeout) {}
+      owned_commit_(shared_commit != nullptr
+                        ? nullptr
+                        : std::make_unique<CommitEngine>(
+                              CommitEngine::Config{config_.storage_root, config_.keep,
+                                                   config_.writer, config_.on_commit_point},
+                              fs)),
+      commit_(shared_commit != nullptr ? shared_commit : owned_commit_.get()) {}
 
 CoordinatorCore::~CoordinatorCore() { Stop(); }
 
@@ -105,7 +110,7 @@ Result<std::vector<std::string>> CoordinatorCore::RecoverJob(const std::string& 
         for (const auto& r : n.ranks()) ranks.insert(r.rank());
       }
       if (ranks.size() == nodes[0].world_size()) {
-        committed = commit_.Commit(nodes).status();
+        committed = commit_->Commit(nodes).status();
       } else {
         committed =
             FailedPrecondition(std::to_string(ranks.size()) + " of " +
@@ -120,8 +125,8 @@ Result<std::vector<std::string>> CoordinatorCore::RecoverJob(const std::string& 
     // step): removal can then fail (ENOTEMPTY as a file appears). Not fatal — the step is
     // aborted either way, and the daemon, told so when it reports the step again, removes the
     // directory once its writers have let go.
-    const Status removed = commit_.RemoveStep(job, step);
-    {
+    const Status removed = commit_->RemoveStep(job, step);
+    if (config_.refuse_recovered_steps) {
       std::lock_guard lock(mu_);
       jobs_[job].recovered_aborted.insert(step);
     }
@@ -267,13 +272,14 @@ void CoordinatorCore::Decide(const std::string& job, uint64_t step, StepRecord& 
   d->set_step(step);
   d->set_state(state);
   d->set_reason(reason);
+  d->set_skipped(s.skipped);
   Broadcast(job, e);
   if (config_.on_step_state) config_.on_step_state(job, step, state, reason);
   if (state == ckptd::v1::STEP_STATE_ABORTED || state == ckptd::v1::STEP_STATE_FAILED) {
     s.manifests.clear();
     ++commits_in_flight_;
     commit_thread_.Post([this, job, step] {
-      Status st = commit_.RemoveStep(job, step);
+      Status st = commit_->RemoveStep(job, step);
       if (!st.ok()) spdlog::warn("{}: removing its data: {}", StepName(job, step), st.ToString());
       std::lock_guard lock(mu_);
       --commits_in_flight_;
@@ -324,7 +330,7 @@ Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
       d->set_reason(why);
       return resp;
     }
-    restore_points_.OnNewStep(req.job());  // training resumed: the restore is over
+    restore_points_.OnStepStarted(req.job(), req.step());
     StepRecord fresh;
     fresh.world_size = req.world_size();
     fresh.first_report = Clock::now();
@@ -339,6 +345,7 @@ Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
     d->set_step(req.step());
     d->set_state(s.state);
     d->set_reason(s.reason);
+    d->set_skipped(s.skipped);
     return resp;
   }
   if (s.world_size != req.world_size()) {
@@ -396,6 +403,7 @@ Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
                      req.reason());
         break;
       }
+      if (!Terminal(s.state)) s.skipped = req.skipped();
       Decide(req.job(), req.step(), s, req.state(),
              "node '" + req.node_id() + "': " + req.reason());
       break;
@@ -415,12 +423,16 @@ Status CoordinatorCore::ReportRegistration(const ckptd::v1::ReportRegistrationRe
   }
   if (req.withdrawn()) {
     std::lock_guard lock(mu_);
+    if (!req.restore_session().empty()) {
+      restore_points_.OnSessionEnded(req.job(), req.rank(), req.restore_session());
+    }
     auto j = jobs_.find(req.job());
     if (j == jobs_.end()) return Status::Ok();
     auto have = j->second.registrations.find(req.rank());
     // Only the registration it names: the rank may have registered anew elsewhere meanwhile.
-    if (have == j->second.registrations.end() || have->second.node_id != req.node_id() ||
-        (req.registration_id() != 0 && have->second.registration_id != req.registration_id())) {
+    if (req.registration_id() == 0 || have == j->second.registrations.end() ||
+        have->second.node_id != req.node_id() ||
+        have->second.registration_id != req.registration_id()) {
       return Status::Ok();
     }
     WithdrawRank(j->second, req.rank());
@@ -510,6 +522,9 @@ void CoordinatorCore::SendPlan(const std::string& job, JobRecord& j, const std::
   for (const auto& [rank, reg] : j.registrations) {
     if (j.plan_revoked) break;  // an empty plan: every rank writes everything
     if (reg.node_id != node) continue;
+    // A daemon that sends no registration id predates the NodeManifest.skipped check: it
+    // writes everything, which is always safe.
+    if (reg.registration_id == 0) continue;
     auto* rs = p->add_ranks();
     rs->set_rank(rank);
     rs->set_registration_id(reg.registration_id);
@@ -536,7 +551,7 @@ void CoordinatorCore::TryCommit(const std::string& job) {
     ++commits_in_flight_;
     commit_thread_.Post([this, job, step = n, nodes = std::move(nodes)] {
       const std::string step_dir = StepDir(config_.storage_root, job, step);
-      Status st = commit_.Commit(nodes).status();
+      Status st = commit_->Commit(nodes).status();
       if (!st.ok()) {
         // A failure after the MANIFEST rename still leaves a committed step: report the truth.
         auto exists = fs_->Exists(JoinPath(step_dir, std::string(kManifestFileName)));
@@ -658,12 +673,12 @@ CoordinatorCore::Snapshot CoordinatorCore::TakeSnapshot() {
 
 Result<std::optional<uint64_t>> CoordinatorCore::Latest(const std::string& job) {
   RETURN_IF_ERROR(ValidateJobName(job));
-  return commit_.Latest(job);
+  return commit_->Latest(job);
 }
 
 Result<std::optional<uint64_t>> CoordinatorCore::RestorePoint(const std::string& job,
-                                                              uint32_t rank,
-                                                              uint32_t world_size) {
+                                                              uint32_t rank, uint32_t world_size,
+                                                              const std::string& session) {
   RETURN_IF_ERROR(ValidateJobName(job));
   if (world_size == 0 || rank >= world_size) {
     return InvalidArgument("restore point of job '" + job + "': rank " + std::to_string(rank) +
@@ -671,17 +686,21 @@ Result<std::optional<uint64_t>> CoordinatorCore::RestorePoint(const std::string&
   }
   {
     std::lock_guard lock(mu_);
-    if (auto pinned = restore_points_.Find(job, rank, world_size, Clock::now())) return *pinned;
+    if (auto pinned = restore_points_.Find(job, rank, world_size, session)) return *pinned;
   }
   // Resolved outside the lock (a storage read); a concurrent first answer wins in Pin.
-  ASSIGN_OR_RETURN(auto latest, commit_.Latest(job));
+  ASSIGN_OR_RETURN(auto latest, commit_->Latest(job));
   std::lock_guard lock(mu_);
-  return restore_points_.Pin(job, rank, world_size, latest, Clock::now());
+  std::set<uint64_t> known;
+  if (auto j = jobs_.find(job); j != jobs_.end()) {
+    for (const auto& [n, s] : j->second.steps) known.insert(n);
+  }
+  return restore_points_.Pin(job, rank, world_size, session, latest, std::move(known));
 }
 
 Result<std::vector<uint64_t>> CoordinatorCore::List(const std::string& job) {
   RETURN_IF_ERROR(ValidateJobName(job));
-  return commit_.List(job);
+  return commit_->List(job);
 }
 
 std::optional<WriterAssignment> CoordinatorCore::CurrentPlan(const std::string& job) {

@@ -74,6 +74,11 @@ class CoordinatorCore {
     std::chrono::milliseconds step_timeout{std::chrono::minutes(10)};
     std::chrono::milliseconds lease{std::chrono::seconds(10)};
     size_t finished_steps_kept = 64;  // per job, to answer late reports
+    // A step the recovery scan removed is answered ABORTED when a daemon reports it again: it
+    // was in flight on a live daemon when the coordinator restarted. False in process: the
+    // daemon restarted with its coordinator, nothing of it is in flight, and a trainer may save
+    // that step number anew.
+    bool refuse_recovered_steps = true;
     std::string writer = "ckpt-coordinator";
     std::function<void(std::string_view point)> on_commit_point;  // CommitEngine::Config::on_point
     // Every state a step reaches (CAPTURED … COMMITTED / ABORTED / FAILED), for the Admin API's
@@ -114,7 +119,9 @@ class CoordinatorCore {
     std::vector<NodeView> nodes;
     std::vector<PlanView> plans;  // jobs that registered tensors
   };
-  CoordinatorCore(Config config, FileSystem* fs);
+  // `shared_commit`: the CommitEngine of the daemon it runs in (its pins, which keep a step being
+  // loaded from retention, then apply to commits here); null: its own, from `config`.
+  CoordinatorCore(Config config, FileSystem* fs, CommitEngine* shared_commit = nullptr);
   ~CoordinatorCore();
 
   // Recovery scan of the storage root (commits or removes every uncommitted step), then starts
@@ -133,9 +140,9 @@ class CoordinatorCore {
 
   Result<std::optional<uint64_t>> Latest(const std::string& job);
   // The step `rank` of `world_size` restores from: Latest, resolved once per restart of the
-  // job (restore_points.h).
+  // job (restore_points.h). `session`: the asking trainer's connection (opaque, unique).
   Result<std::optional<uint64_t>> RestorePoint(const std::string& job, uint32_t rank,
-                                               uint32_t world_size);
+                                               uint32_t world_size, const std::string& session);
   Result<std::vector<uint64_t>> List(const std::string& job);
 
   Snapshot TakeSnapshot();
@@ -150,6 +157,7 @@ class CoordinatorCore {
     uint32_t world_size = 0;
     ckptd::v1::StepState state = ckptd::v1::STEP_STATE_PENDING;
     std::string reason;
+    bool skipped = false;  // FAILED by a rank's skip policy (StepDecision.skipped)
     std::map<uint32_t, std::string> saved;  // rank → node
     std::set<uint32_t> captured;
     std::set<uint32_t> persisted;
@@ -193,7 +201,8 @@ class CoordinatorCore {
 
   Config config_;
   FileSystem* fs_;
-  CommitEngine commit_;
+  std::unique_ptr<CommitEngine> owned_commit_;
+  CommitEngine* commit_;
   TaskPool commit_thread_{1};
   std::mutex mu_;
   std::condition_variable cv_;

@@ -145,17 +145,19 @@ void CoordinatorLink::SendLoop() {
   }
 }
 
-void CoordinatorLink::Enqueue(std::function<void()> task) {
+bool CoordinatorLink::Enqueue(std::function<void()> task) {
   {
     std::lock_guard lock(mu_);
+    if (stopping_) return false;
     if (queue_.size() >= kMaxQueued) {
       spdlog::warn("coordinator link: {} reports queued; dropping one (re-reported on reconnect)",
                    queue_.size());
-      return;
+      return false;
     }
     queue_.push_back(std::move(task));
   }
   cv_.notify_all();
+  return true;
 }
 
 void CoordinatorLink::ReportRanks(ckptd::v1::ReportRanksRequest request) {
@@ -194,7 +196,10 @@ void CoordinatorLink::ReportRegistration(ckptd::v1::ReportRegistrationRequest re
 
 void CoordinatorLink::Latest(const std::string& job, std::optional<RestoreQuery> restore_point,
                              LatestDone done) {
-  Enqueue([this, job, restore_point, done = std::move(done)]() mutable {
+  // A question that cannot be queued is answered at once (a load waits for it, with no deadline
+  // of its own).
+  auto answer = std::make_shared<LatestDone>(std::move(done));
+  const bool queued = Enqueue([this, job, restore_point, answer]() mutable {
     grpc::ClientContext ctx;
     Deadline(ctx);
     ckptd::v1::JobRequest req;
@@ -203,6 +208,7 @@ void CoordinatorLink::Latest(const std::string& job, std::optional<RestoreQuery>
       req.set_restore_point(true);
       req.set_rank(restore_point->rank);
       req.set_world_size(restore_point->world_size);
+      req.set_session(restore_point->session);
     }
     ckptd::v1::LatestResponse resp;
     grpc::Status st = stub_->Latest(&ctx, req, &resp);
@@ -212,8 +218,14 @@ void CoordinatorLink::Latest(const std::string& job, std::optional<RestoreQuery>
                 : Result<std::optional<uint64_t>>(Unavailable("coordinator " + config_.address +
                                                               ": latest of job '" + job +
                                                               "': " + st.error_message()));
-    PostToLoop([done = std::move(done), out = std::move(out)]() mutable { done(std::move(out)); });
+    PostToLoop([answer, out = std::move(out)]() mutable { (*answer)(std::move(out)); });
   });
+  if (!queued) {
+    PostToLoop([answer, job, address = config_.address] {
+      (*answer)(Unavailable("coordinator " + address + ": latest of job '" + job +
+                            "': the link is stopping or its queue is full"));
+    });
+  }
 }
 
 }  // namespace ckpt

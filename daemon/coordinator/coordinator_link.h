@@ -70,7 +70,8 @@ class CoordinatorLink final : public CoordinatorPort {
   static constexpr size_t kMaxQueued = 100'000;
   void WatchLoop();
   void SendLoop();
-  void Enqueue(std::function<void()> task);
+  // False when the task was dropped (stopping, or kMaxQueued reached).
+  bool Enqueue(std::function<void()> task);
   void PostToLoop(std::function<void()> f);
   void Deadline(grpc::ClientContext& ctx) const;
 

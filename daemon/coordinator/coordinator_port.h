@@ -32,6 +32,7 @@ class CoordinatorPort {
   struct RestoreQuery {
     uint32_t rank = 0;
     uint32_t world_size = 0;
+    std::string session;  // unique per trainer connection: "<node id>/<session id>"
   };
   using LatestDone = std::function<void(Result<std::optional<uint64_t>>)>;
 

@@ -140,7 +140,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Latest(grpc::CallbackServerContext
                                                      const ckptd::v1::JobRequest* req,
                                                      ckptd::v1::LatestResponse* resp) {
   auto latest = req->restore_point()
-                    ? core_->RestorePoint(req->job(), req->rank(), req->world_size())
+                    ? core_->RestorePoint(req->job(), req->rank(), req->world_size(), req->session())
                     : core_->Latest(req->job());
   auto* reactor = ctx->DefaultReactor();
   if (latest.ok() && latest->has_value()) {

@@ -29,6 +29,7 @@
 #include "common/logging.h"
 #include "daemon/capture_engine.h"
 #include "daemon/coordinator/commit_engine.h"
+#include "daemon/coordinator/in_process_coordinator.h"
 #include "daemon/flush_engine.h"
 #include "daemon/host_pool.h"
 #include "daemon/hot_cache.h"
@@ -54,6 +55,7 @@ struct FuzzDaemon {
   std::unique_ptr<ckpt::HotCache> hot;
   std::unique_ptr<ckpt::FlushEngine> flush;
   std::unique_ptr<ckpt::CaptureEngine> capture;
+  std::unique_ptr<ckpt::InProcessCoordinator> coordinator;
   std::unique_ptr<ckpt::NodeState> node;
   std::unique_ptr<ckpt::LoadService> loads;
   ckpt::SessionServices services;
@@ -81,9 +83,17 @@ struct FuzzDaemon {
     ckpt::NodeState::Config node_config;
     node_config.node_id = "fuzz-node";
     node_config.storage_root = root;
-    node_config.step_timeout = std::chrono::seconds(5);
+    ckpt::CoordinatorCore::Config core;
+    core.storage_root = root;
+    core.step_timeout = std::chrono::seconds(5);
+    core.refuse_recovered_steps = false;
+    coordinator = std::make_unique<ckpt::InProcessCoordinator>(io, "fuzz-node", core, fs,
+                                                               commit.get());
+    if (!coordinator->Recover().ok()) std::abort();
     node = std::make_unique<ckpt::NodeState>(io, node_config, fs, pool.get(), hot.get(),
                                              capture.get(), commit.get(), storage.get());
+    node->AttachCoordinator(coordinator.get());
+    if (!coordinator->Start(node.get()).ok()) std::abort();
     ckpt::LoadService::Config load_config;
     load_config.storage_root = root;
     loads = std::make_unique<ckpt::LoadService>(io, load_config, fs, commit.get(), hot.get());

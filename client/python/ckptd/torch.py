@@ -423,7 +423,10 @@ class Checkpointer:
     def load(self, step=None, strict=True):
         """Restore ``step`` (None: the job's restore point, the newest committed step resolved once
         for all ranks: :meth:`ckptd.Client.restore_point`). Returns the step loaded, or None
-        when nothing is committed for this job (then nothing is touched)."""
+        when nothing is committed for this job (then nothing is touched). A step of the previous
+        trainers that commits while the ranks restore is restored by none of them; the next
+        save of that step number is refused (a warning under ``on_error="warn"``) and the saves
+        after it go on as usual."""
         if step is None:
             step = self.client.restore_point()
             if step is None:

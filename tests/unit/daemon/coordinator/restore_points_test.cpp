@@ -5,57 +5,57 @@
 namespace ckpt {
 namespace {
 
-using Clock = RestorePoints::Clock;
-using std::chrono::minutes;
+using Answer = std::optional<uint64_t>;
 
-TEST_CASE("RestorePoints: every rank of a restart gets the first answer, once", "[restore_point]") {
-  RestorePoints points(minutes(10));
-  const auto now = Clock::now();
-  REQUIRE_FALSE(points.Find("job", 0, 3, now).has_value());
-  CHECK(points.Pin("job", 0, 3, 4, now) == std::optional<uint64_t>(4));
-  // Step 5 of the previous trainers commits meanwhile: rank 1 still gets 4.
-  auto r1 = points.Find("job", 1, 3, now);
-  REQUIRE(r1.has_value());
-  CHECK(*r1 == std::optional<uint64_t>(4));
+TEST_CASE("RestorePoints: every rank of a restart gets the first answer, as often as it asks",
+          "[restore_point]") {
+  RestorePoints points;
+  REQUIRE_FALSE(points.Find("job", 0, 3, "n0/1").has_value());
+  CHECK(points.Pin("job", 0, 3, "n0/1", 4, {5}) == Answer(4));  // step 5 is in flight
+  // Rank 0 loads what it was told (a second question from the same session).
+  CHECK(points.Find("job", 0, 3, "n0/1") == std::optional<Answer>(4));
+  // Step 5 of the previous trainers commits meanwhile: rank 1 still gets 4, its load too.
+  CHECK(points.Find("job", 1, 3, "n1/7") == std::optional<Answer>(4));
+  CHECK(points.Find("job", 1, 3, "n1/7") == std::optional<Answer>(4));
   // A rank that resolved concurrently adopts the pinned answer instead of its own.
-  CHECK(points.Pin("job", 2, 3, 5, now) == std::optional<uint64_t>(4));
-  // Every rank asked: the next restart resolves anew.
+  CHECK(points.Pin("job", 2, 3, "n1/8", 5, {}) == Answer(4));
+  // Reports of the step that was in flight at the pin do not end it; a new step does.
+  points.OnStepStarted("job", 5);
+  CHECK(points.size() == 1);
+  points.OnStepStarted("job", 6);
   CHECK(points.size() == 0);
-  CHECK_FALSE(points.Find("job", 0, 3, now).has_value());
 }
 
-TEST_CASE("RestorePoints: a pin ends with a new step, a repeated rank, another world, or its ttl",
+TEST_CASE("RestorePoints: a pin ends with a later restart or a restart that died",
           "[restore_point]") {
-  RestorePoints points(minutes(10));
-  const auto now = Clock::now();
-  SECTION("training resumed") {
-    points.Pin("job", 0, 2, 7, now);
-    points.OnNewStep("job");
-    CHECK_FALSE(points.Find("job", 1, 2, now).has_value());
-  }
-  SECTION("a rank asks again: a later restart") {
-    points.Pin("job", 0, 2, 7, now);
-    CHECK_FALSE(points.Find("job", 0, 2, now).has_value());
-    CHECK(points.Pin("job", 0, 2, 9, now) == std::optional<uint64_t>(9));
+  RestorePoints points;
+  SECTION("a rank asks from a new session: a later restart") {
+    points.Pin("job", 0, 2, "n0/1", 7, {});
+    CHECK_FALSE(points.Find("job", 0, 2, "n0/2").has_value());
+    CHECK(points.Pin("job", 0, 2, "n0/2", 9, {}) == Answer(9));
+    CHECK(points.Find("job", 1, 2, "n0/3") == std::optional<Answer>(9));
   }
   SECTION("another world size") {
-    points.Pin("job", 0, 2, 7, now);
-    CHECK_FALSE(points.Find("job", 1, 4, now).has_value());
+    points.Pin("job", 0, 2, "n0/1", 7, {});
+    CHECK_FALSE(points.Find("job", 1, 4, "n0/2").has_value());
   }
-  SECTION("ttl") {
-    points.Pin("job", 0, 2, 7, now);
-    CHECK_FALSE(points.Find("job", 1, 2, now + minutes(11)).has_value());
+  SECTION("a session that took the answer ended before training resumed") {
+    points.Pin("job", 0, 2, "n0/1", 7, {});
+    points.OnSessionEnded("job", 1, "n0/9");  // not one that asked: nothing
+    CHECK(points.size() == 1);
+    points.OnSessionEnded("job", 0, "n0/1");
+    CHECK(points.size() == 0);
   }
   SECTION("nothing committed is an answer too") {
-    CHECK(points.Pin("job", 0, 2, std::nullopt, now) == std::nullopt);
-    auto r1 = points.Find("job", 1, 2, now);
+    CHECK(points.Pin("job", 0, 2, "n0/1", std::nullopt, {}) == std::nullopt);
+    auto r1 = points.Find("job", 1, 2, "n0/2");
     REQUIRE(r1.has_value());
     CHECK_FALSE(r1->has_value());
   }
-  SECTION("jobs are independent; a world of one pins nothing") {
-    points.Pin("a", 0, 2, 1, now);
-    CHECK_FALSE(points.Find("b", 0, 2, now).has_value());
-    CHECK(points.Pin("solo", 0, 1, 3, now) == std::optional<uint64_t>(3));
+  SECTION("jobs are independent") {
+    points.Pin("a", 0, 2, "n0/1", 1, {});
+    CHECK_FALSE(points.Find("b", 0, 2, "n0/1").has_value());
+    points.OnStepStarted("b", 3);
     CHECK(points.size() == 1);
   }
 }

@@ -1,0 +1,96 @@
+#include "daemon/coordinator/in_process_coordinator.h"
+
+#include <boost/asio/post.hpp>
+
+#include "common/logging.h"
+
+namespace ckpt {
+
+// The core's events for this node, posted onto the loop (the core calls Send with its mutex
+// held: only queue here).
+class InProcessCoordinator::LoopSink final : public NodeSink {
+ public:
+  explicit LoopSink(InProcessCoordinator* owner) : owner_(owner) {}
+  void Send(const ckptd::v1::CoordinatorEvent& event) override {
+    owner_->PostToLoop([owner = owner_, event] { owner->handler_->OnCoordinatorEvent(event); });
+  }
+
+ private:
+  InProcessCoordinator* owner_;
+};
+
+InProcessCoordinator::InProcessCoordinator(boost::asio::io_context& io, std::string node_id,
+                                           CoordinatorCore::Config config, FileSystem* fs,
+                                           CommitEngine* commit)
+    : io_(io), node_id_(std::move(node_id)), core_(std::move(config), fs, commit) {}
+
+InProcessCoordinator::~InProcessCoordinator() { Stop(); }
+
+Result<std::vector<std::string>> InProcessCoordinator::Recover() { return core_.Start(); }
+
+Status InProcessCoordinator::Start(Handler* handler) {
+  handler_ = handler;
+  ckptd::v1::RegisterNodeRequest node;
+  node.set_node_id(node_id_);
+  node.set_instance("in-process");
+  RETURN_IF_ERROR(core_.RegisterNode(node, "in-process").status(), "embedded coordinator");
+  RETURN_IF_ERROR(core_.AttachNode(node_id_, std::make_shared<LoopSink>(this)),
+                  "embedded coordinator");
+  worker_.Start();
+  return Status::Ok();
+}
+
+void InProcessCoordinator::Stop() {
+  worker_.Stop();
+  *alive_ = false;
+  core_.Stop();
+}
+
+void InProcessCoordinator::PostToLoop(std::function<void()> f) {
+  boost::asio::post(io_, [alive = alive_, f = std::move(f)] {
+    if (*alive) f();
+  });
+}
+
+void InProcessCoordinator::ReportRanks(ckptd::v1::ReportRanksRequest request) {
+  request.set_node_id(node_id_);
+  worker_.Post([this, request = std::move(request)] {
+    auto resp = core_.ReportRanks(request);
+    if (!resp.ok()) {
+      spdlog::warn("embedded coordinator: report of job '{}' step {}: {}", request.job(),
+                   request.step(), resp.status().ToString());
+      return;
+    }
+    if (resp->has_decision()) {
+      // The step already ended (e.g. a report after its abort): the same as its event.
+      ckptd::v1::CoordinatorEvent e;
+      *e.mutable_step() = resp->decision();
+      PostToLoop([this, e] { handler_->OnCoordinatorEvent(e); });
+    }
+  });
+}
+
+void InProcessCoordinator::ReportRegistration(ckptd::v1::ReportRegistrationRequest request) {
+  request.set_node_id(node_id_);
+  worker_.Post([this, request = std::move(request)] {
+    if (Status st = core_.ReportRegistration(request); !st.ok()) {
+      spdlog::warn("embedded coordinator: registration of job '{}' rank {}: {}", request.job(),
+                   request.rank(), st.ToString());
+    }
+  });
+}
+
+void InProcessCoordinator::Latest(const std::string& job,
+                                  std::optional<RestoreQuery> restore_point, LatestDone done) {
+  worker_.Post([this, job, restore_point, done = std::move(done)]() mutable {
+    auto latest = restore_point
+                      ? core_.RestorePoint(job, restore_point->rank, restore_point->world_size,
+                                           restore_point->session)
+                      : core_.Latest(job);
+    PostToLoop([done = std::move(done), latest = std::move(latest)]() mutable {
+      done(std::move(latest));
+    });
+  });
+}
+
+}  // namespace ckpt

@@ -44,7 +44,7 @@ struct Incarnation {
   uint64_t first_step;  // saves first_step and first_step + 1
 };
 
-// The job's writer plan as the coordinator reports it (nullptr: none known).
+// The job's writer plan as the coordinator reports it (nullptr: none known); points into `s`.
 const ckptd::v1::WriterPlanStatus* PlanOf(const ckptd::v1::GetStatusResponse& s) {
   for (const auto& p : s.writer_plans()) {
     if (p.job() == kJob) return &p;
@@ -83,7 +83,8 @@ TEST_CASE(
     // The previous trainers are gone; the coordinator has heard so from every node (a real
     // restart takes seconds: process start, imports, restore).
     REQUIRE(PollUntil([&] {
-      const auto* plan = PlanOf(GetStatus(*admin));
+      const auto status = GetStatus(*admin);
+      const auto* plan = PlanOf(status);
       return plan == nullptr || plan->ranks_registered() == 0;
     }));
 
@@ -131,7 +132,8 @@ TEST_CASE(
   // Every committed step restores bit-exact into a layout it was not saved in: two ranks,
   // row-sharded, for the steps of the replicated, column and flat incarnations.
   REQUIRE(PollUntil([&] {
-    const auto* plan = PlanOf(GetStatus(*admin));
+    const auto status = GetStatus(*admin);
+    const auto* plan = PlanOf(status);
     return plan == nullptr || plan->ranks_registered() == 0;
   }));
   for (uint64_t step : {2u, 5u, 8u}) {

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <map>
 #include <set>
+#include <unordered_set>
 
 #include "common/checksum.h"
 #include "common/data_layout.h"
@@ -251,25 +252,28 @@ namespace {
 // then fails here, naming both ends, instead of committing a hole.
 Status CheckSkippedWereWritten(const ckptd::v1::Manifest& merged,
                                std::span<const ckptd::v1::NodeManifest> nodes) {
+  const bool any = std::any_of(nodes.begin(), nodes.end(),
+                               [](const auto& n) { return n.skipped_size() > 0; });
+  if (!any) return Status::Ok();
+  // Every stored shard once, as tensor name + geometry: one lookup per skipped shard.
   std::map<std::string_view, const ckptd::v1::TensorEntry*> by_name;
-  for (const auto& t : merged.tensors()) by_name.emplace(t.name(), &t);
+  std::unordered_set<std::string> written;
+  for (const auto& t : merged.tensors()) {
+    by_name.emplace(t.name(), &t);
+    for (const auto& s : t.shards()) {
+      written.insert(t.name() + '\0' + s.geometry().SerializeAsString());
+    }
+  }
   for (const auto& n : nodes) {
     for (const auto& k : n.skipped()) {
       auto it = by_name.find(k.name());
       const ckptd::v1::TensorEntry* t = it == by_name.end() ? nullptr : it->second;
-      bool written = false;
-      if (t != nullptr && t->dtype() == k.dtype() &&
+      const bool found =
+          t != nullptr && t->dtype() == k.dtype() &&
           std::equal(t->global_shape().begin(), t->global_shape().end(),
-                     k.global_shape().begin(), k.global_shape().end())) {
-        const std::string want = k.geometry().SerializeAsString();
-        for (const auto& s : t->shards()) {
-          if (s.geometry().SerializeAsString() == want) {
-            written = true;
-            break;
-          }
-        }
-      }
-      if (!written) {
+                     k.global_shape().begin(), k.global_shape().end()) &&
+          written.count(k.name() + '\0' + k.geometry().SerializeAsString()) != 0;
+      if (!found) {
         return FailedPrecondition(
             "tensor '" + EscapeForLog(k.name()) + "': rank " + std::to_string(k.rank()) +
             " (node '" + n.node_id() +

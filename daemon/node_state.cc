@@ -1,6 +1,5 @@
 #include "daemon/node_state.h"
 
-#include <boost/asio/post.hpp>
 #include <cerrno>
 #include <random>
 
@@ -8,6 +7,7 @@
 #include "common/logging.h"
 #include "common/manifest_io.h"
 #include "common/step_layout.h"
+#include "daemon/node_manifest_builder.h"
 
 namespace ckpt {
 
@@ -45,14 +45,18 @@ NodeState::NodeState(boost::asio::io_context& io, Config config, FileSystem* fs,
       hot_(hot),
       capture_(capture),
       commit_(commit),
-      storage_(storage) {
+      tasks_(io, storage) {
   // Registration ids must not repeat across daemon restarts (the coordinator may still hold
   // the previous process's): a random start, 2^63 apart from 0.
   std::random_device rd;
   next_registration_id_ = ((uint64_t{rd()} << 32) | rd()) | (uint64_t{1} << 63);
 }
 
-NodeState::~NodeState() { *alive_ = false; }
+NodeState::~NodeState() = default;
+
+NodeState::Job& NodeState::JobNamed(const std::string& name) {
+  return jobs_.try_emplace(name, name, config_.layout, &next_registration_id_).first->second;
+}
 
 bool NodeState::Terminal(StepState s) {
   return s == ckptd::v1::STEP_STATE_COMMITTED || s == ckptd::v1::STEP_STATE_ABORTED ||
@@ -95,7 +99,7 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
   if (req.plan == nullptr) {
     return FailedPrecondition(ctx + ": save before any tensors were registered");
   }
-  Job& job = jobs_[req.job];
+  Job& job = JobNamed(req.job);
   auto it = job.steps.find(req.step);
   if (it == job.steps.end()) {
     uint64_t newest = job.newest_on_storage.value_or(0);
@@ -149,8 +153,10 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
   }
   if (s.ranks.count(req.rank) != 0) return FailedPrecondition(ctx + ": this rank already saved it");
   // The writer plan may leave this rank only part of what it registered.
-  ASSIGN_OR_RETURN(req.plan,
-                   PlanForSave(req.job, req.rank, req.world_size, req.session_id, req.plan), ctx);
+  if (auto report = job.writers.Register(req.rank, req.world_size, req.session_id, req.plan)) {
+    link_->ReportRegistration(std::move(*report));
+  }
+  ASSIGN_OR_RETURN(req.plan, job.writers.Apply(req.rank, req.plan), ctx);
 
   auto capture = std::make_shared<CaptureJob>();
   capture->job = req.job;
@@ -182,17 +188,10 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
     capture->reserved_slots = std::move(*slots);
   }
 
-  auto post = [this, alive = alive_](std::function<void()> f) {
-    boost::asio::post(io_, [alive, f = std::move(f)] {
-      if (*alive) f();
-    });
-  };
-  capture->on_captured = [this, post, j = req.job, n = req.step, r = req.rank](Status st) {
-    post([this, j, n, r, st] { OnRankCaptured(j, n, r, st); });
-  };
-  capture->on_persisted = [this, post, j = req.job, n = req.step, r = req.rank](Status st) {
-    post([this, j, n, r, st] { OnRankPersisted(j, n, r, st); });
-  };
+  capture->on_captured = tasks_.OnLoop([this, j = req.job, n = req.step, r = req.rank](
+                                            Status st) { OnRankCaptured(j, n, r, st); });
+  capture->on_persisted = tasks_.OnLoop([this, j = req.job, n = req.step, r = req.rank](
+                                             Status st) { OnRankPersisted(j, n, r, st); });
   s.ranks[req.rank] = RankSave{req.session_id, req.pid, capture, std::move(req.extra)};
   s.ranks[req.rank].sync_input = std::move(req.sync_input);
   Report(s, ckptd::v1::STEP_STATE_PENDING, {req.rank});
@@ -203,9 +202,7 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
   if (s.state == ckptd::v1::STEP_STATE_PENDING) SetState(s, ckptd::v1::STEP_STATE_CAPTURING);
   // Start the capture after this handler returns, i.e. after the session has sent the Save
   // reply: waking a CPU-bound capture thread first delays the reply on a busy machine.
-  boost::asio::post(io_, [this, alive = alive_, capture = std::move(capture)]() mutable {
-    if (*alive) capture_->Submit(std::move(capture));
-  });
+  tasks_.Later([this, capture = std::move(capture)]() mutable { capture_->Submit(std::move(capture)); });
   return SaveOutcome{};
 }
 
@@ -272,7 +269,7 @@ void NodeState::OnSaveLost(const std::string& job, uint64_t step, uint32_t rank,
   Step* s = FindStep(job, step);
   if (s == nullptr) {
     // Not saved here yet: another rank's save of it may still come. Remembered, it is refused.
-    auto& lost = jobs_[job].lost_saves;
+    auto& lost = JobNamed(job).lost_saves;
     lost[step].insert(rank);
     while (lost.size() > config_.finished_steps_kept) lost.erase(lost.begin());
     return;
@@ -302,9 +299,7 @@ void NodeState::SetState(Step& s, StepState state) {
       if (it != s.ranks.end()) it->second.finished = true;
     }
     s.deferred_captures.clear();
-    boost::asio::post(io_, [this, alive = alive_, job = s.job] {
-      if (*alive) StartDeferred(job);
-    });
+    tasks_.Later([this, job = s.job] { StartDeferred(job); });
   }
 }
 
@@ -329,14 +324,13 @@ void NodeState::MaybeCleanup(Step& s) {
     if (rs.capture && !rs.finished) return;  // its writer still holds files in the directory
   }
   s.cleanup_posted = true;
-  storage_->Post([this, alive = alive_, job = s.job, step = s.step] {
-    Status st = commit_->RemoveStep(job, step);
-    if (!st.ok()) spdlog::warn("job '{}' step {}: cleanup: {}", job, step, st.ToString());
-    hot_->Drop(job, step);  // anything adopted after the failure
-    boost::asio::post(io_, [this, alive] {
-      if (*alive) CheckDrained();
-    });
-  });
+  tasks_.Run(
+      [commit = commit_, hot = hot_, job = s.job, step = s.step] {
+        Status st = commit->RemoveStep(job, step);
+        if (!st.ok()) spdlog::warn("job '{}' step {}: cleanup: {}", job, step, st.ToString());
+        hot->Drop(job, step);  // anything adopted after the failure
+      },
+      [this] { CheckDrained(); });
   for (auto& [r, rs] : s.ranks) rs.capture.reset();  // drop plans and mappings
 }
 
@@ -387,53 +381,42 @@ void NodeState::WaitState(const std::string& job, uint64_t step, StepState state
     return;
   }
   // Not known here: it may be an older committed step (or unknown).
-  storage_->Post([this, alive = alive_, job, step, done = std::move(done)]() mutable {
-    auto list = commit_->List(job);
-    Status st;
-    if (!list.ok()) {
-      st = list.status();
-    } else if (!std::binary_search(list->begin(), list->end(), step)) {
-      st = NotFound("job '" + job + "' step " + std::to_string(step) +
-                    " is neither in flight on this node nor committed");
-    }
-    boost::asio::post(io_, [alive, done = std::move(done), st] {
-      if (*alive) done(st);
-    });
-  });
+  tasks_.Run(
+      [commit = commit_, job, step] {
+        auto list = commit->List(job);
+        if (!list.ok()) return list.status();
+        if (!std::binary_search(list->begin(), list->end(), step)) {
+          return NotFound("job '" + job + "' step " + std::to_string(step) +
+                          " is neither in flight on this node nor committed");
+        }
+        return Status::Ok();
+      },
+      [done = std::move(done)](Status st) { done(st); });
 }
 
 void NodeState::Latest(const std::string& job,
                        std::function<void(Result<std::optional<uint64_t>>)> done) {
   // The coordinator's answer; if it cannot be reached, the storage root's (same truth).
   link_->Latest(job, std::nullopt,
-                [this, alive = alive_, job,
-                 done = std::move(done)](Result<std::optional<uint64_t>> r) mutable {
-                  if (!*alive) return;
+                tasks_.OnLoop([this, job, done = std::move(done)](
+                                  Result<std::optional<uint64_t>> r) {
                   if (r.ok()) {
                     done(std::move(r));
                     return;
                   }
                   spdlog::warn("{}; reading LATEST from the storage root instead",
                                r.status().message());
-                  storage_->Post([this, alive, job, done = std::move(done)]() mutable {
-                    auto latest = commit_->Latest(job);
-                    boost::asio::post(io_, [alive, done = std::move(done),
-                                            latest = std::move(latest)]() mutable {
-                      if (*alive) done(std::move(latest));
-                    });
-                  });
-                });
+                  tasks_.Run([commit = commit_, job] { return commit->Latest(job); }, done);
+                }));
 }
 
 void NodeState::RestorePoint(const std::string& job, uint32_t rank, uint32_t world_size,
                              uint64_t session_id,
                              std::function<void(Result<std::optional<uint64_t>>)> done) {
-  jobs_[job].restore_askers[rank] = {session_id, world_size};
+  JobNamed(job).restore_askers[rank] = {session_id, world_size};
   link_->Latest(job,
                 CoordinatorPort::RestoreQuery{rank, world_size, RestoreSession(session_id)},
-                [alive = alive_, done = std::move(done)](Result<std::optional<uint64_t>> r) {
-                  if (*alive) done(std::move(r));
-                });
+                tasks_.OnLoop(std::move(done)));
 }
 
 std::string NodeState::RestoreSession(uint64_t session_id) const {
@@ -441,7 +424,7 @@ std::string NodeState::RestoreSession(uint64_t session_id) const {
 }
 
 void NodeState::AddSink(const std::string& job, std::weak_ptr<EventSink> sink) {
-  Job& j = jobs_[job];
+  Job& j = JobNamed(job);
   auto& sinks = j.sinks;
   std::erase_if(sinks, [](const auto& w) { return w.expired(); });
   sinks.push_back(std::move(sink));
@@ -449,16 +432,17 @@ void NodeState::AddSink(const std::string& job, std::weak_ptr<EventSink> sink) {
     // What an earlier incarnation committed, so that a save of such a step number is refused
     // at once (the writers check again before they create a file: this lookup may be late).
     j.storage_lookup_posted = true;
-    storage_->Post([this, alive = alive_, job] {
-      auto steps = commit_->List(job);
-      std::optional<uint64_t> newest;
-      if (steps.ok() && !steps->empty()) newest = steps->back();
-      boost::asio::post(io_, [this, alive, job, newest] {
-        if (!*alive || !newest) return;
-        Job& j = jobs_[job];
-        j.newest_on_storage = std::max(j.newest_on_storage.value_or(0), *newest);
-      });
-    });
+    tasks_.Run(
+        [commit = commit_, job] {
+          auto steps = commit->List(job);
+          return steps.ok() && !steps->empty() ? std::optional<uint64_t>(steps->back())
+                                               : std::nullopt;
+        },
+        [this, job](std::optional<uint64_t> newest) {
+          if (!newest) return;
+          Job& j = JobNamed(job);
+          j.newest_on_storage = std::max(j.newest_on_storage.value_or(0), *newest);
+        });
   }
 }
 
@@ -504,13 +488,7 @@ void NodeState::OnSessionClosed(uint64_t session_id, const std::string& job, uin
     req.set_job(job);
     req.set_rank(rank);
     req.set_withdrawn(true);
-    if (auto reg = jr.registered.find(rank);
-        reg != jr.registered.end() && reg->second.session_id == session_id) {
-      req.set_world_size(reg->second.world_size);
-      req.set_registration_id(reg->second.id);
-      jr.registered.erase(reg);
-      jr.subsets.erase(rank);
-    }
+    jr.writers.Withdraw(rank, session_id, &req);
     if (auto asked = jr.restore_askers.find(rank);
         asked != jr.restore_askers.end() && asked->second.first == session_id) {
       req.set_world_size(asked->second.second);
@@ -518,7 +496,7 @@ void NodeState::OnSessionClosed(uint64_t session_id, const std::string& job, uin
       jr.restore_askers.erase(asked);
     }
     if (req.world_size() != 0) {
-      jr.withdrawals[rank] = req;
+      jr.writers.RememberWithdrawal(rank, req);
       link_->ReportRegistration(std::move(req));
     }
   }
@@ -533,82 +511,6 @@ void NodeState::OnSessionClosed(uint64_t session_id, const std::string& job, uin
   }
 }
 
-namespace {
-
-struct PersistedRank {
-  uint32_t rank;
-  std::shared_ptr<CaptureJob> capture;
-  std::string extra;
-};
-
-// The node manifest of a persisted step. Runs on the storage thread: its cost grows with the
-// number of tensors (tens of ms for 10,000), which must not hold up the loop's replies.
-Result<ckptd::v1::NodeManifest> BuildNodeManifest(const std::string& job_name, uint64_t step,
-                                                  uint32_t world_size, const std::string& node_id,
-                                                  const std::vector<PersistedRank>& ranks) {
-  ckptd::v1::NodeManifest m;
-  m.set_format_version(kFormatVersion);
-  m.set_job(job_name);
-  m.set_step(step);
-  m.set_world_size(world_size);
-  m.set_node_id(node_id);
-  std::map<std::string, ckptd::v1::TensorEntry*> by_name;
-  std::map<std::string, uint32_t> first_rank;
-  for (const PersistedRank& pr : ranks) {
-    const uint32_t rank = pr.rank;
-    const CaptureJob& job = *pr.capture;
-    const CapturePlan& plan = *job.plan;
-    for (size_t i = 0; i < plan.tensors.size(); ++i) {
-      const RegisteredTensor& t = plan.tensors[i];
-      auto [it, inserted] = by_name.try_emplace(t.name, nullptr);
-      if (inserted) {
-        it->second = m.add_tensors();
-        it->second->set_name(t.name);
-        it->second->set_dtype(std::string(t.dtype.name));
-        it->second->set_partial(t.partial);
-        for (uint64_t d : t.geometry.global_shape()) it->second->add_global_shape(d);
-        first_rank[t.name] = rank;
-      } else {
-        const auto& e = *it->second;
-        const Shape& shape = t.geometry.global_shape();
-        if (e.dtype() != t.dtype.name ||
-            !std::equal(e.global_shape().begin(), e.global_shape().end(), shape.begin(),
-                        shape.end())) {
-          return InvalidArgument("tensor '" + t.name + "' is registered as " + e.dtype() +
-                                 " by rank " + std::to_string(first_rank[t.name]) + " but as " +
-                                 std::string(t.dtype.name) + " " + t.geometry.ToString() +
-                                 " by rank " + std::to_string(rank) +
-                                 " (dtype and global shape must agree)");
-        }
-        if (t.partial) it->second->set_partial(true);
-      }
-      auto* shard = it->second->add_shards();
-      *shard->mutable_geometry() = GeometryToProto(t.geometry);
-      shard->set_file(DataFileName(rank));
-      shard->set_offset(plan.layout.shard_offsets[i]);
-      shard->set_length(t.bytes());
-      shard->set_chunk_size(plan.layout.checksum_chunk);
-      for (uint64_t c : job.checksums[i]) shard->add_chunk_xxh3(c);
-      shard->set_writer_rank(rank);
-    }
-    for (const RegisteredTensor& t : plan.skipped) {
-      auto* k = m.add_skipped();
-      k->set_name(t.name);
-      k->set_dtype(std::string(t.dtype.name));
-      for (uint64_t d : t.geometry.global_shape()) k->add_global_shape(d);
-      *k->mutable_geometry() = GeometryToProto(t.geometry);
-      k->set_rank(rank);
-    }
-    auto* r = m.add_ranks();
-    r->set_rank(rank);
-    r->set_extra(pr.extra);
-    r->set_node_id(node_id);
-  }
-  return m;
-}
-
-}  // namespace
-
 void NodeState::ReleaseCaptures(Step& s) {
   // Called right after the step's waiters were answered, when a trainer's next Save may already
   // be queued behind this handler: the captures (per-tensor checksum lists, the data file's
@@ -617,7 +519,7 @@ void NodeState::ReleaseCaptures(Step& s) {
   for (auto& [r, rs] : s.ranks) {
     if (rs.capture) done.push_back(std::move(rs.capture));
   }
-  if (!done.empty()) storage_->Post([done = std::move(done)] {});
+  if (!done.empty()) tasks_.Background([done = std::move(done)] {});
 }
 
 void NodeState::Prune(Job& j) {
@@ -694,7 +596,7 @@ void NodeState::CheckDrained() {
   idle();
 }
 
-// ---------------------------------------------------------------- coordinator mode
+// ---------------------------------------------------------------- reports to the coordinator, and its decisions
 
 void NodeState::FailLocally(Step& s, StepState state, const std::string& reason) {
   if (Terminal(s.state)) return;
@@ -723,121 +625,59 @@ void NodeState::ReportNodeManifest(Step& s) {
     if (rs.persisted && rs.capture) ranks.push_back({rank, rs.capture, rs.extra});
   }
   // The storage thread runs these in order, so each file written holds a superset of the last.
-  storage_->Post([this, alive = alive_, job = s.job, step = s.step, world_size = s.world_size,
-                  ranks = std::move(ranks)] {
-    auto node = BuildNodeManifest(job, step, world_size, config_.node_id, ranks);
-    Status st = node.status();
-    if (st.ok()) {
-      st = WriteFileAtomically(
-          fs_,
-          JoinPath(StepDir(config_.storage_root, job, step), NodeManifestFileName(node->node_id())),
-          EncodeNodeManifest(*node));
-    }
-    std::shared_ptr<const ckptd::v1::NodeManifest> manifest;
-    if (st.ok()) {
-      manifest = std::make_shared<const ckptd::v1::NodeManifest>(std::move(node).value());
-      ckptd::v1::ReportRanksRequest req;
-      req.set_job(job);
-      req.set_step(step);
-      req.set_world_size(world_size);
-      req.set_state(ckptd::v1::STEP_STATE_PERSISTED);
-      for (const auto& r : manifest->ranks()) req.add_ranks(r.rank());
-      *req.mutable_node_manifest() = *manifest;
-      link_->ReportRanks(std::move(req));
-    }
-    boost::asio::post(io_, [this, alive, job, step, st, manifest] {
-      if (!*alive) return;
-      Step* s = FindStep(job, step);
-      if (s == nullptr || Terminal(s->state)) return;
-      if (!st.ok()) {
-        // With a coordinator only it removes step directories (after its abort decision, or
-        // its recovery scan after a restart): a directory gone from under us means the step
-        // was aborted globally, and that is what the trainers are told.
-        const bool removed_globally = st.sys_errno() == ENOENT;
-        FailLocally(
-            *s, removed_globally ? ckptd::v1::STEP_STATE_ABORTED : ckptd::v1::STEP_STATE_FAILED,
-            removed_globally ? "the coordinator removed the step's directory (it aborted the step) "
-                               "while this node wrote its manifest: " +
-                                   st.message()
-                             : "node manifest: " + st.message());
-        return;
-      }
-      if (!s->node_manifest || s->node_manifest->ranks_size() < manifest->ranks_size()) {
-        s->node_manifest = manifest;
-      }
-    });
-  });
-}
-
-void NodeState::ReportRegistration(const std::string& job, uint32_t rank,
-                                   const Registration& reg) {
-  ckptd::v1::ReportRegistrationRequest req;
-  req.set_job(job);
-  req.set_rank(rank);
-  req.set_world_size(reg.world_size);
-  req.set_registration_id(reg.id);
-  for (const RegisteredTensor& t : reg.plan->tensors) {
-    auto* k = req.add_shards();
-    k->set_name(t.name);
-    k->set_dtype(std::string(t.dtype.name));
-    for (uint64_t d : t.geometry.global_shape()) k->add_global_shape(d);
-    *k->mutable_geometry() = GeometryToProto(t.geometry);
-    k->set_bytes(t.bytes());
-  }
-  link_->ReportRegistration(std::move(req));
-}
-
-Result<std::shared_ptr<const CapturePlan>> NodeState::PlanForSave(
-    const std::string& job_name, uint32_t rank, uint32_t world_size, uint64_t session_id,
-    std::shared_ptr<const CapturePlan> plan) {
-  Job& j = jobs_[job_name];
-  Registration& registered = j.registered[rank];
-  if (registered.plan != plan || registered.world_size != world_size ||
-      registered.session_id != session_id) {
-    registered = Registration{world_size, plan, next_registration_id_++, session_id};
-    ReportRegistration(job_name, rank, registered);
-  }
-  auto skips = j.skips.find(rank);
-  // Skips computed from another registration (this rank's trainer registered anew since) do
-  // not apply: the rank writes everything until the plan for this registration arrives.
-  if (skips == j.skips.end() || skips->second.names.empty() ||
-      skips->second.registration_id != registered.id) {
-    return plan;
-  }
-  WriterSubset& cached = j.subsets[rank];
-  if (cached.subset && cached.registered == plan && cached.plan_version == j.plan_version) {
-    return cached.subset;
-  }
-  auto subset = std::make_shared<CapturePlan>();
-  std::vector<uint64_t> sizes;
-  for (const RegisteredTensor& t : plan->tensors) {
-    if (skips->second.names.count(t.name) != 0) {
-      subset->skipped.push_back(t);
-      continue;
-    }
-    subset->tensors.push_back(t);
-    sizes.push_back(t.bytes());
-    subset->total_bytes += t.bytes();
-  }
-  ASSIGN_OR_RETURN(subset->layout, PlanDataFile(sizes, config_.layout));
-  subset->fingerprint = plan->fingerprint + "|writer plan " + std::to_string(j.plan_version);
-  spdlog::info("job '{}' rank {}: writes {} of {} registered tensors ({} of {} bytes; writer plan)",
-               job_name, rank, subset->tensors.size(), plan->tensors.size(), subset->total_bytes,
-               plan->total_bytes);
-  cached = WriterSubset{plan, j.plan_version, subset};
-  return cached.subset;
+  // The report goes from there too: the coordinator hears of the manifest once it is durable.
+  using Written = std::pair<Status, std::shared_ptr<const ckptd::v1::NodeManifest>>;
+  tasks_.Run(
+      [fs = fs_, link = link_, root = config_.storage_root, node_id = config_.node_id,
+       job = s.job, step = s.step, world_size = s.world_size,
+       ranks = std::move(ranks)]() -> Written {
+        auto node = BuildNodeManifest(job, step, world_size, node_id, ranks);
+        if (!node.ok()) return {node.status(), nullptr};
+        Status st = WriteFileAtomically(
+            fs, JoinPath(StepDir(root, job, step), NodeManifestFileName(node_id)),
+            EncodeNodeManifest(*node));
+        if (!st.ok()) return {st, nullptr};
+        auto manifest = std::make_shared<const ckptd::v1::NodeManifest>(std::move(node).value());
+        ckptd::v1::ReportRanksRequest req;
+        req.set_job(job);
+        req.set_step(step);
+        req.set_world_size(world_size);
+        req.set_state(ckptd::v1::STEP_STATE_PERSISTED);
+        for (const auto& r : manifest->ranks()) req.add_ranks(r.rank());
+        *req.mutable_node_manifest() = *manifest;
+        link->ReportRanks(std::move(req));
+        return {Status::Ok(), manifest};
+      },
+      [this, job = s.job, step = s.step](Written written) {
+        auto& [st, manifest] = written;
+        Step* s = FindStep(job, step);
+        if (s == nullptr || Terminal(s->state)) return;
+        if (!st.ok()) {
+          // Only the coordinator removes step directories (after its abort decision, or its
+          // recovery scan after a restart): a directory gone from under us means the step was
+          // aborted globally, and that is what the trainers are told.
+          const bool removed_globally = st.sys_errno() == ENOENT;
+          FailLocally(*s,
+                      removed_globally ? ckptd::v1::STEP_STATE_ABORTED
+                                       : ckptd::v1::STEP_STATE_FAILED,
+                      removed_globally
+                          ? "the coordinator removed the step's directory (it aborted the "
+                            "step) while this node wrote its manifest: " +
+                                st.message()
+                          : "node manifest: " + st.message());
+          return;
+        }
+        if (!s->node_manifest || s->node_manifest->ranks_size() < manifest->ranks_size()) {
+          s->node_manifest = manifest;
+        }
+      });
 }
 
 void NodeState::OnCoordinatorConnected() {
   for (auto& [name, j] : jobs_) {
-    // A restarted coordinator plans anew, maybe differently: until its plan arrives (at once,
-    // on attach, when it has one), every rank writes everything.
-    j.skips.clear();
-    j.subsets.clear();
-    for (const auto& [rank, w] : j.withdrawals) link_->ReportRegistration(w);
-    for (const auto& [rank, reg] : j.registered) {
-      if (reg.plan) ReportRegistration(name, rank, reg);
-    }
+    // Until the coordinator's plan arrives (at once, on attach, when it has one), every rank
+    // writes everything.
+    for (auto& report : j.writers.OnReconnect()) link_->ReportRegistration(std::move(report));
     for (auto& [n, s] : j.steps) {
       if (Terminal(s.state)) {
         // Failed here, but the report may have died with the previous coordinator: without its
@@ -873,18 +713,7 @@ void NodeState::OnCoordinatorConnected() {
 
 void NodeState::OnCoordinatorEvent(const ckptd::v1::CoordinatorEvent& event) {
   if (event.has_plan()) {
-    const auto& p = event.plan();
-    Job& j = jobs_[p.job()];
-    ++j.plan_version;  // local counter: a restarted coordinator numbers its plans anew
-    j.skips.clear();
-    j.subsets.clear();
-    for (const auto& r : p.ranks()) {
-      PlannedSkips& k = j.skips[r.rank()];
-      k.registration_id = r.registration_id();
-      k.names.insert(r.skip().begin(), r.skip().end());
-    }
-    spdlog::info("job '{}': writer plan v{} from the coordinator ({} ranks here)", p.job(),
-                 p.version(), p.ranks_size());
+    JobNamed(event.plan().job()).writers.OnPlan(event.plan());
     return;
   }
   if (!event.has_step()) return;
@@ -908,7 +737,7 @@ void NodeState::OnCoordinatorEvent(const ckptd::v1::CoordinatorEvent& event) {
       s->decided_globally = true;
       SetState(*s, ckptd::v1::STEP_STATE_COMMITTED);
       ReleaseCaptures(*s);
-      Prune(jobs_[d.job()]);  // may erase *s
+      Prune(JobNamed(d.job()));  // may erase *s
       CheckDrained();
       break;
     }

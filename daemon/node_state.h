@@ -4,8 +4,12 @@
 //
 // Ownership: NodeState lives on the daemon's Asio loop and is only touched from it — no locks.
 // Engine threads report through callbacks that post back onto the loop; storage work (node
-// manifests, cleanup, LATEST lookups) is posted to the storage thread, whose results are posted
-// back too.
+// manifests, cleanup, LATEST lookups) runs on the storage thread and its outcome comes back
+// onto the loop (loop_tasks.h).
+//
+// Its parts, each in its own file: the node manifest of a step (node_manifest_builder.h, a pure
+// function), the writer plan's cut of each rank's registration (writer_plan_filter.h), and the
+// off-loop work (loop_tasks.h). What stays here is the step table and its transitions.
 //
 // The step-wide rules — step order of commits, step timeouts and missing ranks, the writer
 // plan, the commit itself, restore points — belong to the coordinator (coordinator_core.h),
@@ -30,9 +34,8 @@
 //     removed — never on this node's own decision, since a removal racing a commit decided
 //     elsewhere could tear a step; older steps are untouched;
 //   * the writer plan pushed by the coordinator makes a rank skip replicas another rank writes,
-//     for the registration it was computed from only: the save uses a subset of the registered
-//     plan (cached until plan or registration change). Without a plan a rank writes everything;
-//     the merge keeps one copy.
+//     for the registration it was computed from only (writer_plan_filter.h). Without a plan a
+//     rank writes everything; the merge keeps one copy.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -54,7 +57,9 @@
 #include "daemon/daemon_observer.h"
 #include "daemon/host_pool.h"
 #include "daemon/hot_cache.h"
+#include "daemon/loop_tasks.h"
 #include "daemon/task_pool.h"
+#include "daemon/writer_plan_filter.h"
 
 namespace ckpt {
 
@@ -177,28 +182,15 @@ class NodeState : public CoordinatorPort::Handler {
     bool cleanup_posted = false;
     bool deferred = false;  // accepted, captures not started: too many older steps in flight
     std::vector<std::shared_ptr<CaptureJob>> deferred_captures;
-    // Coordinator mode: the last node manifest reported (re-sent after a reconnect), and
-    // whether the coordinator decided the step's end (only then are its files removed here).
+    // The last node manifest reported (re-sent after a reconnect), and whether the coordinator
+    // decided the step's end (only then are its files removed here).
     std::shared_ptr<const ckptd::v1::NodeManifest> node_manifest;
     bool decided_globally = false;
     std::chrono::steady_clock::time_point accepted = std::chrono::steady_clock::now();
   };
-  struct Registration {
-    uint32_t world_size = 0;
-    std::shared_ptr<const CapturePlan> plan;
-    uint64_t id = 0;          // ReportRegistrationRequest.registration_id
-    uint64_t session_id = 0;  // of the trainer that registered it
-  };
-  struct PlannedSkips {
-    uint64_t registration_id = 0;  // the registration they were computed from
-    std::set<std::string> names;   // tensors the rank does not write
-  };
-  struct WriterSubset {
-    std::shared_ptr<const CapturePlan> registered;
-    uint64_t plan_version = 0;
-    std::shared_ptr<const CapturePlan> subset;
-  };
   struct Job {
+    Job(const std::string& name, const LayoutOptions& layout, uint64_t* next_registration_id)
+        : writers(name, layout, next_registration_id) {}
     std::map<uint64_t, Step> steps;  // in flight and recently finished
     std::vector<std::weak_ptr<EventSink>> sinks;
     // The newest step committed in storage when the job's first session said hello (by an
@@ -208,22 +200,12 @@ class NodeState : public CoordinatorPort::Handler {
     // Steps not (yet) saved here whose save by these ranks was lost (OnSaveLost): a later save
     // of them by another rank is refused. The newest finished_steps_kept.
     std::map<uint64_t, std::set<uint32_t>> lost_saves;
-    // Coordinator mode: what each rank registered (reported at its first save after a change,
-    // withdrawn when its session ends) and the writer plan's skips for it.
-    std::map<uint32_t, Registration> registered;
-    uint64_t plan_version = 0;
-    std::map<uint32_t, PlannedSkips> skips;
-    std::map<uint32_t, WriterSubset> subsets;
+    // What each rank registered, and the writer plan's cut of it.
+    WriterPlanFilter writers;
     // The session of each rank that asked the job's restore point (its world size with it).
     std::map<uint32_t, std::pair<uint64_t, uint32_t>> restore_askers;
-    // The last withdrawal of each rank, sent again after a reconnect (the coordinator ignores
-    // one that no longer matches).
-    std::map<uint32_t, ckptd::v1::ReportRegistrationRequest> withdrawals;
   };
-  Result<std::shared_ptr<const CapturePlan>> PlanForSave(const std::string& job, uint32_t rank,
-                                                         uint32_t world_size, uint64_t session_id,
-                                                         std::shared_ptr<const CapturePlan> plan);
-  void ReportRegistration(const std::string& job, uint32_t rank, const Registration& reg);
+  Job& JobNamed(const std::string& name);
   void Report(const Step& s, ckptd::v1::StepState state, std::vector<uint32_t> ranks,
               std::string reason = {});
   void ReportNodeManifest(Step& s);
@@ -253,14 +235,13 @@ class NodeState : public CoordinatorPort::Handler {
   HotCache* hot_;
   CaptureEngine* capture_;
   CommitEngine* commit_;
-  TaskPool* storage_;
   std::map<std::string, Job> jobs_;
   bool draining_ = false;
   std::function<void()> on_idle_;
   CoordinatorPort* link_ = nullptr;  // the coordinator: in process, or ckpt-coordinator
   uint64_t next_registration_id_;    // random start per daemon process
   DaemonObserver* observer_ = nullptr;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // guards late posts
+  LoopTasks tasks_;  // storage work and engine callbacks; last, so it is destroyed first
 };
 
 std::string_view StepStateName(ckptd::v1::StepState s);

@@ -17,12 +17,16 @@
 namespace ckpt {
 namespace {
 
-// One user-facing key: its flag (--key), help, and how to apply a string value.
-struct Option {
-  std::string key;
-  std::string help;
-  std::function<Status(DaemonConfig&, const std::string&)> apply;
-};
+// A size that reads back exactly: "8GiB" when it is a whole number of a binary unit, else bytes.
+std::string ExactSize(uint64_t bytes) {
+  static constexpr std::pair<uint64_t, const char*> kUnits[] = {
+      {1ull << 40, "TiB"}, {1ull << 30, "GiB"}, {1ull << 20, "MiB"}, {1ull << 10, "KiB"}};
+  if (bytes == 0) return "0";
+  for (const auto& [unit, name] : kUnits) {
+    if (bytes % unit == 0) return std::to_string(bytes / unit) + name;
+  }
+  return std::to_string(bytes);
+}
 
 Result<uint64_t> ParseUint(const std::string& key, const std::string& v) {
   uint64_t out = 0;
@@ -33,122 +37,165 @@ Result<uint64_t> ParseUint(const std::string& key, const std::string& v) {
   return out;
 }
 
+// How one key's value is read from a string (flag, environment, YAML) and printed back
+// (--print-config) so that it reads back the same.
+struct Field {
+  std::function<Status(DaemonConfig&, const std::string&)> apply;
+  std::function<std::string(const DaemonConfig&)> print;
+};
+
+// One user-facing key: its flag (--key), environment variable, YAML key, help and field. The
+// table below is the only list of keys: parsing, --help and --print-config all read it.
+struct Option {
+  std::string key;
+  std::string help;
+  Field field;
+};
+
+Field Str(std::string DaemonConfig::*field) {
+  return {[field](DaemonConfig& c, const std::string& v) {
+            c.*field = v;
+            return Status::Ok();
+          },
+          [field](const DaemonConfig& c) { return c.*field; }};
+}
+
+Field Bytes(const char* key, uint64_t DaemonConfig::*field) {
+  return {[key, field](DaemonConfig& c, const std::string& v) -> Status {
+            ASSIGN_OR_RETURN(c.*field, ParseByteSize(v), key);
+            return Status::Ok();
+          },
+          [field](const DaemonConfig& c) { return ExactSize(c.*field); }};
+}
+
+Field Duration(const char* key, std::chrono::milliseconds DaemonConfig::*field) {
+  return {[key, field](DaemonConfig& c, const std::string& v) -> Status {
+            ASSIGN_OR_RETURN(c.*field, ParseDuration(v), key);
+            return Status::Ok();
+          },
+          [field](const DaemonConfig& c) { return std::to_string((c.*field).count()) + "ms"; }};
+}
+
+template <class T>
+Field Integer(const char* key, T DaemonConfig::*field) {
+  return {[key, field](DaemonConfig& c, const std::string& v) -> Status {
+            ASSIGN_OR_RETURN(uint64_t n, ParseUint(key, v));
+            if (n > 1'000'000) return InvalidArgument(std::string(key) + ": " + v + " is too large");
+            c.*field = static_cast<T>(n);
+            return Status::Ok();
+          },
+          [field](const DaemonConfig& c) { return std::to_string(c.*field); }};
+}
+
+Field Boolean(const char* key, bool DaemonConfig::*field) {
+  return {[key, field](DaemonConfig& c, const std::string& v) -> Status {
+            if (v != "true" && v != "false") {
+              return InvalidArgument(std::string(key) + ": '" + v + "' is not true or false");
+            }
+            c.*field = v == "true";
+            return Status::Ok();
+          },
+          [field](const DaemonConfig& c) { return std::string(c.*field ? "true" : "false"); }};
+}
+
+// A comma-separated list; `item` checks and converts one element.
+template <class T>
+Field List(std::vector<T> DaemonConfig::*field,
+           std::function<Result<T>(const std::string&)> item) {
+  return {[field, item](DaemonConfig& c, const std::string& v) -> Status {
+            (c.*field).clear();
+            std::stringstream ss(v);
+            std::string part;
+            while (std::getline(ss, part, ',')) {
+              if (part.empty()) continue;
+              ASSIGN_OR_RETURN(T value, item(part));
+              (c.*field).push_back(std::move(value));
+            }
+            return Status::Ok();
+          },
+          [field](const DaemonConfig& c) {
+            std::string out;
+            for (const auto& value : c.*field) {
+              std::ostringstream one;
+              one << value;
+              out += (out.empty() ? "" : ",") + one.str();
+            }
+            return out;
+          }};
+}
+
 std::vector<Option> Options() {
-  auto str = [](std::string DaemonConfig::*field) {
-    return [field](DaemonConfig& c, const std::string& v) {
-      c.*field = v;
-      return Status::Ok();
-    };
-  };
-  auto bytes = [](const char* key, uint64_t DaemonConfig::*field) {
-    return [key, field](DaemonConfig& c, const std::string& v) -> Status {
-      ASSIGN_OR_RETURN(c.*field, ParseByteSize(v), key);
-      return Status::Ok();
-    };
-  };
-  auto duration = [](const char* key, std::chrono::milliseconds DaemonConfig::*field) {
-    return [key, field](DaemonConfig& c, const std::string& v) -> Status {
-      ASSIGN_OR_RETURN(c.*field, ParseDuration(v), key);
-      return Status::Ok();
-    };
-  };
-  auto integer = [](const char* key, auto DaemonConfig::*field) {
-    return [key, field](DaemonConfig& c, const std::string& v) -> Status {
-      ASSIGN_OR_RETURN(uint64_t n, ParseUint(key, v));
-      if (n > 1'000'000) return InvalidArgument(std::string(key) + ": " + v + " is too large");
-      c.*field = static_cast<std::remove_reference_t<decltype(c.*field)>>(n);
-      return Status::Ok();
-    };
-  };
   return {
-      {"socket", "Unix socket for trainers", str(&DaemonConfig::socket)},
-      {"socket-mode", "octal file mode of the socket", str(&DaemonConfig::socket_mode)},
-      {"admin", "gRPC admin address (host:port or unix:PATH)", str(&DaemonConfig::admin)},
+      {"socket", "Unix socket for trainers", Str(&DaemonConfig::socket)},
+      {"socket-mode", "octal file mode of the socket", Str(&DaemonConfig::socket_mode)},
+      {"admin", "gRPC admin address (host:port or unix:PATH)", Str(&DaemonConfig::admin)},
       {"storage-root", "directory checkpoints are written under (the PFS mount)",
-       str(&DaemonConfig::storage_root)},
+       Str(&DaemonConfig::storage_root)},
       {"host-pool", "size of the pinned host staging pool, e.g. 8GiB",
-       bytes("host-pool", &DaemonConfig::host_pool)},
-      {"node-id", "name of this node (default: hostname)", str(&DaemonConfig::node_id)},
+       Bytes("host-pool", &DaemonConfig::host_pool)},
+      {"node-id", "name of this node (default: hostname)", Str(&DaemonConfig::node_id)},
       {"coordinator", "address of ckpt-coordinator (absent: embedded coordinator)",
-       str(&DaemonConfig::coordinator)},
+       Str(&DaemonConfig::coordinator)},
       {"keep", "committed checkpoints kept per job (0 = all)",
-       integer("keep", &DaemonConfig::keep)},
+       Integer("keep", &DaemonConfig::keep)},
       {"slot-size", "pool slot / write size, e.g. 16MiB",
-       bytes("slot-size", &DaemonConfig::slot_size)},
+       Bytes("slot-size", &DaemonConfig::slot_size)},
       {"checksum-chunk", "bytes covered by one checksum, e.g. 1MiB",
-       bytes("checksum-chunk", &DaemonConfig::checksum_chunk)},
+       Bytes("checksum-chunk", &DaemonConfig::checksum_chunk)},
       {"capture-threads", "threads copying trainer memory into the pool",
-       integer("capture-threads", &DaemonConfig::capture_threads)},
+       Integer("capture-threads", &DaemonConfig::capture_threads)},
       {"flush-threads", "threads writing the pool to storage (queue depth)",
-       integer("flush-threads", &DaemonConfig::flush_threads)},
+       Integer("flush-threads", &DaemonConfig::flush_threads)},
       {"worker-nice",
        "nice value (0-19) of the capture, flush and storage threads, so the loop answering "
        "trainers preempts them",
-       integer("worker-nice", &DaemonConfig::worker_nice)},
+       Integer("worker-nice", &DaemonConfig::worker_nice)},
       {"step-timeout", "abort a step some rank has not saved within this, e.g. 10m",
-       duration("step-timeout", &DaemonConfig::step_timeout)},
+       Duration("step-timeout", &DaemonConfig::step_timeout)},
       {"shutdown-timeout", "on SIGTERM, wait this long for in-flight steps",
-       duration("shutdown-timeout", &DaemonConfig::shutdown_timeout)},
+       Duration("shutdown-timeout", &DaemonConfig::shutdown_timeout)},
       {"storage-stall-timeout",
        "a write in flight this long means storage is stalled: saves that need pool space are "
        "skipped at once instead of waiting for it (0 = always wait), e.g. 5s",
-       duration("storage-stall-timeout", &DaemonConfig::storage_stall_timeout)},
+       Duration("storage-stall-timeout", &DaemonConfig::storage_stall_timeout)},
       {"capture-throttle", "cap on capture copy rate in bytes/s, e.g. 2GiB (0 = none)",
-       bytes("capture-throttle", &DaemonConfig::capture_throttle)},
+       Bytes("capture-throttle", &DaemonConfig::capture_throttle)},
       {"allowed-uids", "comma-separated uids allowed to connect (empty = any)",
-       [](DaemonConfig& c, const std::string& v) -> Status {
-         c.allowed_uids.clear();
-         std::stringstream ss(v);
-         std::string item;
-         while (std::getline(ss, item, ',')) {
-           if (item.empty()) continue;
-           ASSIGN_OR_RETURN(uint64_t uid, ParseUint("allowed-uids", item));
-           if (uid >= UINT32_MAX) {  // uid_t is 32 bits; (uid_t)-1 means "no uid"
-             return InvalidArgument("allowed-uids: " + item + " is not a valid uid");
-           }
-           c.allowed_uids.push_back(static_cast<uint32_t>(uid));
+       List<uint32_t>(&DaemonConfig::allowed_uids, [](const std::string& item) -> Result<uint32_t> {
+         ASSIGN_OR_RETURN(uint64_t uid, ParseUint("allowed-uids", item));
+         if (uid >= UINT32_MAX) {  // uid_t is 32 bits; (uid_t)-1 means "no uid"
+           return InvalidArgument("allowed-uids: " + item + " is not a valid uid");
          }
-         return Status::Ok();
-       }},
-      {"log-level", "trace, debug, info, warn or error", str(&DaemonConfig::log_level)},
+         return static_cast<uint32_t>(uid);
+       })},
+      {"log-level", "trace, debug, info, warn or error", Str(&DaemonConfig::log_level)},
       // ---- global coordinator link ----
       {"coordinator-ca", "PEM CA of the coordinator's certificate (enables TLS)",
-       str(&DaemonConfig::coordinator_ca)},
+       Str(&DaemonConfig::coordinator_ca)},
       {"coordinator-cert", "PEM client certificate for the coordinator (mutual TLS)",
-       str(&DaemonConfig::coordinator_cert)},
+       Str(&DaemonConfig::coordinator_cert)},
       {"coordinator-key", "PEM private key of coordinator-cert",
-       str(&DaemonConfig::coordinator_key)},
+       Str(&DaemonConfig::coordinator_key)},
       {"coordinator-server-name", "name to expect in the coordinator's certificate",
-       str(&DaemonConfig::coordinator_server_name)},
+       Str(&DaemonConfig::coordinator_server_name)},
       {"coordinator-plaintext", "true: allow an unencrypted link to a non-loopback coordinator",
-       [](DaemonConfig& c, const std::string& v) -> Status {
-         if (v != "true" && v != "false") {
-           return InvalidArgument("coordinator-plaintext: '" + v + "' is not true or false");
-         }
-         c.coordinator_plaintext = v == "true";
-         return Status::Ok();
-       }},
+       Boolean("coordinator-plaintext", &DaemonConfig::coordinator_plaintext)},
       // ---- operations (daemon/admin) ----
-      {"metrics", "Prometheus endpoint host:port (empty = off)", str(&DaemonConfig::metrics)},
+      {"metrics", "Prometheus endpoint host:port (empty = off)", Str(&DaemonConfig::metrics)},
       {"socket-group", "group (name or gid) owning the trainer socket",
-       str(&DaemonConfig::socket_group)},
+       Str(&DaemonConfig::socket_group)},
       {"admin-tls-cert", "PEM certificate: serve admin over TLS",
-       str(&DaemonConfig::admin_tls_cert)},
-      {"admin-tls-key", "PEM private key of admin-tls-cert", str(&DaemonConfig::admin_tls_key)},
+       Str(&DaemonConfig::admin_tls_cert)},
+      {"admin-tls-key", "PEM private key of admin-tls-cert", Str(&DaemonConfig::admin_tls_key)},
       {"admin-tls-client-ca", "PEM CA: admin clients must present a certificate it signed",
-       str(&DaemonConfig::admin_tls_client_ca)},
+       Str(&DaemonConfig::admin_tls_client_ca)},
+      {"admin-allow-plaintext", "true: serve admin unencrypted on a non-loopback address",
+       Boolean("admin-allow-plaintext", &DaemonConfig::admin_allow_plaintext)},
       {"shared-jobs", "comma-separated jobs whose checkpoints any job may load (e.g. a base model)",
-       [](DaemonConfig& c, const std::string& v) -> Status {
-         c.shared_jobs.clear();
-         std::stringstream ss(v);
-         std::string item;
-         while (std::getline(ss, item, ',')) {
-           if (item.empty()) continue;
-           RETURN_IF_ERROR(ValidateJobName(item), "shared-jobs");
-           c.shared_jobs.push_back(item);
-         }
-         return Status::Ok();
-       }},
+       List<std::string>(&DaemonConfig::shared_jobs, [](const std::string& job) -> Result<std::string> {
+         RETURN_IF_ERROR(ValidateJobName(job), "shared-jobs");
+         return job;
+       })},
   };
 }
 
@@ -203,59 +250,12 @@ Status Validate(DaemonConfig& c) {
   return Status::Ok();
 }
 
-// A size that reads back exactly: "8GiB" when it is a whole number of a binary unit, else bytes.
-std::string ExactSize(uint64_t bytes) {
-  static constexpr std::pair<uint64_t, const char*> kUnits[] = {
-      {1ull << 40, "TiB"}, {1ull << 30, "GiB"}, {1ull << 20, "MiB"}, {1ull << 10, "KiB"}};
-  if (bytes == 0) return "0";
-  for (const auto& [unit, name] : kUnits) {
-    if (bytes % unit == 0) return std::to_string(bytes / unit) + name;
-  }
-  return std::to_string(bytes);
-}
-
 }  // namespace
 
 std::string DaemonConfig::ToYaml() const {
   YAML::Emitter out;
   out << YAML::BeginMap;
-  out << YAML::Key << "socket" << YAML::Value << socket;
-  out << YAML::Key << "socket-mode" << YAML::Value << socket_mode;
-  out << YAML::Key << "admin" << YAML::Value << admin;
-  out << YAML::Key << "storage-root" << YAML::Value << storage_root;
-  out << YAML::Key << "host-pool" << YAML::Value << ExactSize(host_pool);
-  out << YAML::Key << "node-id" << YAML::Value << node_id;
-  out << YAML::Key << "coordinator" << YAML::Value << coordinator;
-  out << YAML::Key << "keep" << YAML::Value << keep;
-  out << YAML::Key << "slot-size" << YAML::Value << ExactSize(slot_size);
-  out << YAML::Key << "checksum-chunk" << YAML::Value << ExactSize(checksum_chunk);
-  out << YAML::Key << "capture-threads" << YAML::Value << capture_threads;
-  out << YAML::Key << "flush-threads" << YAML::Value << flush_threads;
-  out << YAML::Key << "worker-nice" << YAML::Value << worker_nice;
-  out << YAML::Key << "step-timeout" << YAML::Value << std::to_string(step_timeout.count()) + "ms";
-  out << YAML::Key << "shutdown-timeout" << YAML::Value
-      << std::to_string(shutdown_timeout.count()) + "ms";
-  out << YAML::Key << "storage-stall-timeout" << YAML::Value
-      << std::to_string(storage_stall_timeout.count()) + "ms";
-  out << YAML::Key << "capture-throttle" << YAML::Value << ExactSize(capture_throttle);
-  std::string uids;
-  for (uint32_t u : allowed_uids) uids += (uids.empty() ? "" : ",") + std::to_string(u);
-  out << YAML::Key << "allowed-uids" << YAML::Value << uids;
-  out << YAML::Key << "log-level" << YAML::Value << log_level;
-  out << YAML::Key << "coordinator-ca" << YAML::Value << coordinator_ca;
-  out << YAML::Key << "coordinator-cert" << YAML::Value << coordinator_cert;
-  out << YAML::Key << "coordinator-key" << YAML::Value << coordinator_key;
-  out << YAML::Key << "coordinator-server-name" << YAML::Value << coordinator_server_name;
-  out << YAML::Key << "coordinator-plaintext" << YAML::Value
-      << (coordinator_plaintext ? "true" : "false");
-  out << YAML::Key << "metrics" << YAML::Value << metrics;
-  out << YAML::Key << "socket-group" << YAML::Value << socket_group;
-  out << YAML::Key << "admin-tls-cert" << YAML::Value << admin_tls_cert;
-  out << YAML::Key << "admin-tls-key" << YAML::Value << admin_tls_key;
-  out << YAML::Key << "admin-tls-client-ca" << YAML::Value << admin_tls_client_ca;
-  std::string shared;
-  for (const auto& j : shared_jobs) shared += (shared.empty() ? "" : ",") + j;
-  out << YAML::Key << "shared-jobs" << YAML::Value << shared;
+  for (const Option& o : Options()) out << YAML::Key << o.key << YAML::Value << o.field.print(*this);
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }
@@ -312,7 +312,7 @@ Result<std::optional<DaemonConfig>> LoadDaemonConfig(int argc, char** argv) {
   DaemonConfig config;
   for (const auto& o : options) {
     auto it = values.find(o.key);
-    if (it != values.end()) RETURN_IF_ERROR(o.apply(config, it->second));
+    if (it != values.end()) RETURN_IF_ERROR(o.field.apply(config, it->second));
   }
   config.print_config = print_config;
   RETURN_IF_ERROR(Validate(config));

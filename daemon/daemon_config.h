@@ -38,7 +38,7 @@ struct DaemonConfig {
   std::string log_level = "info";
   bool print_config = false;
 
-  // ---- global coordinator link (daemon/coordinator/coordinator_link.h) ----
+  // ---- global coordinator link (daemon/rpc/coordinator_link.h) ----
   std::string coordinator_ca;           // PEM CA that signed the coordinator's certificate
   std::string coordinator_cert;         // PEM client certificate (mutual TLS)
   std::string coordinator_key;          // its private key
@@ -50,6 +50,7 @@ struct DaemonConfig {
   std::string admin_tls_cert;              // PEM; with admin_tls_key: admin over TLS
   std::string admin_tls_key;
   std::string admin_tls_client_ca;  // PEM; require client certificates signed by it
+  bool admin_allow_plaintext = false;  // admin without TLS off loopback
   std::vector<std::string> shared_jobs;  // any session may load these jobs' checkpoints
 
   // YAML of the effective configuration (what --print-config prints).

@@ -26,7 +26,7 @@
 #include "daemon/admin/systemd_watchdog.h"
 #include "daemon/capture_engine.h"
 #include "daemon/coordinator/commit_engine.h"
-#include "daemon/coordinator/coordinator_link.h"
+#include "daemon/rpc/coordinator_link.h"
 #include "daemon/coordinator/in_process_coordinator.h"
 #include "daemon/daemon_config.h"
 #include "daemon/device/cuda_devices.h"
@@ -36,7 +36,7 @@
 #include "daemon/load_service.h"
 #include "daemon/local_server.h"
 #include "daemon/node_state.h"
-#include "daemon/systemd_notify.h"
+#include "daemon/admin/systemd_notify.h"
 #include "daemon/task_pool.h"
 #include "daemon/version.h"
 
@@ -275,7 +275,7 @@ int RunDaemon(const DaemonConfig& config) {
     admin_provider.AddConfig("metrics-bound", metrics.bound_address());
   }
   AdminServer admin({config.admin, config.admin_tls_cert, config.admin_tls_key,
-                     config.admin_tls_client_ca},
+                     config.admin_tls_client_ca, config.admin_allow_plaintext},
                     &admin_provider);
   if (!config.admin.empty()) {
     if (Status st = admin.Start(); !st.ok()) {

@@ -8,10 +8,10 @@
 //
 // Address: "host:port" (TCP; port 0 picks one, see bound_address) or "unix:PATH". TLS when
 // cert and key are given (PEM files); with a client CA, clients must present a certificate
-// signed by it. Thread safety: Start/Stop from one thread; SetServing from any.
+// signed by it. Plaintext only on loopback or a Unix socket unless allow_plaintext — the rule
+// of every endpoint (daemon/rpc/grpc_server.h serves it). Thread safety: Start/Stop from one
+// thread; SetServing from any.
 #pragma once
-
-#include <grpcpp/grpcpp.h>
 
 #include <chrono>
 #include <memory>
@@ -20,6 +20,7 @@
 #include "common/status.h"
 #include "daemon/admin/admin_provider.h"
 #include "daemon/admin/admin_service.h"
+#include "daemon/rpc/grpc_server.h"
 
 namespace ckpt {
 
@@ -30,6 +31,7 @@ class AdminServer {
     std::string tls_cert;       // PEM file; empty: plaintext
     std::string tls_key;        // PEM file
     std::string tls_client_ca;  // PEM file; non-empty: require client certificates
+    bool allow_plaintext = false;  // plaintext off loopback (admin-allow-plaintext)
   };
 
   AdminServer(Config config, AdminProvider* provider);
@@ -41,15 +43,14 @@ class AdminServer {
   void SetServing(bool serving);
   bool serving() const { return serving_; }
   // The address actually bound ("127.0.0.1:41234" for port 0; unchanged for unix:).
-  const std::string& bound_address() const { return bound_address_; }
+  const std::string& bound_address() const;
   // Ends every call (watch streams are cancelled) within `grace`, then stops.
   void Stop(std::chrono::milliseconds grace = std::chrono::seconds(2));
 
  private:
   Config config_;
   AdminService service_;
-  std::unique_ptr<grpc::Server> server_;
-  std::string bound_address_;
+  std::unique_ptr<GrpcServer> server_;
   std::atomic<bool> serving_{false};
 };
 

@@ -6,7 +6,7 @@
 #include <mutex>
 
 #include "common/logging.h"
-#include "daemon/grpc_status.h"
+#include "daemon/rpc/grpc_status.h"
 
 namespace ckpt {
 

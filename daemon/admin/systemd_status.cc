@@ -2,7 +2,7 @@
 
 #include <cstdlib>
 
-#include "daemon/systemd_notify.h"
+#include "daemon/admin/systemd_notify.h"
 
 namespace ckpt {
 

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "common/logging.h"
-#include "daemon/systemd_notify.h"
+#include "daemon/admin/systemd_notify.h"
 
 namespace ckpt {
 

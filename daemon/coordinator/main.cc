@@ -8,9 +8,6 @@
 //   ckpt-coordinator --listen ADDR --storage-root DIR [--keep N] [--step-timeout 10m]
 //                    [--lease 10s] [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]
 //                    [--allow-plaintext] [--log-level info]
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -24,9 +21,9 @@
 #include "daemon/admin/admin_service.h"
 #include "daemon/coordinator/coordinator_admin_provider.h"
 #include "daemon/coordinator/coordinator_core.h"
-#include "daemon/coordinator/coordinator_service.h"
-#include "daemon/coordinator/transport_security.h"
-#include "daemon/systemd_notify.h"
+#include "daemon/rpc/coordinator_service.h"
+#include "daemon/rpc/grpc_server.h"
+#include "daemon/admin/systemd_notify.h"
 #include "daemon/version.h"
 
 namespace {
@@ -76,12 +73,6 @@ int main(int argc, char** argv) {
                   lease);
     return 2;
   }
-  auto creds = ckpt::MakeServerCredentials(listen, tls, allow_plaintext);
-  if (!creds.ok()) {
-    spdlog::error("{}", creds.status().ToString());
-    return 2;
-  }
-
   ckpt::CoordinatorCore::Config config;
   config.storage_root = root;
   config.keep = keep;
@@ -143,32 +134,22 @@ int main(int argc, char** argv) {
   admin.Start(&core);
   ckpt::CoordinatorService service(&core, RandomHex());
   ckpt::AdminService admin_service(&admin);
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(listen, *creds, &port);
-  builder.RegisterService(&service);
-  builder.RegisterService(&admin_service);
-  // Without this gRPC sets SO_REUSEPORT, and a second coordinator on the same port would start
-  // and silently share it with the first.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  // Notice dead peers quickly even when no RST arrives (a node that vanished).
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
-  builder.SetMaxReceiveMessageSize(1 << 30);
-  builder.SetMaxSendMessageSize(1 << 30);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || (listen.rfind("unix:", 0) != 0 && port == 0)) {
-    spdlog::error("cannot listen on {}", listen);
-    return 1;
+  ckpt::GrpcServer::Options endpoint;
+  endpoint.what = "coordinator";
+  endpoint.address = listen;
+  endpoint.tls = tls;
+  endpoint.allow_plaintext = allow_plaintext;
+  endpoint.keepalive = true;  // notice a node that vanished even when no reset arrives
+  endpoint.max_message_bytes = 1 << 30;
+  auto server = ckpt::GrpcServer::Start(std::move(endpoint), {&service, &admin_service});
+  if (!server.ok()) {
+    spdlog::error("{}", server.status().ToString());
+    return 2;
   }
   admin.SetServing(true);
-  spdlog::info("ready: serving ckptd.v1.Coordinator and ckptd.v1.Admin on {}{}", listen,
-               tls.enabled() ? (tls.ca.empty() ? " (TLS)" : " (mutual TLS)") : " (plaintext)");
+  (*server)->SetServing(true);
+  spdlog::info("ready: serving ckptd.v1.Coordinator and ckptd.v1.Admin on {}",
+               (*server)->bound_address());
   ckpt::NotifySystemd("READY=1\nSTATUS=serving on " + listen);
 
   int signo = 0;
@@ -176,9 +157,9 @@ int main(int argc, char** argv) {
   spdlog::info("signal {}: stopping", signo);
   ckpt::NotifySystemd("STOPPING=1\nSTATUS=stopping");
   admin.SetServing(false);
-  server->GetHealthCheckService()->SetServingStatus(false);
+  (*server)->SetServing(false);
   admin.Close();  // ends watch streams now instead of at the shutdown deadline
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  (*server)->Stop(std::chrono::seconds(5));
   core.Stop();
   spdlog::info("stopped");
   return 0;

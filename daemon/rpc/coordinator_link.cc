@@ -1,4 +1,4 @@
-#include "daemon/coordinator/coordinator_link.h"
+#include "daemon/rpc/coordinator_link.h"
 
 #include <unistd.h>
 

@@ -33,7 +33,7 @@
 #include "ckptd/v1/coordinator.grpc.pb.h"
 #include "common/status.h"
 #include "daemon/coordinator/coordinator_port.h"
-#include "daemon/coordinator/transport_security.h"
+#include "daemon/rpc/transport_security.h"
 
 namespace ckpt {
 

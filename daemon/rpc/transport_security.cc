@@ -1,4 +1,4 @@
-#include "daemon/coordinator/transport_security.h"
+#include "daemon/rpc/transport_security.h"
 
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/security/server_credentials.h>
@@ -32,35 +32,42 @@ std::string HostOf(const std::string& address) {
 
 }  // namespace
 
+ServerTlsOptions AdminTlsOptions() {
+  return {"admin", "admin-tls-cert", "admin-tls-key", "admin-tls-client-ca",
+          "admin-allow-plaintext"};
+}
+
 bool IsLoopbackAddress(const std::string& address) {
   if (address.rfind("unix:", 0) == 0) return true;
   const std::string host = HostOf(address);
   return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
 
-Result<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const std::string& listen,
-                                                                       const TlsFiles& tls,
-                                                                       bool allow_plaintext) {
+Result<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const std::string& listen, const TlsFiles& tls, bool allow_plaintext,
+    const ServerTlsOptions& names) {
   if (!tls.enabled()) {
     if (!IsLoopbackAddress(listen) && !allow_plaintext) {
-      return FailedPrecondition("--listen " + listen +
-                                " is not a loopback address: give --tls-cert and --tls-key, or "
-                                "--allow-plaintext to accept unencrypted connections");
+      return FailedPrecondition(names.listen + " " + listen + " is not a loopback address: give " +
+                                names.cert + " and " + names.key + ", or " +
+                                names.allow_plaintext + " to accept unencrypted connections");
     }
     return grpc::InsecureServerCredentials();
   }
   if (tls.cert.empty() || tls.key.empty()) {
-    return InvalidArgument("TLS needs both --tls-cert and --tls-key");
+    return InvalidArgument((tls.cert.empty() && tls.key.empty() ? names.client_ca + " needs "
+                                                                : std::string("TLS needs ")) +
+                           "both " + names.cert + " and " + names.key);
   }
   grpc::SslServerCredentialsOptions options(
       tls.ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
                      : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
   grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-  ASSIGN_OR_RETURN(pair.cert_chain, ReadPem("--tls-cert", tls.cert));
-  ASSIGN_OR_RETURN(pair.private_key, ReadPem("--tls-key", tls.key));
+  ASSIGN_OR_RETURN(pair.cert_chain, ReadPem(names.cert, tls.cert));
+  ASSIGN_OR_RETURN(pair.private_key, ReadPem(names.key, tls.key));
   options.pem_key_cert_pairs.push_back(std::move(pair));
   if (!tls.ca.empty()) {
-    ASSIGN_OR_RETURN(options.pem_root_certs, ReadPem("--tls-client-ca", tls.ca));
+    ASSIGN_OR_RETURN(options.pem_root_certs, ReadPem(names.client_ca, tls.ca));
   }
   return grpc::SslServerCredentials(options);
 }

@@ -1,6 +1,6 @@
-// The systemd notify protocol (sd_notify(3)) without libsystemd: one datagram per message to
-// the AF_UNIX socket named by $NOTIFY_SOCKET ("@name" is the abstract namespace). A no-op when
-// the variable is unset, so it is safe to call anywhere. Thread safe.
+// The systemd notify protocol (sd_notify(3), from libsystemd): READY, STOPPING, STATUS and
+// WATCHDOG messages to the service manager. A no-op when the process was not started by systemd
+// ($NOTIFY_SOCKET unset), so it is safe to call anywhere. Thread safe.
 #pragma once
 
 #include <string_view>

@@ -1,10 +1,10 @@
-#include "daemon/coordinator/coordinator_service.h"
+#include "daemon/rpc/coordinator_service.h"
 
 #include <deque>
 #include <mutex>
 
 #include "common/logging.h"
-#include "daemon/grpc_status.h"
+#include "daemon/rpc/grpc_status.h"
 
 namespace ckpt {
 

@@ -1,4 +1,4 @@
-#include "daemon/grpc_status.h"
+#include "daemon/rpc/grpc_status.h"
 
 namespace ckpt {
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "ckpt/client.h"
+#include "common/status.h"
 #include "tests/integration/coordinator_model.h"
 
 namespace {

@@ -54,7 +54,7 @@
 #include <string_view>
 #include <vector>
 
-#include "common/status.h"
+#include "ckpt/status.h"
 
 namespace ckpt {
 

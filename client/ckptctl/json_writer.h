@@ -1,11 +1,21 @@
-// A small streaming JSON emitter for ckptctl's --json output and safetensors headers: enough to
-// write objects, arrays, strings and unsigned/signed integers correctly, no parser, no
-// dependency. Commas and nesting are tracked by the writer; misuse (a value where a key is due,
-// unbalanced End*) is a programming error caught by assertions in debug builds.
+// ckptctl's one JSON path: every --json output (the offline reports built field by field, the
+// Admin API's replies and events through Proto()) and the safetensors header of export. A small
+// streaming emitter, no parser. Commas and nesting are tracked by the writer; misuse (a value
+// where a key is due, unbalanced End*) is a programming error caught by assertions in debug
+// builds.
 //
-// Strings are written as valid JSON and valid UTF-8: `"` and `\` are escaped, control characters
-// become \n, \t, ... or \u00XX, DEL becomes \u007f, and bytes that are not well-formed UTF-8
-// (tensor names need only be free of control characters, not valid UTF-8) become U+FFFD.
+// Proto() writes a message in the proto3 JSON mapping with the field names of the .proto
+// (deploy/README.md promises it for the online commands): fields without presence are written
+// even at their default value, repeated fields as arrays (empty too), fields with presence
+// (messages, oneof members, `optional`) only when set; 64-bit integers as decimal strings, enums
+// by name (the number when unknown), bytes as base64, doubles as protobuf prints them (NaN and
+// infinities as "NaN", "Infinity", "-Infinity"), maps as objects. Well-known types get no special
+// form (the API uses none).
+//
+// Strings (keys too) are written as valid JSON and valid UTF-8: `"` and `\` are escaped, control
+// characters become \n, \t, ... or \u00XX (C0, DEL and C1, and U+2028/9 as \u2028/9), and each
+// byte that is not part of well-formed UTF-8 becomes U+FFFD (paths on the command line and
+// strings from a peer need not be UTF-8; protobuf's own printer dropped such bytes silently).
 // Thread safety: none; one writer per document.
 #pragma once
 
@@ -13,6 +23,10 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+namespace google::protobuf {
+class Message;
+}
 
 namespace ckpt::ctl {
 
@@ -30,6 +44,9 @@ class JsonWriter {
   JsonWriter& Uint(uint64_t value);
   JsonWriter& Int(int64_t value);
   JsonWriter& Bool(bool value);
+  JsonWriter& Double(double value);
+  JsonWriter& Float(float value);
+  JsonWriter& Proto(const google::protobuf::Message& message);
 
   // Key + value shorthands.
   JsonWriter& Field(std::string_view key, std::string_view value) { return Key(key).String(value); }
@@ -42,6 +59,8 @@ class JsonWriter {
 
  private:
   void BeforeValue();
+  template <typename T>
+  JsonWriter& Real(T value, int digits, int round_trip_digits);
   void Newline();
 
   struct Level {

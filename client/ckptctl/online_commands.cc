@@ -1,7 +1,5 @@
 #include "client/ckptctl/online_commands.h"
 
-#include <google/protobuf/util/json_util.h>
-
 #include <cstdio>
 #include <ctime>
 #include <iomanip>
@@ -23,15 +21,8 @@ constexpr int kExitUsage = 2;
 
 namespace {
 
-std::string ToJson(const google::protobuf::Message& m, bool pretty) {
-  google::protobuf::util::JsonPrintOptions o;
-  o.add_whitespace = pretty;
-  o.always_print_primitive_fields = true;
-  o.preserve_proto_field_names = true;
-  std::string out;
-  if (!google::protobuf::util::MessageToJsonString(m, &out, o).ok()) return "{}";
-  return out;
-}
+// A reply as --json prints it: the proto3 mapping (json_writer.h), one space per level.
+std::string ToJson(const google::protobuf::Message& m) { return JsonWriter(1).Proto(m).Take(); }
 
 std::string StateName(ckptd::v1::StepState s) {
   std::string name = ckptd::v1::StepState_Name(s);
@@ -187,7 +178,7 @@ int RunStatus(const AdminTarget& target) {
   grpc::Status st = (*stub)->GetStatus(ctx.get(), {}, &reply);
   if (!st.ok()) return Fail(DescribeRpcError("status", st, target));
   if (target.json) {
-    std::cout << ToJson(reply, true) << "\n";
+    std::cout << ToJson(reply) << "\n";
   } else {
     PrintStatusText(reply);
   }
@@ -204,7 +195,7 @@ int RunList(const AdminTarget& target, const std::string& job) {
   grpc::Status st = (*stub)->ListCheckpoints(ctx.get(), request, &reply);
   if (!st.ok()) return Fail(DescribeRpcError("list " + job, st, target));
   if (target.json) {
-    std::cout << ToJson(reply, true) << "\n";
+    std::cout << ToJson(reply) << "\n";
     return kExitOk;
   }
   if (reply.steps_size() == 0) {
@@ -233,7 +224,7 @@ int RunDescribe(const AdminTarget& target, const std::string& job, uint64_t step
     return Fail(DescribeRpcError("describe " + job + " " + std::to_string(step), st, target));
   }
   if (target.json) {
-    std::cout << ToJson(reply, true) << "\n";
+    std::cout << ToJson(reply) << "\n";
     return kExitOk;
   }
   const auto& m = reply.manifest();

@@ -5,14 +5,13 @@
 // event as one JSON object per line.
 #include <unistd.h>
 
-#include <google/protobuf/util/json_util.h>
-
 #include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <map>
 
 #include "ckptd/v1/admin.grpc.pb.h"
+#include "client/ckptctl/json_writer.h"
 #include "client/ckptctl/online_commands.h"
 #include "common/units.h"
 
@@ -60,9 +59,6 @@ int RunWatch(const AdminTarget& target, const WatchOptions& options) {
   grpc::ClientContext ctx;  // no deadline: a watch lasts until interrupted
   auto reader = stub->WatchEvents(&ctx, request);
   const bool tty = !target.json && ::isatty(STDOUT_FILENO) == 1;
-  google::protobuf::util::JsonPrintOptions json_options;
-  json_options.always_print_primitive_fields = true;
-  json_options.preserve_proto_field_names = true;
   std::map<std::pair<std::string, uint64_t>, Sample> last;
   bool progress_line_open = false;
   uint64_t events = 0;
@@ -70,9 +66,8 @@ int RunWatch(const AdminTarget& target, const WatchOptions& options) {
   while (reader->Read(&e)) {
     ++events;
     if (target.json) {
-      std::string line;
-      if (!google::protobuf::util::MessageToJsonString(e, &line, json_options).ok()) line = "{}";
-      std::cout << line << std::endl;  // flushed per event: consumers read it live
+      // One compact object per line, flushed per event: consumers read it live.
+      std::cout << JsonWriter().Proto(e).str() << std::endl;
     } else if (e.has_state_change()) {
       const auto& c = e.state_change();
       if (progress_line_open) std::cout << "\n";

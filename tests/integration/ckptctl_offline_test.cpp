@@ -263,10 +263,12 @@ const char* const kOddName = "blocks.0.\"quoted\"\\back/slash.\xc3\xbc";
 
 struct Checkpoint {
   TempDir dir;
-  std::string step_dir = JoinPath(dir.path(), StepDirName(42));
+  std::string step_dir;
   std::vector<TestTensor> tensors;
 
-  Checkpoint() {
+  // The step directory is <temp dir>[/parent]/step-0000000042.
+  explicit Checkpoint(const std::string& parent = "")
+      : step_dir(JoinPath(parent.empty() ? dir.path() : dir / parent, StepDirName(42))) {
     std::mt19937_64 rng(testing::TestSeed());
     auto box = [](const Shape& s, Shape o, Shape l) { return *ShardGeometry::Box(s, o, l); };
     auto flat = [](const Shape& s, uint64_t o, uint64_t n) {
@@ -355,6 +357,43 @@ TEST_CASE("ckptctl inspect prints the manifest as text and as JSON", "[ckptctl]"
     CHECK(doc["totals"]["tensors"].u64() == 4);
     CHECK(doc["totals"]["shards"].u64() == 7);
     CHECK(doc["totals"]["bytes"].u64() == 96 * 67 * 4 + 10515 * 2 + 8);
+  }
+}
+
+TEST_CASE("ckptctl --json escapes a hostile directory name and still prints valid JSON",
+          "[ckptctl]") {
+  // Quotes, a backslash, a newline, C0 and C1 control characters, U+2028 and bytes that are not
+  // UTF-8 (0xff 0xfe, and 0xc3 cut short by a space): the path comes from the command line, so
+  // it may hold anything. Each byte that is not UTF-8 reads back as U+FFFD.
+  const std::string parent = "odd \"dir\" \\ \n \x01 \xc2\x9b \xe2\x80\xa8 \xff\xfe \xc3 end";
+  const std::string replaced =
+      "odd \"dir\" \\ \n \x01 \xc2\x9b \xe2\x80\xa8 \xef\xbf\xbd\xef\xbf\xbd \xef\xbf\xbd end";
+  Checkpoint ck(parent);
+  const std::string expected_dir = ck.dir / replaced + "/" + StepDirName(42);
+
+  Run inspect = Ckptctl({"--json", "inspect", ck.step_dir});
+  INFO(inspect.out);
+  REQUIRE(inspect.exit_code == 0);
+  const Json doc = ParseJson(inspect.out);  // fails on raw control characters too
+  CHECK(doc["dir"].str() == expected_dir);
+  CHECK(doc["tensors"][1]["name"].str() == kOddName);
+
+  Run verify = Ckptctl({"--json", "verify", ck.step_dir});
+  INFO(verify.out);
+  REQUIRE(verify.exit_code == 0);
+  const Json v = ParseJson(verify.out);
+  CHECK(v["dir"].str() == expected_dir);
+  CHECK(std::get<bool>(v["ok"].v));
+  // Every control character and every invalid byte went out escaped: the documents are printable
+  // ASCII and line ends, but for the ü of a tensor name.
+  for (std::string out : {inspect.out, verify.out}) {
+    for (size_t at; (at = out.find("\xc3\xbc")) != std::string::npos;) out.erase(at, 2);
+    size_t bad = 0;
+    for (char ch : out) {
+      const auto c = static_cast<unsigned char>(ch);
+      bad += c != '\n' && (c < 0x20 || c >= 0x7f) ? 1 : 0;
+    }
+    CHECK(bad == 0);
   }
 }
 

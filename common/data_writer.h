@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <span>
 #include <string>
 #include <vector>
 
@@ -45,27 +44,5 @@ class DataFileWriter {
   std::atomic<uint64_t> bytes_written_{0};
   std::optional<Status> finished_;  // the result of the first Finish; later calls return it
 };
-
-// In-memory bytes of one shard.
-struct ShardSource {
-  const std::byte* data = nullptr;
-  uint64_t size = 0;
-};
-
-// Where a shard landed and its checksums: the fields of a StoredShard.
-struct WrittenShard {
-  uint64_t offset = 0;
-  uint64_t length = 0;
-  uint64_t chunk_size = 0;
-  std::vector<uint64_t> chunk_xxh3;
-};
-
-// Writes shards held in memory into a new data file laid out by PlanDataFile, slot by slot,
-// with `io_threads` writers, checksumming as bytes pass, then Finish. The synchronous path for
-// tools, tests and benchmarks; the daemon pipelines the same layout through its host pool.
-Result<std::vector<WrittenShard>> WriteShardsToFile(FileSystem* fs, const std::string& path,
-                                                    std::span<const ShardSource> shards,
-                                                    const LayoutOptions& layout,
-                                                    int io_threads = 8);
 
 }  // namespace ckpt

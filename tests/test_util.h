@@ -24,7 +24,41 @@
     CHECK(_s.ok());                                                   \
   } while (0)
 
+// CHECK_TIMING(cond, measured): `cond` compares a measured wall-clock time with a performance or
+// latency bound ("Save returned within 100 ms"); `measured` streams what was measured, for the
+// report. Asserted in plain builds. Under AddressSanitizer or ThreadSanitizer (kUnderSanitizer)
+// every instrumented access is several times slower, and unevenly so, so a missed bound says
+// nothing about ckptd: it is not asserted there, only reported as a Catch WARN with the
+// expression and `measured`, and the test goes on. Deadlines that only turn a hang into a
+// failure (kHang, PollUntil) are not timing bounds and stay plain assertions in every build.
+#define CHECK_TIMING(cond, measured)                                                      \
+  do {                                                                                    \
+    if constexpr (::ckpt::testing::kUnderSanitizer) {                                     \
+      if (!(cond)) {                                                                      \
+        WARN("timing bound missed under a sanitizer, not asserted: " #cond " (" << measured \
+                                                                              << ")");    \
+      }                                                                                   \
+    } else {                                                                              \
+      INFO(measured);                                                                     \
+      CHECK(cond);                                                                        \
+    }                                                                                     \
+  } while (0)
+
 namespace ckpt::testing {
+
+// True when this test binary is built with AddressSanitizer or ThreadSanitizer (GCC defines
+// __SANITIZE_*__, Clang answers __has_feature). The one place the tests ask; see CHECK_TIMING.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kUnderSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+inline constexpr bool kUnderSanitizer = true;
+#else
+inline constexpr bool kUnderSanitizer = false;
+#endif
+#else
+inline constexpr bool kUnderSanitizer = false;
+#endif
 
 // A fresh directory under $TMPDIR (or /tmp), removed when the object dies unless
 // CKPT_KEEP_TEST_DIRS is set (to read a failed test's logs afterwards).

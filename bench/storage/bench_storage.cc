@@ -1,22 +1,30 @@
 // bench_storage: ckptd's storage path end to end on one data file, to compare with fio on the
 // same disk (bench/storage/run.sh does both and prints the ratios).
 //
-//   write: WriteShardsToFile of realistic shards (bf16 tensors of a few hundred MiB, odd sizes,
-//          default LayoutOptions: 1 MiB checksum pieces, 16 MiB slots), O_DIRECT where the
-//          filesystem takes it, fdatasync included — what the flush engine does per rank.
+//   write: one rank's save through the daemon's own pipeline, as ckptd's main.cc wires it: a
+//          CapturePlan of host-memory tensors (bf16, a few hundred MiB each, odd sizes, registered
+//          from a memfd like a trainer's), the HostPool (default 1 GiB of 16 MiB slots, pinned and
+//          populated before the clock), the HotCache, the CaptureEngine (copy into pool slots)
+//          and the FlushEngine (one aligned O_DIRECT pwrite per slot through DataFileWriter, XXH3
+//          of every 1 MiB piece, fdatasync of the data file at the last token). Timed from
+//          CaptureEngine::Submit to the job's on_persisted — the flush, `save` → `persisted`,
+//          without the socket, the session and the commit.
 //   read:  CheckpointReader::Read of every tensor in full, in one call: planning, aligned
-//          coalesced reads, an XXH3 check of every piece and the copy into the destination.
+//          coalesced reads, an XXH3 check of every piece (so also of the checksums the write
+//          computed) and the copy into the destination.
 //
 // Source and destination memory is touched before the clock starts (the daemon's pool is
 // pinned and pre-faulted), so page faults are not counted. The last lines are machine-readable
 // `key=value` pairs for run.sh.
-#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <future>
 #include <iostream>
 #include <random>
 #include <string>
@@ -25,54 +33,23 @@
 #include "common/atomic_file.h"
 #include "common/checkpoint_reader.h"
 #include "common/data_layout.h"
-#include "common/data_writer.h"
+#include "common/frame_io.h"
 #include "common/manifest_io.h"
 #include "common/step_layout.h"
 #include "common/units.h"
+#include "daemon/capture_engine.h"
+#include "daemon/capture_job.h"
+#include "daemon/capture_plan.h"
+#include "daemon/flush_engine.h"
+#include "daemon/host_memory.h"
+#include "daemon/host_pool.h"
+#include "daemon/hot_cache.h"
 
 namespace ckpt::bench {
 namespace {
 
 constexpr uint64_t kMiB = 1ull << 20;
 constexpr uint64_t kRowElements = 4096;  // bf16 rows of 8 KiB
-
-// An experiment, not the product: the POSIX filesystem, except that when `path` is created its
-// blocks are first allocated with fallocate(2) to `size` bytes. On ext4 an O_DIRECT write that
-// extends the file or fills a hole takes the inode lock exclusively, so concurrent writers of a
-// growing file run one at a time; into preallocated blocks they run in parallel (fio
-// preallocates by default). --preallocate measures what ckptd's writer would gain.
-class PreallocatingFileSystem : public FileSystem {
- public:
-  PreallocatingFileSystem(FileSystem* base, std::string path, uint64_t size)
-      : base_(base), path_(std::move(path)), size_(size) {}
-
-  Result<std::unique_ptr<File>> Open(const std::string& path, const OpenOptions& options) override {
-    ASSIGN_OR_RETURN(std::unique_ptr<File> file, base_->Open(path, options));
-    if (path == path_ && options.create && size_ > 0) {
-      const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-      if (fd < 0) return ErrnoStatus(errno, "open " + path);
-      const int rc = ::fallocate(fd, 0, 0, static_cast<off_t>(size_));
-      const int err = errno;
-      ::close(fd);
-      if (rc != 0) return ErrnoStatus(err, "fallocate " + path);
-    }
-    return file;
-  }
-  Status CreateDirs(const std::string& p) override { return base_->CreateDirs(p); }
-  Status Rename(const std::string& a, const std::string& b) override { return base_->Rename(a, b); }
-  Status SyncDir(const std::string& p) override { return base_->SyncDir(p); }
-  Status Remove(const std::string& p) override { return base_->Remove(p); }
-  Status RemoveAll(const std::string& p) override { return base_->RemoveAll(p); }
-  Result<std::vector<std::string>> ListDir(const std::string& p) override {
-    return base_->ListDir(p);
-  }
-  Result<bool> Exists(const std::string& p) override { return base_->Exists(p); }
-
- private:
-  FileSystem* base_;
-  std::string path_;
-  uint64_t size_;
-};
 
 double Seconds(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();
@@ -95,54 +72,112 @@ std::vector<uint64_t> TensorSizes(uint64_t total) {
   return sizes;
 }
 
-int Run(const std::string& dir, uint64_t size, int io_threads, uint64_t max_read, bool keep,
-        bool preallocate) {
+struct Options {
+  std::string dir;
+  uint64_t size = 0;
+  int io_threads = 8;      // the flush engine's writer threads (ckptd --flush-threads)
+  int capture_threads = 2; // ckptd --capture-threads
+  uint64_t pool = 0;       // ckptd --host-pool
+  uint64_t max_read = 0;
+  bool keep = false;
+};
+
+int Fail(const std::string& what, const Status& s) {
+  std::cerr << "bench_storage: " << what << ": " << s.ToString() << "\n";
+  return 1;
+}
+
+int Run(const Options& o) {
   FileSystem* fs = PosixFileSystem();
-  const std::string step_dir = JoinPath(dir, "ckpt-bench-" + std::to_string(::getpid()));
-  if (auto s = fs->CreateDirs(step_dir); !s.ok()) {
-    std::cerr << "bench_storage: " << s.ToString() << "\n";
-    return 1;
-  }
-  const std::vector<uint64_t> sizes = TensorSizes(size);
+  const std::string step_dir = JoinPath(o.dir, "ckpt-bench-" + std::to_string(::getpid()));
+  const std::vector<uint64_t> sizes = TensorSizes(o.size);
   uint64_t total = 0, largest = 0;
   for (uint64_t s : sizes) {
     total += s;
     largest = std::max(largest, s);
   }
 
-  // One source buffer as large as the largest tensor; every tensor is a prefix of it, offset by
-  // a per-tensor pattern so that the pieces differ.
-  std::vector<std::byte> source(largest);
+  // The trainer's memory: one shared-memory object as large as the largest tensor, registered
+  // by descriptor as a trainer does; every tensor is a prefix of it.
+  const int memfd = ::memfd_create("bench_storage", MFD_CLOEXEC);
+  if (memfd < 0 || ::ftruncate(memfd, static_cast<off_t>(largest)) != 0) {
+    return Fail("memfd", ErrnoStatus(errno, "memfd_create/ftruncate"));
+  }
+  std::vector<UniqueFd> fds;
+  fds.emplace_back(memfd);
+  auto* source = static_cast<std::byte*>(
+      ::mmap(nullptr, largest, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0));
+  if (source == MAP_FAILED) return Fail("mmap", ErrnoStatus(errno, "mmap"));
   {
     std::mt19937_64 rng(42);
-    for (size_t i = 0; i + 8 <= source.size(); i += 8) {
+    for (size_t i = 0; i + 8 <= largest; i += 8) {
       const uint64_t v = rng();
-      std::memcpy(source.data() + i, &v, 8);
+      std::memcpy(source + i, &v, 8);
     }
   }
-  std::vector<ShardSource> shards;
-  for (uint64_t s : sizes) shards.push_back(ShardSource{source.data(), s});
+  std::vector<ckptd::v1::TensorSpec> specs;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    ckptd::v1::TensorSpec spec;
+    spec.set_name("layers." + std::to_string(i) + ".weight");
+    spec.set_dtype("bfloat16");
+    const Shape shape{sizes[i] / 2 / kRowElements, kRowElements};
+    for (uint64_t d : shape) spec.add_global_shape(d);
+    *spec.mutable_geometry() = GeometryToProto(*ShardGeometry::Full(shape));
+    spec.mutable_host()->set_fd_index(0);
+    spec.mutable_host()->set_length(sizes[i]);
+    specs.push_back(std::move(spec));
+  }
+  const LayoutOptions layout;  // defaults: what the daemon uses (1 MiB pieces, 16 MiB slots)
+  MappingCache mappings;
+  auto plan = BuildCapturePlan(specs, fds, mappings, layout);
+  if (!plan.ok()) return Fail("capture plan", plan.status());
+
+  // The daemon's engines, as main.cc wires them (default priorities).
+  auto pool = HostPool::Create({o.pool, layout.slot_size, /*lock_memory=*/true});
+  if (!pool.ok()) return Fail("host pool", pool.status());
+  HotCache hot(pool->get());
+  (*pool)->SetReclaimer([&hot] { return hot.ReclaimOne(); });
+  FlushEngine flush({o.io_threads, 0}, pool->get(), &hot);
+  CaptureEngine capture({o.capture_threads, 0, std::chrono::milliseconds(0)}, pool->get(), &flush);
+  flush.Start();
+  capture.Start();
 
   std::cout << "bench_storage: " << sizes.size() << " tensors, " << FormatBytes(total) << " in "
-            << step_dir << ", " << io_threads << " I/O threads\n";
+            << step_dir << ", " << o.io_threads << " flush threads, " << o.capture_threads
+            << " capture threads, pool " << FormatBytes((*pool)->size_bytes())
+            << ((*pool)->locked() ? " (locked)" : " (not locked)") << "\n";
 
-  // ---- write
-  const std::string data_path = JoinPath(step_dir, DataFileName(0));
-  LayoutOptions layout;  // defaults: what the daemon uses
-  auto planned = PlanDataFile(sizes, layout);
-  if (!planned.ok()) {
-    std::cerr << "bench_storage: " << planned.status().ToString() << "\n";
-    return 1;
-  }
-  PreallocatingFileSystem preallocating(fs, data_path, planned->file_size);
+  // ---- write: one rank's save of step 1, Submit → on_persisted
+  auto job = std::make_shared<CaptureJob>();
+  job->job = "bench";
+  job->step = 1;
+  job->rank = 0;
+  job->plan = *plan;
+  job->fs = fs;
+  job->step_dir = step_dir;
+  job->data_file = DataFileName(0);
+  job->data_path = JoinPath(step_dir, job->data_file);
+  std::promise<Status> captured_promise, persisted_promise;
+  std::chrono::steady_clock::time_point captured_at;
+  job->on_captured = [&](Status st) {
+    captured_at = std::chrono::steady_clock::now();
+    captured_promise.set_value(std::move(st));
+  };
+  job->on_persisted = [&](Status st) { persisted_promise.set_value(std::move(st)); };
+  auto captured = captured_promise.get_future();
+  auto persisted = persisted_promise.get_future();
   const auto w0 = std::chrono::steady_clock::now();
-  auto written =
-      WriteShardsToFile(preallocate ? &preallocating : fs, data_path, shards, layout, io_threads);
+  capture.Submit(job);
+  const Status persisted_status = persisted.get();
   const double write_s = Seconds(std::chrono::steady_clock::now() - w0);
-  if (!written.ok()) {
-    std::cerr << "bench_storage: write failed: " << written.status().ToString() << "\n";
-    return 1;
-  }
+  const Status captured_status = captured.get();
+  const double capture_s = Seconds(captured_at - w0);
+  capture.Stop();
+  flush.Stop();
+  if (!captured_status.ok()) return Fail("capture failed", captured_status);
+  if (!persisted_status.ok()) return Fail("write failed", persisted_status);
+  const bool direct = job->writer != nullptr && job->writer->direct();
+  const DataFileLayout& file = (*plan)->layout;
 
   // The manifest, as the coordinator would commit it.
   ckptd::v1::Manifest m;
@@ -160,27 +195,23 @@ int Run(const std::string& dir, uint64_t size, int io_threads, uint64_t max_read
     *s->mutable_geometry() =
         GeometryToProto(*ShardGeometry::Full({sizes[i] / 2 / kRowElements, kRowElements}));
     s->set_file(DataFileName(0));
-    s->set_offset((*written)[i].offset);
-    s->set_length((*written)[i].length);
-    s->set_chunk_size((*written)[i].chunk_size);
-    for (uint64_t x : (*written)[i].chunk_xxh3) s->add_chunk_xxh3(x);
+    s->set_offset(file.shard_offsets[i]);
+    s->set_length(sizes[i]);
+    s->set_chunk_size(file.checksum_chunk);
+    for (uint64_t x : job->checksums[i]) s->add_chunk_xxh3(x);
   }
   m.add_ranks()->set_rank(0);
   if (auto s = WriteFileAtomically(fs, JoinPath(step_dir, "MANIFEST"), EncodeManifest(m));
       !s.ok()) {
-    std::cerr << "bench_storage: " << s.ToString() << "\n";
-    return 1;
+    return Fail("manifest", s);
   }
 
   // ---- read
   CheckpointReader::Options options;
-  options.io_threads = io_threads;
-  options.max_read_bytes = max_read;
+  options.io_threads = o.io_threads;
+  options.max_read_bytes = o.max_read;
   auto reader = CheckpointReader::Open(fs, step_dir, options);
-  if (!reader.ok()) {
-    std::cerr << "bench_storage: " << reader.status().ToString() << "\n";
-    return 1;
-  }
+  if (!reader.ok()) return Fail("open", reader.status());
   std::vector<std::vector<std::byte>> dest;
   std::vector<CheckpointReader::Request> requests;
   for (size_t i = 0; i < sizes.size(); ++i) {
@@ -193,30 +224,21 @@ int Run(const std::string& dir, uint64_t size, int io_threads, uint64_t max_read
   const auto r0 = std::chrono::steady_clock::now();
   Status read = (*reader)->Read(requests);
   const double read_s = Seconds(std::chrono::steady_clock::now() - r0);
-  if (!read.ok()) {
-    std::cerr << "bench_storage: read failed: " << read.ToString() << "\n";
-    return 1;
-  }
+  if (!read.ok()) return Fail("read failed", read);
   for (size_t i = 0; i < sizes.size(); ++i) {
-    if (std::memcmp(dest[i].data(), source.data(), sizes[i]) != 0) {
+    if (std::memcmp(dest[i].data(), source, sizes[i]) != 0) {
       std::cerr << "bench_storage: tensor " << i << " read back different bytes\n";
       return 1;
     }
   }
 
-  bool direct = false;
-  {
-    OpenOptions o;
-    o.try_direct = true;
-    auto f = fs->Open(data_path, o);
-    direct = f.ok() && (*f)->direct();
-  }
-  if (!keep) fs->RemoveAll(step_dir).IgnoreError();
+  if (!o.keep) fs->RemoveAll(step_dir).IgnoreError();
+  ::munmap(source, largest);
 
   const double write_bps = static_cast<double>(total) / write_s;
   const double read_bps = static_cast<double>(total) / read_s;
-  std::printf("write: %s in %.3f s = %.1f MB/s\n", FormatBytes(total).c_str(), write_s,
-              write_bps / 1e6);
+  std::printf("write: %s in %.3f s = %.1f MB/s (captured into the pool after %.3f s)\n",
+              FormatBytes(total).c_str(), write_s, write_bps / 1e6, capture_s);
   std::printf("read:  %s in %.3f s = %.1f MB/s (bytes read %llu)\n", FormatBytes(total).c_str(),
               read_s, read_bps / 1e6, static_cast<unsigned long long>((*reader)->bytes_read()));
   std::printf("bytes=%llu\nwrite_bytes_per_s=%.0f\nread_bytes_per_s=%.0f\ndirect=%d\n",
@@ -229,26 +251,32 @@ int Run(const std::string& dir, uint64_t size, int io_threads, uint64_t max_read
 
 int main(int argc, char** argv) {
   CLI::App app{"bench_storage: ckptd write and read throughput of one data file"};
-  std::string dir = "/tmp";
+  ckpt::bench::Options o;
+  o.dir = "/tmp";
   std::string size_text = "4GiB";
+  std::string pool_text = "1GiB";
   std::string max_read_text = "16MiB";
-  int io_threads = 8;
-  bool keep = false;
-  bool preallocate = false;
-  app.add_option("--dir", dir, "directory on the filesystem to measure")->capture_default_str();
+  app.add_option("--dir", o.dir, "directory on the filesystem to measure")->capture_default_str();
   app.add_option("--size", size_text, "bytes to write and read (e.g. 2GiB)")->capture_default_str();
-  app.add_option("--io-threads", io_threads, "writer and reader threads")->capture_default_str();
+  app.add_option("--io-threads", o.io_threads, "flush (writer) and reader threads")
+      ->capture_default_str();
+  app.add_option("--capture-threads", o.capture_threads, "capture (copy) threads")
+      ->capture_default_str();
+  app.add_option("--pool", pool_text, "host pool (ckptd --host-pool)")->capture_default_str();
   app.add_option("--max-read", max_read_text, "reader's largest single read")
       ->capture_default_str();
-  app.add_flag("--keep", keep, "keep the files written");
-  app.add_flag("--preallocate", preallocate,
-               "experiment: fallocate the data file before writing it (see README)");
+  app.add_flag("--keep", o.keep, "keep the files written");
   CLI11_PARSE(app, argc, argv);
   auto size = ckpt::ParseByteSize(size_text);
+  auto pool = ckpt::ParseByteSize(pool_text);
   auto max_read = ckpt::ParseByteSize(max_read_text);
-  if (!size.ok() || !max_read.ok() || *size == 0 || io_threads < 1) {
-    std::cerr << "bench_storage: bad --size, --max-read or --io-threads\n";
+  if (!size.ok() || !pool.ok() || !max_read.ok() || *size == 0 || o.io_threads < 1 ||
+      o.capture_threads < 1) {
+    std::cerr << "bench_storage: bad --size, --pool, --max-read or thread count\n";
     return 2;
   }
-  return ckpt::bench::Run(dir, *size, io_threads, *max_read, keep, preallocate);
+  o.size = *size;
+  o.pool = *pool;
+  o.max_read = *max_read;
+  return ckpt::bench::Run(o);
 }

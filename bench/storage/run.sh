@@ -9,10 +9,10 @@
 #      each into a new file (fio preallocates it, its default); then the same at iodepth 8 without
 #      preallocation (--fallocate=none), for information (ckptd's writer preallocates);
 #   2. fio sequential read of that file, O_DIRECT, bs=16M, libaio, iodepth 8 and iodepth 4;
-#   3. bench_storage: WriteShardsToFile of realistic shards (fdatasync included), then
-#      CheckpointReader::Read of every tensor (XXH3 of every piece, copy out).
-#   4. bench_storage --preallocate: the same, with the data file fallocate'd first (an
-#      experiment: what ckptd's writer would gain; see bench/README.md).
+#   3. bench_storage: one rank's save of realistic shards through the daemon's own write path
+#      (capture engine into the host pool, flush engine: aligned O_DIRECT pwrite per slot through
+#      DataFileWriter, XXH3 of every piece, fdatasync), then CheckpointReader::Read of every
+#      tensor (XXH3 check of every piece, copy out).
 # The baseline of each direction is the better of fio's two queue depths (on virtual disks
 # deeper is not always faster). The table shows medians over the rounds, the spread, and the
 # ratios ckptd/fio (goal: >= 0.9). --json FILE also writes every round's numbers and the table
@@ -33,7 +33,7 @@ while [[ $# -gt 0 ]]; do
     --repeat) repeat=$2; shift 2 ;;
     --io-threads) io_threads=$2; shift 2 ;;
     --json) json=$2; shift 2 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -74,7 +74,7 @@ fio_bw() {
 }
 max() { if (( $1 > $2 )); then echo "$1"; else echo "$2"; fi; }
 
-fio_w=(); fio_w_noalloc=(); fio_r=(); ck_w=(); ck_r=(); ck_w_prealloc=()
+fio_w=(); fio_w_noalloc=(); fio_r=(); ck_w=(); ck_r=()
 for ((round = 1; round <= repeat; round++)); do
   # Every fio write creates its file anew, as ckptd's writer does: overwriting the blocks of a
   # file written before skips the allocation and the unwritten-extent conversion at fsync, and
@@ -94,13 +94,9 @@ for ((round = 1; round <= repeat; round++)); do
   ck_w+=("$(sed -n 's/^write_bytes_per_s=//p' "$work/ck.txt")")
   ck_r+=("$(sed -n 's/^read_bytes_per_s=//p' "$work/ck.txt")")
   direct=$(sed -n 's/^direct=//p' "$work/ck.txt")
-  "$bin/bench_storage" --size "$bytes" --dir "$work" --io-threads "$io_threads" --preallocate \
-      > "$work/ck.txt"
-  ck_w_prealloc+=("$(sed -n 's/^write_bytes_per_s=//p' "$work/ck.txt")")
   echo "round $round: fio write qd4 $((w4 / 1000000)) qd8 $((w8 / 1000000))" \
        "no-prealloc $((wn / 1000000)), read qd4 $((r4 / 1000000)) qd8 $((r8 / 1000000));" \
-       "ckptd write $((ck_w[-1] / 1000000)) read $((ck_r[-1] / 1000000))" \
-       "write-preallocated $((ck_w_prealloc[-1] / 1000000)) MB/s"
+       "ckptd write $((ck_w[-1] / 1000000)) read $((ck_r[-1] / 1000000)) MB/s"
 done
 
 # "median min max" of the arguments.
@@ -116,12 +112,10 @@ echo "storage bench: $size in $dir, $repeat rounds (median, min-max), $io_thread
   echo "write $(stats "${fio_w[@]}") $(stats "${ck_w[@]}")"
   echo "read $(stats "${fio_r[@]}") $(stats "${ck_r[@]}")"
   echo "write-vs-no-prealloc $(stats "${fio_w_noalloc[@]}") $(stats "${ck_w[@]}")"
-  echo "write-preallocated $(stats "${fio_w[@]}") $(stats "${ck_w_prealloc[@]}")"
 } | awk 'BEGIN {
     label["write"] = "write"
     label["read"] = "read"
     label["write-vs-no-prealloc"] = "write vs fio --fallocate=none"
-    label["write-preallocated"] = "write, file preallocated (experiment)"
     printf "| %-37s | %-20s | %-20s | %9s |\n", "", "fio MB/s", "ckptd MB/s", "ckptd/fio"
     printf "|---------------------------------------|----------------------|----------------------|----------:|\n"
     below = 0
@@ -137,13 +131,11 @@ echo "storage bench: $size in $dir, $repeat rounds (median, min-max), $io_thread
 if [[ -n $json ]]; then
   # Lists of bytes/s per round -> JSON with medians and the rows of the table above.
   python3 - "$json" "$size" "$bytes" "$repeat" "$io_threads" "${direct:-0}" \
-      "${fio_w[*]}" "${fio_r[*]}" "${fio_w_noalloc[*]}" "${ck_w[*]}" "${ck_r[*]}" \
-      "${ck_w_prealloc[*]}" << 'PY'
+      "${fio_w[*]}" "${fio_r[*]}" "${fio_w_noalloc[*]}" "${ck_w[*]}" "${ck_r[*]}" << 'PY'
 import json, statistics, sys, time
 path, size, nbytes, repeat, threads, direct = sys.argv[1:7]
-names = ["fio_write", "fio_read", "fio_write_no_prealloc", "ckptd_write", "ckptd_read",
-         "ckptd_write_preallocated"]
-lists = {n: [float(x) for x in v.split()] for n, v in zip(names, sys.argv[7:13])}
+names = ["fio_write", "fio_read", "fio_write_no_prealloc", "ckptd_write", "ckptd_read"]
+lists = {n: [float(x) for x in v.split()] for n, v in zip(names, sys.argv[7:12])}
 med = {n: statistics.median(v) for n, v in lists.items()}
 def row(metric, ck, base, goal):
     ratio = med[ck] / med[base]
@@ -155,7 +147,8 @@ with open(path, "w") as f:
                "bytes": int(nbytes), "rounds": int(repeat), "io_threads": int(threads),
                "direct": direct == "1", "bytes_per_s": lists,
                "median_bytes_per_s": med,
-               "table": [row("storage engine write %s" % size, "ckptd_write", "fio_write", ">= 0.9"),
+               "table": [row("daemon write path %s (capture + flush engines)" % size, "ckptd_write", "fio_write",
+                             ">= 0.9"),
                          row("storage engine read %s" % size, "ckptd_read", "fio_read", ">= 0.9"),
                          row("storage write vs fio --fallocate=none", "ckptd_write",
                              "fio_write_no_prealloc", "(info)")]}, f, indent=2)

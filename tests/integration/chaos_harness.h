@@ -38,12 +38,15 @@ inline uint64_t EnvNumber(const char* name, uint64_t fallback) {
   return s && *s ? std::strtoull(s, nullptr, 10) : fallback;
 }
 
-// CKPT_CHAOS_SEED, else CKPT_TEST_SEED, else a fresh one (chaos is meant to explore); always
-// printed so that any run can be repeated.
-inline uint64_t ChaosSeed() {
-  uint64_t seed = EnvNumber("CKPT_CHAOS_SEED", EnvNumber("CKPT_TEST_SEED", 0));
+// The seed of a chaos test: CKPT_CHAOS_SEED, else CKPT_TEST_SEED, else `fallback`, else (0) a
+// fresh one (chaos is meant to explore). Printed at the start of the test and flushed at once:
+// under ctest stdout is a pipe, and a line still in the buffer would be lost with a test that
+// hangs and is killed. Callers also INFO it, so a failed assertion names it too.
+inline uint64_t ChaosSeed(uint64_t fallback = 0) {
+  uint64_t seed = EnvNumber("CKPT_CHAOS_SEED", EnvNumber("CKPT_TEST_SEED", fallback));
   if (seed == 0) seed = std::random_device{}() ^ (uint64_t{std::random_device{}()} << 32);
-  std::cout << "chaos seed " << seed << " (repeat with CKPT_CHAOS_SEED=" << seed << ")\n";
+  std::cout << "chaos seed " << seed << " (repeat with CKPT_CHAOS_SEED=" << seed << ")"
+            << std::endl;
   return seed;
 }
 

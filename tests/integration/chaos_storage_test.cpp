@@ -9,7 +9,8 @@
 //   * a storage write that stalls (a hung PFS server) does not hold up save() and
 //     wait_snapshot() of later steps, which flush past it; waiting for the stalled step reports
 //     a timeout naming it; once the write is released everything commits, in step order.
-// Default: 30 cycles. CKPT_CHAOS_CYCLES / CKPT_CHAOS_SEED as in chaos_kill_test.cpp.
+// Default: 30 cycles. CKPT_CHAOS_CYCLES / CKPT_CHAOS_SEED as in chaos_kill_test.cpp; the two
+// stall tests read CKPT_CHAOS_SEED too (it fills their tensors) and print their seed.
 #include "tests/integration/chaos_harness.h"  // first: it configures Catch
 
 #include <sys/stat.h>
@@ -149,6 +150,9 @@ TEST_CASE("chaos: random ENOSPC or EIO or short writes fail only their step whil
 TEST_CASE("chaos: a stalled storage write holds up neither save() nor wait_snapshot() of later "
           "steps and is reported",
           "[chaos]") {
+  // The seed fills the tensors only (the schedule is fixed); a fixed default, as before.
+  const uint64_t seed = ChaosSeed(/*fallback=*/ckpt::testing::TestSeed() + 90);
+  INFO("chaos seed " << seed << " (repeat with CKPT_CHAOS_SEED=" << seed << ")");
   TempDir dir;
   const std::string fifo = dir / "release";
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
@@ -156,7 +160,6 @@ TEST_CASE("chaos: a stalled storage write holds up neither save() nor wait_snaps
   options.env = {"CKPTD_FAULT_INJECTION=stall-write=1,stall-release=" + fifo +
                  ",path=" + ckpt::StepDirName(2)};
   DaemonProcess daemon(options);
-  const uint64_t seed = ckpt::testing::TestSeed() + 90;
   constexpr uint64_t kBytes = 2ull << 20;
   InProcessRank rank(kBytes, 2, 0, 1, seed);
   auto client = daemon.Connect("stall");
@@ -211,6 +214,8 @@ TEST_CASE(
     "chaos: with storage stalled and the pool full, saves are skipped at once, and resume "
     "when it answers",
     "[chaos]") {
+  const uint64_t seed = ChaosSeed(/*fallback=*/ckpt::testing::TestSeed() + 91);
+  INFO("chaos seed " << seed << " (repeat with CKPT_CHAOS_SEED=" << seed << ")");
   TempDir dir;
   const std::string fifo = dir / "release";
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
@@ -222,7 +227,6 @@ TEST_CASE(
   options.env = {"CKPTD_FAULT_INJECTION=stall-write=1,stall-release=" + fifo +
                  ",path=" + ckpt::StepDirName(2)};
   DaemonProcess daemon(options);
-  const uint64_t seed = ckpt::testing::TestSeed() + 91;
   constexpr uint64_t kBytes = 4ull << 20;
   InProcessRank rank(kBytes, 1, 0, 1, seed);
   auto client = daemon.Connect("stalled-pool");

@@ -79,7 +79,9 @@ TEST_CASE(
   const auto took = Clock::now() - start;
   INFO("save on a frozen daemon: " << st.ToString());
   CHECK(st.code() == StatusCode::kDeadlineExceeded);
-  CHECK(took < kCallTimeout + seconds(1));
+  // A latency bound (the timeout's own slack), not asserted under a sanitizer (test_util.h).
+  CHECK_TIMING(took < kCallTimeout + seconds(1),
+               std::chrono::duration_cast<milliseconds>(took).count() << " ms");
   // The trainer goes on: it modifies the memory at once (step 2 was abandoned by the client).
   rank.Fill(3);
   CHECK(client->Latest().status().code() == StatusCode::kDeadlineExceeded);
@@ -112,8 +114,11 @@ TEST_CASE(
   rank.Fill(2);
   const auto start = Clock::now();
   ckpt::Status down = client->Save(2, rank.Extra(2));
+  const auto took = Clock::now() - start;
+  INFO("save while the daemon is down: " << down.ToString());
   CHECK(down.code() == StatusCode::kUnavailable);
-  CHECK(Clock::now() - start < seconds(6));
+  // Promptly: a latency bound, not asserted under a sanitizer (test_util.h).
+  CHECK_TIMING(took < seconds(6), std::chrono::duration_cast<milliseconds>(took).count() << " ms");
 
   daemon = std::make_unique<DaemonProcess>(options);
   // The backoff of the failed attempt may still be running: the next save after it goes through.

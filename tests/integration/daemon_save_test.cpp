@@ -165,9 +165,9 @@ TEST_CASE("daemon: save() of a 64 MiB tensor returns before the bytes are copied
   const auto took = std::chrono::steady_clock::now() - start;
   REQUIRE_OK(saved);
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(took).count();
-  INFO("Save of 64 MiB took " << ms << " ms");
-  // Only a loose sanity bound: Save must not copy or write the 64 MiB before it returns.
-  CHECK(ms < 100);
+  // Only a loose sanity bound: Save must not copy or write the 64 MiB before it returns (not
+  // asserted under a sanitizer: test_util.h).
+  CHECK_TIMING(ms < 100, "Save of 64 MiB took " << ms << " ms");
 
   REQUIRE_OK(client->WaitSnapshot(std::chrono::seconds(60)));
   REQUIRE_OK(client->Wait(1, ckpt::WaitState::kCommitted, std::chrono::seconds(60)));

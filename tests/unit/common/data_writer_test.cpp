@@ -1,5 +1,7 @@
-// DataFileWriter and WriteShardsToFile: the bytes in the file, the zero padding, the checksums,
-// and the failures a PFS produces (through the fault-injecting filesystem).
+// DataFileWriter, the daemon's data-file writer (its flush engine writes every captured slot
+// through it): alignment checks, Finish, and the failures a PFS produces (through the
+// fault-injecting filesystem), driven slot by slot by the tests' WriteTestDataFile
+// (checkpoint_builder.h).
 #include "common/data_writer.h"
 
 #include <algorithm>
@@ -13,12 +15,16 @@
 
 #include "common/checksum.h"
 #include "common/fault_file_system.h"
+#include "tests/checkpoint_builder.h"
 #include "tests/test_util.h"
 
 namespace ckpt {
 namespace {
 
+using ckpt::testing::ShardSource;
 using ckpt::testing::TempDir;
+using ckpt::testing::WriteTestDataFile;
+using ckpt::testing::WrittenShard;
 
 // Small chunks and slots, so a few hundred KiB exercise many slots and every boundary case.
 constexpr LayoutOptions kSmall{.checksum_chunk = 16 << 10, .slot_size = 64 << 10};
@@ -46,7 +52,8 @@ std::string ReadAll(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-// Checks everything WriteShardsToFile promises about the file at `path`.
+// Checks the file at `path`: the layout PlanDataFile gives, the shards' bytes, zero padding and
+// the checksums.
 void VerifyDataFile(const std::string& path, const Shards& shards,
                     const std::vector<WrittenShard>& written, const LayoutOptions& options) {
   std::vector<uint64_t> sizes;
@@ -97,90 +104,6 @@ std::vector<uint64_t> BoundarySizes(const LayoutOptions& o) {
           3 * slot + 12345, 7,  2 * chunk, 0};
 }
 
-TEST_CASE("WriteShardsToFile lays out boundary-sized shards", "[storage]") {
-  const int threads = GENERATE(1, 3, 8);
-  INFO("io_threads " << threads);
-  TempDir dir;
-  std::mt19937_64 rng(ckpt::testing::TestSeed());
-  const Shards shards = MakeShards(BoundarySizes(kSmall), rng);
-  const std::string path = dir / "rank-00000.data";
-  auto written = WriteShardsToFile(PosixFileSystem(), path, shards.sources, kSmall, threads);
-  REQUIRE_OK(written);
-  VerifyDataFile(path, shards, *written, kSmall);
-}
-
-TEST_CASE("WriteShardsToFile with random shard sizes", "[storage]") {
-  const uint64_t seed = ckpt::testing::TestSeed();
-  INFO("seed " << seed << " (set CKPT_TEST_SEED to reproduce)");
-  std::mt19937_64 rng(seed);
-  TempDir dir;
-  for (int round = 0; round < 8; ++round) {
-    INFO("round " << round);
-    const std::vector<uint64_t> special = BoundarySizes(kSmall);
-    std::vector<uint64_t> sizes;
-    const int count = 1 + static_cast<int>(rng() % 40);
-    for (int i = 0; i < count; ++i) {
-      switch (rng() % 3) {
-        case 0: sizes.push_back(special[rng() % special.size()]); break;
-        case 1: sizes.push_back(rng() % (kSmall.checksum_chunk * 2)); break;
-        default: sizes.push_back(rng() % (kSmall.slot_size * 3)); break;
-      }
-    }
-    const Shards shards = MakeShards(sizes, rng);
-    const std::string path = dir / ("round-" + std::to_string(round));
-    auto written = WriteShardsToFile(PosixFileSystem(), path, shards.sources, kSmall,
-                                     1 + static_cast<int>(rng() % 6));
-    REQUIRE_OK(written);
-    VerifyDataFile(path, shards, *written, kSmall);
-  }
-}
-
-TEST_CASE("WriteShardsToFile with the default 1 MiB chunks and 16 MiB slots", "[storage]") {
-  TempDir dir;
-  std::mt19937_64 rng(ckpt::testing::TestSeed());
-  const LayoutOptions options;
-  const Shards shards =
-      MakeShards({0, 1, 4096, (1 << 20) + 1, 100, (16 << 20) + 5, 3000}, rng);
-  const std::string path = dir / "rank-00001.data";
-  auto written = WriteShardsToFile(PosixFileSystem(), path, shards.sources, options, 4);
-  REQUIRE_OK(written);
-  VerifyDataFile(path, shards, *written, options);
-}
-
-TEST_CASE("WriteShardsToFile edge cases", "[storage]") {
-  TempDir dir;
-  FileSystem* fs = PosixFileSystem();
-
-  SECTION("no shards, or only empty ones, give an empty file") {
-    auto none = WriteShardsToFile(fs, dir / "none", {}, kSmall);
-    REQUIRE_OK(none);
-    CHECK(none->empty());
-    CHECK(std::filesystem::file_size(dir / "none") == 0);
-    const ShardSource empties[] = {{nullptr, 0}, {nullptr, 0}};
-    auto two = WriteShardsToFile(fs, dir / "two", empties, kSmall);
-    REQUIRE_OK(two);
-    REQUIRE(two->size() == 2);
-    CHECK((*two)[1].chunk_xxh3.empty());
-    CHECK(std::filesystem::file_size(dir / "two") == 0);
-  }
-  SECTION("a shard without data is refused before anything is written") {
-    const ShardSource bad[] = {{nullptr, 10}};
-    auto r = WriteShardsToFile(fs, dir / "bad", bad, kSmall);
-    REQUIRE_FALSE(r.ok());
-    CHECK(r.status().code() == StatusCode::kInvalidArgument);
-    CHECK(r.status().message().find(dir / "bad") != std::string::npos);
-    CHECK_FALSE(std::filesystem::exists(dir / "bad"));
-  }
-  SECTION("misaligned layout options are refused") {
-    const std::byte one{1};
-    const ShardSource src[] = {{&one, 1}};
-    auto r = WriteShardsToFile(fs, dir / "x", src,
-                               LayoutOptions{.checksum_chunk = 1000, .slot_size = 4000});
-    REQUIRE_FALSE(r.ok());
-    CHECK(r.status().code() == StatusCode::kInvalidArgument);
-  }
-}
-
 TEST_CASE("DataFileWriter checks alignment and finishes once", "[storage]") {
   TempDir dir;
   const std::string path = dir / "w.data";
@@ -212,9 +135,7 @@ TEST_CASE("DataFileWriter checks alignment and finishes once", "[storage]") {
   WARN("DataFileWriter under " << dir.path() << ": " << (w.direct() ? "O_DIRECT" : "buffered"));
 }
 
-TEST_CASE("WriteShardsToFile through injected faults", "[storage]") {
-  const int threads = GENERATE(1, 4);
-  INFO("io_threads " << threads);
+TEST_CASE("DataFileWriter through injected faults", "[storage]") {
   TempDir dir;
   FaultInjectingFileSystem fs(PosixFileSystem());
   std::mt19937_64 rng(ckpt::testing::TestSeed());
@@ -223,7 +144,7 @@ TEST_CASE("WriteShardsToFile through injected faults", "[storage]") {
 
   SECTION("ENOSPC fails the write with the path and errno") {
     fs.FailWithNoSpaceAfter(100 << 10);
-    auto r = WriteShardsToFile(&fs, path, shards.sources, kSmall, threads);
+    auto r = WriteTestDataFile(&fs, path, shards.sources, kSmall);
     REQUIRE_FALSE(r.ok());
     CHECK(r.status().sys_errno() == ENOSPC);
     CHECK(r.status().code() == StatusCode::kResourceExhausted);
@@ -232,14 +153,14 @@ TEST_CASE("WriteShardsToFile through injected faults", "[storage]") {
   }
   SECTION("EIO on a write fails it with the path") {
     fs.FailWriteNumber(3);
-    auto r = WriteShardsToFile(&fs, path, shards.sources, kSmall, threads);
+    auto r = WriteTestDataFile(&fs, path, shards.sources, kSmall);
     REQUIRE_FALSE(r.ok());
     CHECK(r.status().sys_errno() == EIO);
     CHECK(r.status().message().find("pwrite " + path + " at offset") != std::string::npos);
   }
   SECTION("EIO on the final fdatasync fails it with the path") {
     fs.FailDataSync(true);
-    auto r = WriteShardsToFile(&fs, path, shards.sources, kSmall, threads);
+    auto r = WriteTestDataFile(&fs, path, shards.sources, kSmall);
     REQUIRE_FALSE(r.ok());
     CHECK(r.status().sys_errno() == EIO);
     CHECK(r.status().message().find("fdatasync " + path) != std::string::npos);
@@ -248,26 +169,26 @@ TEST_CASE("WriteShardsToFile through injected faults", "[storage]") {
     fs.LimitFaultsTo("rank-00004");
     fs.FailWithNoSpaceAfter(0);
     fs.FailDataSync(true);
-    auto r = WriteShardsToFile(&fs, path, shards.sources, kSmall, threads);
+    auto r = WriteTestDataFile(&fs, path, shards.sources, kSmall);
     REQUIRE_OK(r);
     VerifyDataFile(path, shards, *r, kSmall);
   }
   SECTION("short writes still give the right file") {
     fs.ShortWrites(true);
-    auto r = WriteShardsToFile(&fs, path, shards.sources, kSmall, threads);
+    auto r = WriteTestDataFile(&fs, path, shards.sources, kSmall);
     REQUIRE_OK(r);
     VerifyDataFile(path, shards, *r, kSmall);
     CHECK(fs.bytes_written() == std::filesystem::file_size(path));
   }
   SECTION("a finished data file survives a crash once its directory is synced") {
-    auto r = WriteShardsToFile(&fs, path, shards.sources, kSmall, threads);
+    auto r = WriteTestDataFile(&fs, path, shards.sources, kSmall);
     REQUIRE_OK(r);
     REQUIRE_OK(fs.SyncDir(dir.path()));
     REQUIRE_OK(fs.SimulateCrash());
     VerifyDataFile(path, shards, *r, kSmall);
   }
   SECTION("without the directory sync a crash loses it") {
-    auto r = WriteShardsToFile(&fs, path, shards.sources, kSmall, threads);
+    auto r = WriteTestDataFile(&fs, path, shards.sources, kSmall);
     REQUIRE_OK(r);
     REQUIRE_OK(fs.SimulateCrash());
     CHECK_FALSE(std::filesystem::exists(path));

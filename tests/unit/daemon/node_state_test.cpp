@@ -416,6 +416,41 @@ TEST_CASE("NodeState: a save of a step not newer than a committed one is refused
   CHECK(StoredTensor(d.StepDirOf(5), {1, kCols}) == rank0.bytes);
 }
 
+TEST_CASE("NodeState: a save of a step an earlier daemon committed is never reported committed, "
+          "even before the job's storage lookup answered",
+          "[daemon][node_state]") {
+  TempDir dir;
+  std::vector<std::byte> committed_bytes;
+  {
+    Daemon d(dir / "root");
+    RankMemory rank0(d.mappings, 0, 1, 9);
+    REQUIRE_OK(d.Save(4, 0, 1, rank0, 91));
+    REQUIRE_OK(d.Wait(4));
+    committed_bytes = rank0.bytes;
+  }
+  Daemon d(dir / "root");
+  RankMemory other(d.mappings, 0, 1, 10);  // a restarted trainer with other bytes
+  REQUIRE(other.bytes != committed_bytes);
+  struct NoSink : EventSink {
+    void OnEvent(const pb::Event&) override {}
+  };
+  auto sink = std::make_shared<NoSink>();
+  d.node->AddSink(kJob, sink);  // hello; its lookup of committed steps has not answered yet
+  auto saved = d.Save(4, 0, 1, other, 101);
+  if (saved.ok()) {
+    // Accepted before the lookup answered: the save must end in failure, never COMMITTED —
+    // its bytes are not what step 4 holds.
+    Status st = d.Wait(4);
+    INFO(st.ToString());
+    CHECK_FALSE(st.ok());
+  } else {
+    CHECK_THAT(saved.status().message(), Contains("step 4"));
+  }
+  while (d.io.poll() > 0) {
+  }
+  CHECK(StoredTensor(d.StepDirOf(4), {1, kCols}) == committed_bytes);
+}
+
 TEST_CASE("NodeState: beyond max_steps_in_flight a newer step is accepted but captured only "
           "once an older one ended",
           "[daemon][node_state]") {

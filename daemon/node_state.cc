@@ -734,6 +734,21 @@ void NodeState::OnCoordinatorEvent(const ckptd::v1::CoordinatorEvent& event) {
       break;
     case ckptd::v1::STEP_STATE_COMMITTED: {
       if (Terminal(s->state)) break;
+      // The coordinator commits a step only after every rank reported it persisted, so a rank
+      // saved here that has not persisted is not in this commit: the coordinator found the step
+      // number already committed on storage (by an earlier daemon or trainer incarnation; the
+      // save was accepted before this node's own lookup of committed steps answered). That
+      // save's bytes are not what the step holds (its writer refuses the committed directory):
+      // it fails, and nothing is removed — the directory is the committed step's.
+      bool all_persisted = true;
+      for (const auto& [r, rs] : s->ranks) all_persisted = all_persisted && rs.persisted;
+      if (!all_persisted) {
+        FailStep(*s, ckptd::v1::STEP_STATE_FAILED,
+                 "step " + std::to_string(d.step()) +
+                     " is already committed (by an earlier run of the job); a committed "
+                     "checkpoint is never overwritten: save later step numbers");
+        break;
+      }
       s->decided_globally = true;
       SetState(*s, ckptd::v1::STEP_STATE_COMMITTED);
       ReleaseCaptures(*s);

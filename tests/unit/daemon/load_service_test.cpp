@@ -1,0 +1,338 @@
+// LoadService (daemon/load_service.h) in process, into memfd-backed registered tensors: the
+// newest committed step or a named one, the first load read from storage and a replica's load
+// of the same bytes served from the hot cache, a load resharded across the stored shards, the
+// rank's extra blob (also for a rank the saved job did not have), errors for a missing step or
+// tensor, the non-strict load, and the pins released once a load ends.
+#include "daemon/load_service.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <chrono>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/step_layout.h"
+#include "tests/checkpoint_builder.h"
+#include "tests/test_util.h"
+
+namespace ckpt {
+namespace {
+
+namespace pb = ckptd::v1;
+using Catch::Matchers::Contains;
+using testing::TempDir;
+using testing::TestTensor;
+
+const LayoutOptions kLayout{.checksum_chunk = 4096, .slot_size = 16384};
+constexpr uint32_t kWorld = 2;
+constexpr uint64_t kCols = 2048;  // a row of "w" is 8 KiB: two checksum pieces
+const std::string kJob = "job";
+
+UniqueFd MemFd(uint64_t size) {
+  UniqueFd fd(::memfd_create("load-service-test", MFD_CLOEXEC));
+  REQUIRE(fd);
+  REQUIRE(::ftruncate(fd.get(), static_cast<off_t>(size)) == 0);
+  return fd;
+}
+
+std::vector<std::byte> ReadFd(const UniqueFd& fd, uint64_t size) {
+  std::vector<std::byte> out(size);
+  REQUIRE(::pread(fd.get(), out.data(), size, 0) == static_cast<ssize_t>(size));
+  return out;
+}
+
+// A float32 box shard of tensor `name` in fd 0 (Registration places it).
+pb::TensorSpec BoxSpec(const std::string& name, Shape shape, Shape offsets, Shape lengths) {
+  pb::TensorSpec s;
+  s.set_name(name);
+  s.set_dtype("float32");
+  uint64_t numel = 1;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    s.add_global_shape(shape[d]);
+    s.mutable_geometry()->mutable_box()->add_offsets(offsets[d]);
+    s.mutable_geometry()->mutable_box()->add_lengths(lengths[d]);
+    numel *= lengths[d];
+  }
+  s.mutable_host()->set_fd_index(0);
+  s.mutable_host()->set_offset(0);
+  s.mutable_host()->set_length(numel * 4);
+  return s;
+}
+
+// A rank's registration: the specs over one memfd, which receives what is loaded.
+struct Registration {
+  std::vector<UniqueFd> fds;
+  std::shared_ptr<const CapturePlan> plan;
+  uint64_t bytes = 0;
+
+  Registration(MappingCache& cache, std::vector<pb::TensorSpec> specs) {
+    for (auto& s : specs) {  // one after the other in the memfd
+      s.mutable_host()->set_offset(bytes);
+      bytes += s.host().length();
+    }
+    fds.push_back(MemFd(bytes));
+    auto built = BuildCapturePlan(specs, fds, cache, kLayout);
+    REQUIRE_OK(built);
+    plan = *built;
+  }
+  std::vector<std::byte> Contents() const { return ReadFd(fds[0], bytes); }
+};
+
+struct Fixture {
+  TempDir dir;
+  std::string root = dir / "root";
+  boost::asio::io_context io;
+  // Keeps run_one_for waiting for the load threads' answers instead of stopping the loop.
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work =
+      boost::asio::make_work_guard(io);
+  std::unique_ptr<HostPool> pool;
+  std::unique_ptr<HotCache> hot;
+  std::unique_ptr<CommitEngine> commit;
+  std::unique_ptr<LoadService> loads;
+  MappingCache mappings;
+  std::map<uint64_t, TestTensor> saved;  // tensor "w" of each step written
+
+  explicit Fixture(uint32_t keep = 0) {
+    auto p = HostPool::Create(
+        HostPool::Config{.size = 64 * 16384, .slot_size = 16384, .lock_memory = false});
+    REQUIRE_OK(p);
+    pool = std::move(p).value();
+    hot = std::make_unique<HotCache>(pool.get());
+    commit = std::make_unique<CommitEngine>(CommitEngine::Config{root, keep, "test", {}},
+                                            PosixFileSystem());
+    LoadService::Config config;
+    config.storage_root = root;
+    config.threads = 1;
+    config.reader.io_threads = 2;
+    loads = std::make_unique<LoadService>(io, config, PosixFileSystem(), commit.get(), hot.get());
+    loads->Start();
+  }
+  ~Fixture() { loads->Stop(); }
+
+  // A committed step of `kWorld` ranks: tensor "w" float32 [kWorld, kCols], rank r wrote row r.
+  void Save(uint64_t step) {
+    std::mt19937_64 rng(step);
+    TestTensor t;
+    t.name = "w";
+    t.shape = {kWorld, kCols};
+    t.data = testing::RandomBytes(rng, kWorld * kCols * 4);
+    for (uint32_t r = 0; r < kWorld; ++r) {
+      auto g = ShardGeometry::Box(t.shape, {r, 0}, {1, kCols});
+      REQUIRE_OK(g);
+      t.shards.push_back({*g, r});
+    }
+    testing::NoSyncFileSystem nosync;
+    REQUIRE_OK(testing::WriteTestCheckpoint(&nosync, StepDir(root, kJob, step), kJob, step, kWorld,
+                                            {t}, kLayout));
+    saved[step] = t;
+  }
+  // The bytes of `w` in [offsets, offsets + lengths) as saved at `step`.
+  std::vector<std::byte> Expected(uint64_t step, Shape offsets, Shape lengths) {
+    auto g = ShardGeometry::Box(saved.at(step).shape, offsets, lengths);
+    REQUIRE_OK(g);
+    return testing::ExtractShard(saved.at(step).data, *g, 4);
+  }
+
+  LoadService::Request Request(const Registration& reg, uint32_t rank,
+                               std::optional<uint64_t> step = std::nullopt) {
+    LoadService::Request r;
+    r.job = kJob;
+    r.step = step;
+    r.rank = rank;
+    r.plan = reg.plan;
+    return r;
+  }
+};
+
+TEST_CASE("LoadService: the newest step is read from storage once, a replica's load from memory",
+          "[daemon][load_service]") {
+  Fixture f;
+  f.Save(3);
+  f.Save(5);
+  Registration rank0(f.mappings, {BoxSpec("w", {kWorld, kCols}, {0, 0}, {1, kCols})});
+  // Rank 1 of another data-parallel group holds the same shard.
+  Registration replica(f.mappings, {BoxSpec("w", {kWorld, kCols}, {0, 0}, {1, kCols})});
+
+  auto first = f.loads->LoadNow(f.Request(rank0, 0));
+  REQUIRE_OK(first);
+  CHECK(first->step == 5);
+  CHECK(first->bytes_from_storage >= kCols * 4);
+  CHECK(first->bytes_from_memory == 0);
+  CHECK(first->missing.empty());
+  CHECK(first->saved_world_size == kWorld);
+  CHECK(first->extra_rank == 0);
+  CHECK(first->extra == "extra of rank 0");
+  CHECK(rank0.Contents() == f.Expected(5, {0, 0}, {1, kCols}));
+  CHECK(f.hot->resident_bytes() >= kCols * 4);
+
+  auto second = f.loads->LoadNow(f.Request(replica, 1));
+  REQUIRE_OK(second);
+  CHECK(second->step == 5);
+  CHECK(second->bytes_from_storage == 0);
+  CHECK(second->bytes_from_memory == kCols * 4);
+  CHECK(second->extra == "extra of rank 1");
+  CHECK(replica.Contents() == f.Expected(5, {0, 0}, {1, kCols}));
+
+  // A named older step is read from storage (the cache holds step 5's bytes, not step 3's).
+  auto older = f.loads->LoadNow(f.Request(rank0, 0, 3));
+  REQUIRE_OK(older);
+  CHECK(older->step == 3);
+  CHECK(older->bytes_from_memory == 0);
+  CHECK(older->bytes_from_storage >= kCols * 4);
+  CHECK(rank0.Contents() == f.Expected(3, {0, 0}, {1, kCols}));
+}
+
+TEST_CASE("LoadService: a load in another layout gathers its shard from every stored one",
+          "[daemon][load_service]") {
+  Fixture f;
+  f.Save(1);
+  // Saved as rows by 2 ranks; loaded as column halves by 2 ranks (each spans both files).
+  Registration left(f.mappings, {BoxSpec("w", {kWorld, kCols}, {0, 0}, {kWorld, kCols / 2})});
+  Registration right(f.mappings,
+                     {BoxSpec("w", {kWorld, kCols}, {0, kCols / 2}, {kWorld, kCols / 2})});
+  auto l = f.loads->LoadNow(f.Request(left, 0));
+  REQUIRE_OK(l);
+  auto r = f.loads->LoadNow(f.Request(right, 1));
+  REQUIRE_OK(r);
+  CHECK(left.Contents() == f.Expected(1, {0, 0}, {kWorld, kCols / 2}));
+  CHECK(right.Contents() == f.Expected(1, {0, kCols / 2}, {kWorld, kCols / 2}));
+  // Each half is one checksum piece of each file: neither load touched the other's bytes.
+  CHECK(l->bytes_from_storage >= kWorld * kCols * 2);
+  CHECK(r->bytes_from_storage >= kWorld * kCols * 2);
+  CHECK(l->bytes_from_memory + r->bytes_from_memory == 0);
+  // Everything is resident now: a load of the whole tensor reads nothing from storage.
+  Registration whole(f.mappings, {BoxSpec("w", {kWorld, kCols}, {0, 0}, {kWorld, kCols})});
+  auto w = f.loads->LoadNow(f.Request(whole, 0));
+  REQUIRE_OK(w);
+  CHECK(w->bytes_from_storage == 0);
+  CHECK(w->bytes_from_memory == kWorld * kCols * 4);
+  CHECK(whole.Contents() == f.saved.at(1).data);
+}
+
+TEST_CASE("LoadService: a rank the saved job did not have gets the blob of rank mod world size",
+          "[daemon][load_service]") {
+  Fixture f;
+  f.Save(2);
+  Registration reg(f.mappings, {BoxSpec("w", {kWorld, kCols}, {1, 0}, {1, kCols})});
+  auto out = f.loads->LoadNow(f.Request(reg, 3));
+  REQUIRE_OK(out);
+  CHECK(out->saved_world_size == kWorld);
+  CHECK(out->extra_rank == 1);
+  CHECK(out->extra == "extra of rank 1");
+  CHECK(reg.Contents() == f.Expected(2, {1, 0}, {1, kCols}));
+}
+
+TEST_CASE("LoadService: errors name what is missing and leave the memory alone",
+          "[daemon][load_service]") {
+  Fixture f;
+  Registration reg(f.mappings, {BoxSpec("w", {kWorld, kCols}, {0, 0}, {1, kCols})});
+  const std::vector<std::byte> untouched = reg.Contents();
+
+  SECTION("no committed step") {
+    auto r = f.loads->LoadNow(f.Request(reg, 0));
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == StatusCode::kNotFound);
+    CHECK_THAT(r.status().message(), Contains("has no committed checkpoint"));
+  }
+  SECTION("a named step that is not committed") {
+    f.Save(4);
+    REQUIRE(std::filesystem::remove(StepDir(f.root, kJob, 4) + "/MANIFEST"));
+    auto r = f.loads->LoadNow(f.Request(reg, 0, 4));
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == StatusCode::kNotFound);
+    CHECK_THAT(r.status().message(), Contains("step 4"));
+    CHECK_THAT(r.status().message(), Contains("not committed"));
+  }
+  SECTION("a step that does not exist at all") {
+    f.Save(4);
+    auto r = f.loads->LoadNow(f.Request(reg, 0, 5));
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == StatusCode::kNotFound);
+    CHECK_THAT(r.status().message(), Contains("step 5"));
+  }
+  SECTION("nothing registered") {
+    f.Save(4);
+    LoadService::Request req = f.Request(reg, 0);
+    req.plan = nullptr;
+    auto r = f.loads->LoadNow(req);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == StatusCode::kFailedPrecondition);
+  }
+  SECTION("a registered tensor the step does not hold, strict") {
+    f.Save(4);
+    Registration extra(f.mappings, {BoxSpec("w", {kWorld, kCols}, {0, 0}, {1, kCols}),
+                                    BoxSpec("optimizer.m", {8}, {0}, {8})});
+    auto r = f.loads->LoadNow(f.Request(extra, 0));
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == StatusCode::kNotFound);
+    CHECK_THAT(r.status().message(), Contains("'optimizer.m'"));
+    CHECK(ReadFd(extra.fds[0], kCols * 4) == std::vector<std::byte>(kCols * 4));
+  }
+  SECTION("a registered shape that differs from the stored one") {
+    f.Save(4);
+    Registration wrong(f.mappings, {BoxSpec("w", {kWorld, kCols * 2}, {0, 0}, {1, kCols})});
+    auto r = f.loads->LoadNow(f.Request(wrong, 0));
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(r.status().message(), Contains("'w'"));
+  }
+  CHECK(reg.Contents() == untouched);
+}
+
+TEST_CASE("LoadService: a non-strict load fills what the step holds and lists the rest",
+          "[daemon][load_service]") {
+  Fixture f;
+  f.Save(4);
+  Registration reg(f.mappings, {BoxSpec("w", {kWorld, kCols}, {1, 0}, {1, kCols}),
+                                BoxSpec("optimizer.m", {8}, {0}, {8})});
+  LoadService::Request req = f.Request(reg, 1);
+  req.strict = false;
+  auto r = f.loads->LoadNow(req);
+  REQUIRE_OK(r);
+  CHECK(r->missing == std::vector<std::string>{"optimizer.m"});
+  std::vector<std::byte> expected = f.Expected(4, {1, 0}, {1, kCols});
+  expected.resize(expected.size() + 8 * 4);  // the missing tensor's memory stays zero
+  CHECK(reg.Contents() == expected);
+}
+
+TEST_CASE("LoadService: Load runs off the loop, answers on it, and its pins end with it",
+          "[daemon][load_service]") {
+  Fixture f(/*keep=*/1);
+  f.Save(1);
+  Registration reg(f.mappings, {BoxSpec("w", {kWorld, kCols}, {0, 0}, {1, kCols})});
+  std::optional<Result<LoadService::Outcome>> answer;
+  f.loads->Load(f.Request(reg, 0), [&](Result<LoadService::Outcome> r) { answer = std::move(r); });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!answer && std::chrono::steady_clock::now() < deadline) {
+    f.io.run_one_for(std::chrono::milliseconds(50));
+  }
+  REQUIRE(answer.has_value());
+  REQUIRE_OK(*answer);
+  CHECK((*answer)->step == 1);
+  CHECK(reg.Contents() == f.Expected(1, {0, 0}, {1, kCols}));
+
+  // The load unpinned step 1: retention (keep 1) removes it once step 2 commits.
+  testing::NoSyncFileSystem nosync;
+  auto m = testing::WriteTestCheckpoint(&nosync, StepDir(f.root, kJob, 2), kJob, 2, kWorld,
+                                        {f.saved.at(1)}, kLayout);
+  REQUIRE_OK(m);
+  REQUIRE(std::filesystem::remove(StepDir(f.root, kJob, 2) + "/MANIFEST"));
+  pb::NodeManifest node;  // one node held both ranks
+  node.set_format_version(m->format_version());
+  node.set_job(kJob);
+  node.set_step(2);
+  node.set_world_size(kWorld);
+  node.set_node_id("n");
+  *node.mutable_tensors() = m->tensors();
+  *node.mutable_ranks() = m->ranks();
+  REQUIRE_OK(f.commit->Commit(std::span(&node, 1)));
+  CHECK(*f.commit->List(kJob) == std::vector<uint64_t>{2});
+}
+
+}  // namespace
+}  // namespace ckpt

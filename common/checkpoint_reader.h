@@ -61,10 +61,10 @@ class CheckpointReader {
 
   struct Request {
     std::string tensor;
-    ShardGeometry geometry;      // requested shard; its global shape must match the stored one
-    std::string dtype;           // must match the stored dtype
-    std::span<std::byte> dest;   // numel(geometry) * element size bytes; ignored when sink is set
-    Sink sink;                   // optional: receives the bytes instead of dest
+    ShardGeometry geometry;     // requested shard; its global shape must match the stored one
+    std::string dtype;          // must match the stored dtype
+    std::span<std::byte> dest;  // numel(geometry) * element size bytes; ignored when sink is set
+    Sink sink;                  // optional: receives the bytes instead of dest
   };
 
   // Optional hooks for a caller that keeps checkpoint bytes in memory (the daemon's hot cache).

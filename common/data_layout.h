@@ -28,16 +28,16 @@ struct LayoutOptions {
 };
 
 struct SlotPiece {
-  uint32_t shard;          // index into the shard list
-  uint64_t shard_offset;   // first byte inside the shard
-  uint64_t length;         // bytes; ≤ checksum_chunk
-  uint64_t slot_offset;    // where the bytes go inside the slot
-  uint32_t chunk_index;    // which checksum of the shard these bytes produce
+  uint32_t shard;         // index into the shard list
+  uint64_t shard_offset;  // first byte inside the shard
+  uint64_t length;        // bytes; ≤ checksum_chunk
+  uint64_t slot_offset;   // where the bytes go inside the slot
+  uint32_t chunk_index;   // which checksum of the shard these bytes produce
 };
 
 struct Slot {
-  uint64_t file_offset;    // multiple of slot_size
-  uint64_t length;         // bytes to write; multiple of 4096, ≤ slot_size
+  uint64_t file_offset;           // multiple of slot_size
+  uint64_t length;                // bytes to write; multiple of 4096, ≤ slot_size
   std::vector<SlotPiece> pieces;  // in slot_offset order; bytes between pieces are zero
 };
 

@@ -10,9 +10,10 @@ namespace ckpt {
 Result<std::unique_ptr<DataFileWriter>> DataFileWriter::Create(FileSystem* fs,
                                                                const std::string& path,
                                                                uint64_t size) {
-  ASSIGN_OR_RETURN(std::unique_ptr<File> file,
-                   fs->Open(path, OpenOptions{.write = true, .create = true, .truncate = true,
-                                              .try_direct = true}));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<File> file,
+      fs->Open(path,
+               OpenOptions{.write = true, .create = true, .truncate = true, .try_direct = true}));
   RETURN_IF_ERROR(file->Allocate(size));
   return std::unique_ptr<DataFileWriter>(new DataFileWriter(std::move(file)));
 }

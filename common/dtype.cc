@@ -6,12 +6,18 @@
 namespace ckpt {
 namespace {
 constexpr std::array kDTypes = {
-    DTypeInfo{"float32", 4, "F32"},      DTypeInfo{"bfloat16", 2, "BF16"},
-    DTypeInfo{"float16", 2, "F16"},      DTypeInfo{"float64", 8, "F64"},
-    DTypeInfo{"int8", 1, "I8"},          DTypeInfo{"uint8", 1, "U8"},
-    DTypeInfo{"int16", 2, "I16"},        DTypeInfo{"int32", 4, "I32"},
-    DTypeInfo{"int64", 8, "I64"},        DTypeInfo{"bool", 1, "BOOL"},
-    DTypeInfo{"float8_e4m3fn", 1, "F8_E4M3"}, DTypeInfo{"float8_e5m2", 1, "F8_E5M2"},
+    DTypeInfo{"float32", 4, "F32"},
+    DTypeInfo{"bfloat16", 2, "BF16"},
+    DTypeInfo{"float16", 2, "F16"},
+    DTypeInfo{"float64", 8, "F64"},
+    DTypeInfo{"int8", 1, "I8"},
+    DTypeInfo{"uint8", 1, "U8"},
+    DTypeInfo{"int16", 2, "I16"},
+    DTypeInfo{"int32", 4, "I32"},
+    DTypeInfo{"int64", 8, "I64"},
+    DTypeInfo{"bool", 1, "BOOL"},
+    DTypeInfo{"float8_e4m3fn", 1, "F8_E4M3"},
+    DTypeInfo{"float8_e5m2", 1, "F8_E5M2"},
 };
 }  // namespace
 

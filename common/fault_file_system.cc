@@ -125,7 +125,9 @@ class FaultFile final : public File {
   using State = FaultInjectingFileSystem::State;
 
   FaultFile(std::unique_ptr<File> base, std::shared_ptr<State> state, uint64_t epoch)
-      : base_(std::move(base)), state_(std::move(state)), key_(Normalize(base_->path())),
+      : base_(std::move(base)),
+        state_(std::move(state)),
+        key_(Normalize(base_->path())),
         epoch_(epoch) {}
 
   Result<size_t> PWrite(const void* data, size_t size, uint64_t offset) override {
@@ -461,8 +463,7 @@ Result<std::unique_ptr<File>> FaultInjectingFileSystem::Open(const std::string& 
   } else if (!state_->synced_size.contains(key)) {
     ASSIGN_OR_RETURN(state_->synced_size[key], file->Size());
   }
-  return std::unique_ptr<File>(
-      std::make_unique<FaultFile>(std::move(file), state_, state_->epoch));
+  return std::unique_ptr<File>(std::make_unique<FaultFile>(std::move(file), state_, state_->epoch));
 }
 
 Status FaultInjectingFileSystem::CreateDirs(const std::string& path) {

@@ -35,16 +35,16 @@ class FaultInjectingFileSystem : public FileSystem {
   ~FaultInjectingFileSystem() override;
 
   // ---- faults (take effect for calls that start afterwards) ----
-  void FailWithNoSpaceAfter(uint64_t bytes);   // total bytes written by PWrite before ENOSPC
-  void FailWriteNumber(uint64_t n);            // the nth PWrite from now (1-based) fails with EIO
-  void FailDataSync(bool on);                  // every DataSync fails with EIO
+  void FailWithNoSpaceAfter(uint64_t bytes);  // total bytes written by PWrite before ENOSPC
+  void FailWriteNumber(uint64_t n);           // the nth PWrite from now (1-based) fails with EIO
+  void FailDataSync(bool on);                 // every DataSync fails with EIO
   void ShortWrites(bool on);
   // The nth PWrite from now (1-based) on a matching path blocks until ReleaseStalls() or, when
   // `release_fifo` is not empty, until some process opens that FIFO for writing.
   void StallWriteNumber(uint64_t n, std::string release_fifo = "");
-  void ReleaseStalls();                        // wakes every write stalled so far
+  void ReleaseStalls();                            // wakes every write stalled so far
   void LimitFaultsTo(std::string path_substring);  // "" = all paths
-  void ClearFaults();  // also releases stalled writes
+  void ClearFaults();                              // also releases stalled writes
 
   // Applies a comma-separated spec (see the top of this file) on top of the current faults.
   // kInvalidArgument naming the item for an unknown key or a bad number.

@@ -145,8 +145,7 @@ int OpenRetryingEintr(const std::string& path, int flags) {
 
 class PosixFileSystemImpl final : public FileSystem {
  public:
-  Result<std::unique_ptr<File>> Open(const std::string& path,
-                                     const OpenOptions& options) override {
+  Result<std::unique_ptr<File>> Open(const std::string& path, const OpenOptions& options) override {
     int flags = O_CLOEXEC | (options.write ? O_RDWR : O_RDONLY);
     if (options.create) flags |= O_CREAT;
     if (options.truncate) flags |= O_TRUNC;
@@ -285,8 +284,7 @@ Status File::PReadAll(void* data, size_t size, uint64_t offset) {
     ASSIGN_OR_RETURN(const size_t n, PRead(p, size, offset));
     if (n == 0) {
       return DataLoss("unexpected end of file: pread " + path() + " at offset " +
-                      std::to_string(offset) + " returned 0 of " + std::to_string(size) +
-                      " bytes");
+                      std::to_string(offset) + " returned 0 of " + std::to_string(size) + " bytes");
     }
     p += n;
     size -= n;

@@ -25,10 +25,10 @@ namespace ckpt {
 inline constexpr size_t kIoAlignment = 4096;
 
 struct OpenOptions {
-  bool write = false;     // O_RDWR instead of O_RDONLY
-  bool create = false;    // O_CREAT (mode 0644)
-  bool truncate = false;  // O_TRUNC
-  bool exclusive = false; // O_EXCL
+  bool write = false;      // O_RDWR instead of O_RDONLY
+  bool create = false;     // O_CREAT (mode 0644)
+  bool truncate = false;   // O_TRUNC
+  bool exclusive = false;  // O_EXCL
   // Ask for O_DIRECT; when the filesystem refuses it (tmpfs: EINVAL) the file is opened buffered
   // and File::direct() says so. Callers must then still pass aligned buffers, which is harmless.
   bool try_direct = false;
@@ -59,12 +59,13 @@ class File {
 class FileSystem {
  public:
   virtual ~FileSystem() = default;
-  virtual Result<std::unique_ptr<File>> Open(const std::string& path, const OpenOptions& options) = 0;
-  virtual Status CreateDirs(const std::string& path) = 0;   // mkdir -p, mode 0755
+  virtual Result<std::unique_ptr<File>> Open(const std::string& path,
+                                             const OpenOptions& options) = 0;
+  virtual Status CreateDirs(const std::string& path) = 0;                     // mkdir -p, mode 0755
   virtual Status Rename(const std::string& from, const std::string& to) = 0;  // atomic replace
-  virtual Status SyncDir(const std::string& path) = 0;      // fsync of a directory
-  virtual Status Remove(const std::string& path) = 0;       // a file or an empty directory
-  virtual Status RemoveAll(const std::string& path) = 0;    // rm -rf; missing is not an error
+  virtual Status SyncDir(const std::string& path) = 0;    // fsync of a directory
+  virtual Status Remove(const std::string& path) = 0;     // a file or an empty directory
+  virtual Status RemoveAll(const std::string& path) = 0;  // rm -rf; missing is not an error
   // Names in a directory (no "." / ".."), sorted. kNotFound if it does not exist.
   virtual Result<std::vector<std::string>> ListDir(const std::string& path) = 0;
   virtual Result<bool> Exists(const std::string& path) = 0;

@@ -55,8 +55,8 @@ class ShardGeometry {
 
   Kind kind() const { return kind_; }
   const Shape& global_shape() const { return global_shape_; }
-  const Shape& offsets() const { return offsets_; }   // box only
-  const Shape& lengths() const { return lengths_; }   // box only
+  const Shape& offsets() const { return offsets_; }      // box only
+  const Shape& lengths() const { return lengths_; }      // box only
   uint64_t flat_offset() const { return flat_offset_; }  // flat only
   uint64_t numel() const { return numel_; }
 
@@ -83,9 +83,9 @@ class ShardGeometry {
 std::string FlatIndexToString(std::span<const uint64_t> shape, uint64_t flat_index);
 
 struct CopyOp {
-  uint32_t source;         // index into the `stored` span given to PlanCopies
-  uint64_t source_element; // first element inside the stored shard's bytes
-  uint64_t dest_element;   // first element inside the requested shard's bytes
+  uint32_t source;          // index into the `stored` span given to PlanCopies
+  uint64_t source_element;  // first element inside the stored shard's bytes
+  uint64_t dest_element;    // first element inside the requested shard's bytes
   uint64_t elements;
   bool operator==(const CopyOp&) const = default;
 };
@@ -94,8 +94,7 @@ struct CopyOp {
 // Ops come sorted by dest_element and coalesced. Errors: a global shape that differs
 // (kInvalidArgument naming both shapes), or an element of `requested` that no stored shard
 // covers (kNotFound naming the tensor and the first missing coordinates).
-Result<std::vector<CopyOp>> PlanCopies(std::string_view tensor_name,
-                                       const ShardGeometry& requested,
+Result<std::vector<CopyOp>> PlanCopies(std::string_view tensor_name, const ShardGeometry& requested,
                                        std::span<const ShardGeometry> stored);
 
 // Checks that stored shards do not partly overlap: two shards are either identical (replicas)

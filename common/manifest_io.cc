@@ -110,8 +110,8 @@ Status ValidateTensor(const ckptd::v1::TensorEntry& t, uint32_t world_size) {
                              " is not a positive multiple of 4096");
     }
     if (static_cast<uint64_t>(s.chunk_xxh3_size()) != ChunkCount(s.length(), s.chunk_size())) {
-      return InvalidArgument(sctx + ": " + std::to_string(s.chunk_xxh3_size()) +
-                             " checksums for " + std::to_string(s.length()) + " bytes in " +
+      return InvalidArgument(sctx + ": " + std::to_string(s.chunk_xxh3_size()) + " checksums for " +
+                             std::to_string(s.length()) + " bytes in " +
                              std::to_string(s.chunk_size()) + "-byte chunks");
     }
     const std::string& file = s.file();
@@ -221,7 +221,8 @@ Result<ShardGeometry> GeometryFromProto(const ckptd::v1::ShardGeometry& g,
                                         const Shape& global_shape) {
   switch (g.kind_case()) {
     case ckptd::v1::ShardGeometry::kBox:
-      return ShardGeometry::Box(global_shape, Shape(g.box().offsets().begin(), g.box().offsets().end()),
+      return ShardGeometry::Box(global_shape,
+                                Shape(g.box().offsets().begin(), g.box().offsets().end()),
                                 Shape(g.box().lengths().begin(), g.box().lengths().end()));
     case ckptd::v1::ShardGeometry::kFlat:
       return ShardGeometry::Flat(global_shape, g.flat().flat_offset(), g.flat().numel());
@@ -252,8 +253,8 @@ namespace {
 // then fails here, naming both ends, instead of committing a hole.
 Status CheckSkippedWereWritten(const ckptd::v1::Manifest& merged,
                                std::span<const ckptd::v1::NodeManifest> nodes) {
-  const bool any = std::any_of(nodes.begin(), nodes.end(),
-                               [](const auto& n) { return n.skipped_size() > 0; });
+  const bool any =
+      std::any_of(nodes.begin(), nodes.end(), [](const auto& n) { return n.skipped_size() > 0; });
   if (!any) return Status::Ok();
   // Every stored shard once, as tensor name + geometry: one lookup per skipped shard.
   std::map<std::string_view, const ckptd::v1::TensorEntry*> by_name;
@@ -268,11 +269,10 @@ Status CheckSkippedWereWritten(const ckptd::v1::Manifest& merged,
     for (const auto& k : n.skipped()) {
       auto it = by_name.find(k.name());
       const ckptd::v1::TensorEntry* t = it == by_name.end() ? nullptr : it->second;
-      const bool found =
-          t != nullptr && t->dtype() == k.dtype() &&
-          std::equal(t->global_shape().begin(), t->global_shape().end(),
-                     k.global_shape().begin(), k.global_shape().end()) &&
-          written.count(k.name() + '\0' + k.geometry().SerializeAsString()) != 0;
+      const bool found = t != nullptr && t->dtype() == k.dtype() &&
+                         std::equal(t->global_shape().begin(), t->global_shape().end(),
+                                    k.global_shape().begin(), k.global_shape().end()) &&
+                         written.count(k.name() + '\0' + k.geometry().SerializeAsString()) != 0;
       if (!found) {
         return FailedPrecondition(
             "tensor '" + EscapeForLog(k.name()) + "': rank " + std::to_string(k.rank()) +
@@ -298,8 +298,8 @@ Result<ckptd::v1::Manifest> MergeNodeManifests(std::span<const ckptd::v1::NodeMa
   std::map<uint32_t, ckptd::v1::RankEntry> ranks;
   for (const auto& n : nodes) {
     if (n.job() != out.job() || n.step() != out.step() || n.world_size() != out.world_size()) {
-      return InvalidArgument("node manifest of node '" + n.node_id() + "' is for job '" +
-                             n.job() + "' step " + std::to_string(n.step()) + " world size " +
+      return InvalidArgument("node manifest of node '" + n.node_id() + "' is for job '" + n.job() +
+                             "' step " + std::to_string(n.step()) + " world size " +
                              std::to_string(n.world_size()) + ", expected job '" + out.job() +
                              "' step " + std::to_string(out.step()) + " world size " +
                              std::to_string(out.world_size()));

@@ -41,7 +41,8 @@ Status ValidateManifest(const ckptd::v1::Manifest& m);
 // reader may load what a checkpoint does hold.
 Status CheckManifestCoverage(const ckptd::v1::Manifest& m);
 
-Result<ShardGeometry> GeometryFromProto(const ckptd::v1::ShardGeometry& g, const Shape& global_shape);
+Result<ShardGeometry> GeometryFromProto(const ckptd::v1::ShardGeometry& g,
+                                        const Shape& global_shape);
 ckptd::v1::ShardGeometry GeometryToProto(const ShardGeometry& g);
 
 // Tensors of all node manifests combined (shards of one tensor from several nodes are joined;

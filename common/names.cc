@@ -68,11 +68,16 @@ Status ValidateTensorName(std::string_view name) {
   while (p < end) {
     uint32_t cp;
     int extra;
-    if (*p < 0x80) cp = *p, extra = 0;
-    else if ((*p & 0xe0) == 0xc0) cp = *p & 0x1f, extra = 1;
-    else if ((*p & 0xf0) == 0xe0) cp = *p & 0x0f, extra = 2;
-    else if ((*p & 0xf8) == 0xf0) cp = *p & 0x07, extra = 3;
-    else return InvalidArgument("tensor name '" + EscapeForLog(name) + "' is not valid UTF-8");
+    if (*p < 0x80)
+      cp = *p, extra = 0;
+    else if ((*p & 0xe0) == 0xc0)
+      cp = *p & 0x1f, extra = 1;
+    else if ((*p & 0xf0) == 0xe0)
+      cp = *p & 0x0f, extra = 2;
+    else if ((*p & 0xf8) == 0xf0)
+      cp = *p & 0x07, extra = 3;
+    else
+      return InvalidArgument("tensor name '" + EscapeForLog(name) + "' is not valid UTF-8");
     if (end - p <= extra) {
       return InvalidArgument("tensor name '" + EscapeForLog(name) + "' is not valid UTF-8");
     }

@@ -7,22 +7,38 @@ namespace ckpt {
 
 std::string_view StatusCodeName(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "OK";
-    case StatusCode::kCancelled: return "CANCELLED";
-    case StatusCode::kUnknown: return "UNKNOWN";
-    case StatusCode::kInvalidArgument: return "INVALID_ARGUMENT";
-    case StatusCode::kDeadlineExceeded: return "DEADLINE_EXCEEDED";
-    case StatusCode::kNotFound: return "NOT_FOUND";
-    case StatusCode::kAlreadyExists: return "ALREADY_EXISTS";
-    case StatusCode::kPermissionDenied: return "PERMISSION_DENIED";
-    case StatusCode::kResourceExhausted: return "RESOURCE_EXHAUSTED";
-    case StatusCode::kFailedPrecondition: return "FAILED_PRECONDITION";
-    case StatusCode::kAborted: return "ABORTED";
-    case StatusCode::kOutOfRange: return "OUT_OF_RANGE";
-    case StatusCode::kUnimplemented: return "UNIMPLEMENTED";
-    case StatusCode::kInternal: return "INTERNAL";
-    case StatusCode::kUnavailable: return "UNAVAILABLE";
-    case StatusCode::kDataLoss: return "DATA_LOSS";
+    case StatusCode::kOk:
+      return "OK";
+    case StatusCode::kCancelled:
+      return "CANCELLED";
+    case StatusCode::kUnknown:
+      return "UNKNOWN";
+    case StatusCode::kInvalidArgument:
+      return "INVALID_ARGUMENT";
+    case StatusCode::kDeadlineExceeded:
+      return "DEADLINE_EXCEEDED";
+    case StatusCode::kNotFound:
+      return "NOT_FOUND";
+    case StatusCode::kAlreadyExists:
+      return "ALREADY_EXISTS";
+    case StatusCode::kPermissionDenied:
+      return "PERMISSION_DENIED";
+    case StatusCode::kResourceExhausted:
+      return "RESOURCE_EXHAUSTED";
+    case StatusCode::kFailedPrecondition:
+      return "FAILED_PRECONDITION";
+    case StatusCode::kAborted:
+      return "ABORTED";
+    case StatusCode::kOutOfRange:
+      return "OUT_OF_RANGE";
+    case StatusCode::kUnimplemented:
+      return "UNIMPLEMENTED";
+    case StatusCode::kInternal:
+      return "INTERNAL";
+    case StatusCode::kUnavailable:
+      return "UNAVAILABLE";
+    case StatusCode::kDataLoss:
+      return "DATA_LOSS";
   }
   return "UNKNOWN";
 }
@@ -59,13 +75,24 @@ Status ErrnoStatus(int err, std::string_view what, const char* file, int line) {
     case ENOMEM:
       code = StatusCode::kResourceExhausted;
       break;
-    case ENOENT: code = StatusCode::kNotFound; break;
+    case ENOENT:
+      code = StatusCode::kNotFound;
+      break;
     case EACCES:
-    case EPERM: code = StatusCode::kPermissionDenied; break;
-    case EEXIST: code = StatusCode::kAlreadyExists; break;
-    case EINVAL: code = StatusCode::kInvalidArgument; break;
-    case ETIMEDOUT: code = StatusCode::kDeadlineExceeded; break;
-    default: break;
+    case EPERM:
+      code = StatusCode::kPermissionDenied;
+      break;
+    case EEXIST:
+      code = StatusCode::kAlreadyExists;
+      break;
+    case EINVAL:
+      code = StatusCode::kInvalidArgument;
+      break;
+    case ETIMEDOUT:
+      code = StatusCode::kDeadlineExceeded;
+      break;
+    default:
+      break;
   }
   std::string msg(what);
   msg += ": ";

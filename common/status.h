@@ -27,7 +27,9 @@ namespace ckpt {
 Status ErrnoStatus(int err, std::string_view what, const char* file = __builtin_FILE(),
                    int line = __builtin_LINE());
 
-inline Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+inline Status InvalidArgument(std::string m) {
+  return {StatusCode::kInvalidArgument, std::move(m)};
+}
 inline Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
 inline Status FailedPrecondition(std::string m) {
   return {StatusCode::kFailedPrecondition, std::move(m)};
@@ -51,7 +53,9 @@ inline Status Unimplemented(std::string m) { return {StatusCode::kUnimplemented,
 namespace detail {
 inline Status AsStatus(const Status& s) { return s; }
 template <typename T>
-Status AsStatus(const Result<T>& r) { return r.status(); }
+Status AsStatus(const Result<T>& r) {
+  return r.status();
+}
 }  // namespace detail
 
 }  // namespace ckpt
@@ -62,15 +66,15 @@ Status AsStatus(const Result<T>& r) { return r.status(); }
 // RETURN_IF_ERROR(expr) or RETURN_IF_ERROR(expr, context): expr is a Status or Result<T>.
 #define RETURN_IF_ERROR(...) CKPT_RIE_PICK(__VA_ARGS__, CKPT_RIE2, CKPT_RIE1)(__VA_ARGS__)
 #define CKPT_RIE_PICK(_1, _2, NAME, ...) NAME
-#define CKPT_RIE1(expr)                                              \
-  do {                                                               \
-    ::ckpt::Status _st = ::ckpt::detail::AsStatus(expr);             \
-    if (!_st.ok()) return _st;                                       \
+#define CKPT_RIE1(expr)                                  \
+  do {                                                   \
+    ::ckpt::Status _st = ::ckpt::detail::AsStatus(expr); \
+    if (!_st.ok()) return _st;                           \
   } while (0)
-#define CKPT_RIE2(expr, context)                                     \
-  do {                                                               \
-    ::ckpt::Status _st = ::ckpt::detail::AsStatus(expr);             \
-    if (!_st.ok()) return std::move(_st).WithContext(context);       \
+#define CKPT_RIE2(expr, context)                               \
+  do {                                                         \
+    ::ckpt::Status _st = ::ckpt::detail::AsStatus(expr);       \
+    if (!_st.ok()) return std::move(_st).WithContext(context); \
   } while (0)
 
 // ASSIGN_OR_RETURN(lhs, expr) or ASSIGN_OR_RETURN(lhs, expr, context): expr is a Result<T>;
@@ -80,7 +84,7 @@ Status AsStatus(const Result<T>& r) { return r.status(); }
 #define CKPT_AOR2(lhs, expr) CKPT_AOR_IMPL(CKPT_CONCAT(_result_, __LINE__), lhs, expr, "")
 #define CKPT_AOR3(lhs, expr, context) \
   CKPT_AOR_IMPL(CKPT_CONCAT(_result_, __LINE__), lhs, expr, context)
-#define CKPT_AOR_IMPL(tmp, lhs, expr, context)                      \
-  auto tmp = (expr);                                                \
-  if (!tmp.ok()) return tmp.status().WithContext(context);          \
+#define CKPT_AOR_IMPL(tmp, lhs, expr, context)             \
+  auto tmp = (expr);                                       \
+  if (!tmp.ok()) return tmp.status().WithContext(context); \
   lhs = std::move(tmp).value()

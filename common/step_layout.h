@@ -19,11 +19,11 @@ namespace ckpt {
 inline constexpr std::string_view kManifestFileName = "MANIFEST";
 inline constexpr std::string_view kLatestFileName = "LATEST";
 
-std::string StepDirName(uint64_t step);                 // "step-0000000042"
+std::string StepDirName(uint64_t step);  // "step-0000000042"
 std::optional<uint64_t> ParseStepDirName(std::string_view name);
 std::string JobDir(const std::string& root, std::string_view job);
 std::string StepDir(const std::string& root, std::string_view job, uint64_t step);
-std::string DataFileName(uint32_t rank);                // "rank-00003.data"
+std::string DataFileName(uint32_t rank);                     // "rank-00003.data"
 std::string NodeManifestFileName(std::string_view node_id);  // "node-<id>.nmf"
 
 // Steps of a job that have a MANIFEST, ascending. An absent job directory gives {}.

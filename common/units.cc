@@ -31,14 +31,30 @@ Result<uint64_t> ParseByteSize(std::string_view text) {
   if (!SplitNumber(text, &n, &suffix)) {
     return InvalidArgument("'" + std::string(text) + "' is not a size (e.g. 8GiB, 512MiB)");
   }
-  struct Unit { const char* name; double factor; };
+  struct Unit {
+    const char* name;
+    double factor;
+  };
   static constexpr Unit kUnits[] = {
-      {"", 1},          {"B", 1},
-      {"K", 1024.0},    {"KiB", 1024.0},    {"k", 1024.0},   {"kB", 1e3},  {"KB", 1e3},
-      {"M", 1048576.0}, {"MiB", 1048576.0}, {"MB", 1e6},
-      {"G", 1073741824.0}, {"GiB", 1073741824.0}, {"GB", 1e9},
-      {"T", 1099511627776.0}, {"TiB", 1099511627776.0}, {"TB", 1e12},
-      {"P", 1125899906842624.0}, {"PiB", 1125899906842624.0}, {"PB", 1e15},
+      {"", 1},
+      {"B", 1},
+      {"K", 1024.0},
+      {"KiB", 1024.0},
+      {"k", 1024.0},
+      {"kB", 1e3},
+      {"KB", 1e3},
+      {"M", 1048576.0},
+      {"MiB", 1048576.0},
+      {"MB", 1e6},
+      {"G", 1073741824.0},
+      {"GiB", 1073741824.0},
+      {"GB", 1e9},
+      {"T", 1099511627776.0},
+      {"TiB", 1099511627776.0},
+      {"TB", 1e12},
+      {"P", 1125899906842624.0},
+      {"PiB", 1125899906842624.0},
+      {"PB", 1e15},
   };
   for (const auto& u : kUnits) {
     if (suffix == u.name) {
@@ -61,12 +77,17 @@ Result<std::chrono::milliseconds> ParseDuration(std::string_view text) {
     return InvalidArgument("'" + std::string(text) + "' is not a duration (e.g. 30s, 500ms)");
   }
   double ms = 0;
-  if (suffix == "ms") ms = n;
-  else if (suffix == "s" || suffix.empty()) ms = n * 1e3;
-  else if (suffix == "m" || suffix == "min") ms = n * 60e3;
-  else if (suffix == "h") ms = n * 3600e3;
-  else return InvalidArgument("unknown duration unit '" + suffix + "' in '" + std::string(text) +
-                              "' (use ms, s, m, h)");
+  if (suffix == "ms")
+    ms = n;
+  else if (suffix == "s" || suffix.empty())
+    ms = n * 1e3;
+  else if (suffix == "m" || suffix == "min")
+    ms = n * 60e3;
+  else if (suffix == "h")
+    ms = n * 3600e3;
+  else
+    return InvalidArgument("unknown duration unit '" + suffix + "' in '" + std::string(text) +
+                           "' (use ms, s, m, h)");
   if (ms >= 9.2e18) return InvalidArgument("duration '" + std::string(text) + "' is too long");
   return std::chrono::milliseconds(static_cast<int64_t>(std::llround(ms)));
 }
@@ -80,8 +101,10 @@ std::string FormatBytes(uint64_t bytes) {
     ++i;
   }
   char buf[32];
-  if (i == 0) std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
-  else std::snprintf(buf, sizeof buf, "%.1f %s", v, kNames[i]);
+  if (i == 0)
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
+  else
+    std::snprintf(buf, sizeof buf, "%.1f %s", v, kNames[i]);
   return buf;
 }
 

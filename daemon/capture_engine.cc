@@ -84,9 +84,10 @@ Status CaptureEngine::CaptureSlot(CaptureJob& job, const Slot& slot, std::byte* 
     if (first.slot_offset > cursor) std::memset(dst + cursor, 0, first.slot_offset - cursor);
     const RegisteredTensor& tensor = job.plan->tensors[first.shard];
     CopyQueue* queue = tensor.memory->copy_queue();
-    Status s = queue == nullptr
-                   ? tensor.memory->CopyOut(first.shard_offset, dst + first.slot_offset, length)
-                   : tensor.memory->CopyOutAsync(first.shard_offset, dst + first.slot_offset, length);
+    Status s =
+        queue == nullptr
+            ? tensor.memory->CopyOut(first.shard_offset, dst + first.slot_offset, length)
+            : tensor.memory->CopyOutAsync(first.shard_offset, dst + first.slot_offset, length);
     if (queue != nullptr && std::find(queues.begin(), queues.end(), queue) == queues.end()) {
       queues.push_back(queue);
     }
@@ -211,9 +212,8 @@ void CaptureEngine::Capture(const std::shared_ptr<CaptureJob>& job) {
       const auto due = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                    std::chrono::duration<double>(due_s));
       while (!job->cancelled.load() && std::chrono::steady_clock::now() < due) {
-        std::this_thread::sleep_for(
-            std::min<std::chrono::steady_clock::duration>(due - std::chrono::steady_clock::now(),
-                                                          std::chrono::milliseconds(10)));
+        std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
+            due - std::chrono::steady_clock::now(), std::chrono::milliseconds(10)));
       }
     }
   }

@@ -15,7 +15,8 @@ Result<std::string> RegistrationFingerprint(std::span<const ckptd::v1::TensorSpe
   std::string fp;
   fp.reserve(specs.size() * 64);
   // Identity of a descriptor's object, not the descriptor number.
-  auto object_identity = [&](const ckptd::v1::TensorSpec& spec, uint32_t index) -> Result<std::string> {
+  auto object_identity = [&](const ckptd::v1::TensorSpec& spec,
+                             uint32_t index) -> Result<std::string> {
     if (index >= fds.size()) {
       return InvalidArgument("tensor '" + EscapeForLog(spec.name()) + "' names descriptor " +
                              std::to_string(index) + " but only " + std::to_string(fds.size()) +
@@ -23,7 +24,8 @@ Result<std::string> RegistrationFingerprint(std::span<const ckptd::v1::TensorSpe
     }
     struct stat st;
     if (::fstat(fds[index].get(), &st) != 0) {
-      return ErrnoStatus(errno, "fstat of the descriptor of tensor '" + EscapeForLog(spec.name()) + "'");
+      return ErrnoStatus(errno,
+                         "fstat of the descriptor of tensor '" + EscapeForLog(spec.name()) + "'");
     }
     return std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + ":" +
            std::to_string(st.st_size) + "|";
@@ -49,11 +51,13 @@ Result<std::shared_ptr<const CapturePlan>> BuildCapturePlan(
     std::span<const ckptd::v1::TensorSpec> specs, std::span<const UniqueFd> fds,
     const MemoryBackends& backends, const LayoutOptions& layout_options) {
   if (specs.size() > kMaxTensorsPerRegistration) {
-    return InvalidArgument(std::to_string(specs.size()) + " tensors in one registration; the limit is " +
+    return InvalidArgument(std::to_string(specs.size()) +
+                           " tensors in one registration; the limit is " +
                            std::to_string(kMaxTensorsPerRegistration));
   }
   if (fds.size() > kMaxFdsPerRegistration) {
-    return InvalidArgument(std::to_string(fds.size()) + " descriptors in one registration; the limit is " +
+    return InvalidArgument(std::to_string(fds.size()) +
+                           " descriptors in one registration; the limit is " +
                            std::to_string(kMaxFdsPerRegistration));
   }
   auto plan = std::make_shared<CapturePlan>();
@@ -82,7 +86,8 @@ Result<std::shared_ptr<const CapturePlan>> BuildCapturePlan(
       backend = backends.cuda;
       length = spec.cuda().length();
       if (backend == nullptr) {
-        return Unimplemented(ctx + ": CUDA memory needs the CUDA backend, and this daemon has "
+        return Unimplemented(ctx +
+                             ": CUDA memory needs the CUDA backend, and this daemon has "
                              "none (built without CUDA, or no GPU/driver on this machine)");
       }
     }

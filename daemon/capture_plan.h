@@ -33,9 +33,9 @@ struct CapturePlan {
   // Registered but left to another rank holding an exact replica (the coordinator's writer
   // plan): listed in the node manifest so that the commit checks someone wrote them.
   std::vector<RegisteredTensor> skipped;
-  DataFileLayout layout;   // of the rank's data file; shard i is tensors[i]
+  DataFileLayout layout;  // of the rank's data file; shard i is tensors[i]
   uint64_t total_bytes = 0;
-  std::string fingerprint; // equal fingerprints ⇔ same registration
+  std::string fingerprint;  // equal fingerprints ⇔ same registration
 };
 
 // Limits on one registration.

@@ -80,7 +80,8 @@ template <class T>
 Field Integer(const char* key, T DaemonConfig::*field) {
   return {[key, field](DaemonConfig& c, const std::string& v) -> Status {
             ASSIGN_OR_RETURN(uint64_t n, ParseUint(key, v));
-            if (n > 1'000'000) return InvalidArgument(std::string(key) + ": " + v + " is too large");
+            if (n > 1'000'000)
+              return InvalidArgument(std::string(key) + ": " + v + " is too large");
             c.*field = static_cast<T>(n);
             return Status::Ok();
           },
@@ -100,8 +101,7 @@ Field Boolean(const char* key, bool DaemonConfig::*field) {
 
 // A comma-separated list; `item` checks and converts one element.
 template <class T>
-Field List(std::vector<T> DaemonConfig::*field,
-           std::function<Result<T>(const std::string&)> item) {
+Field List(std::vector<T> DaemonConfig::*field, std::function<Result<T>(const std::string&)> item) {
   return {[field, item](DaemonConfig& c, const std::string& v) -> Status {
             (c.*field).clear();
             std::stringstream ss(v);
@@ -161,13 +161,14 @@ std::vector<Option> Options() {
       {"capture-throttle", "cap on capture copy rate in bytes/s, e.g. 2GiB (0 = none)",
        Bytes("capture-throttle", &DaemonConfig::capture_throttle)},
       {"allowed-uids", "comma-separated uids allowed to connect (empty = any)",
-       List<uint32_t>(&DaemonConfig::allowed_uids, [](const std::string& item) -> Result<uint32_t> {
-         ASSIGN_OR_RETURN(uint64_t uid, ParseUint("allowed-uids", item));
-         if (uid >= UINT32_MAX) {  // uid_t is 32 bits; (uid_t)-1 means "no uid"
-           return InvalidArgument("allowed-uids: " + item + " is not a valid uid");
-         }
-         return static_cast<uint32_t>(uid);
-       })},
+       List<uint32_t>(&DaemonConfig::allowed_uids,
+                      [](const std::string& item) -> Result<uint32_t> {
+                        ASSIGN_OR_RETURN(uint64_t uid, ParseUint("allowed-uids", item));
+                        if (uid >= UINT32_MAX) {  // uid_t is 32 bits; (uid_t)-1 means "no uid"
+                          return InvalidArgument("allowed-uids: " + item + " is not a valid uid");
+                        }
+                        return static_cast<uint32_t>(uid);
+                      })},
       {"log-level", "trace, debug, info, warn or error", Str(&DaemonConfig::log_level)},
       // ---- global coordinator link ----
       {"coordinator-ca", "PEM CA of the coordinator's certificate (enables TLS)",
@@ -192,10 +193,11 @@ std::vector<Option> Options() {
       {"admin-allow-plaintext", "true: serve admin unencrypted on a non-loopback address",
        Boolean("admin-allow-plaintext", &DaemonConfig::admin_allow_plaintext)},
       {"shared-jobs", "comma-separated jobs whose checkpoints any job may load (e.g. a base model)",
-       List<std::string>(&DaemonConfig::shared_jobs, [](const std::string& job) -> Result<std::string> {
-         RETURN_IF_ERROR(ValidateJobName(job), "shared-jobs");
-         return job;
-       })},
+       List<std::string>(&DaemonConfig::shared_jobs,
+                         [](const std::string& job) -> Result<std::string> {
+                           RETURN_IF_ERROR(ValidateJobName(job), "shared-jobs");
+                           return job;
+                         })},
   };
 }
 
@@ -212,7 +214,8 @@ Status Validate(DaemonConfig& c) {
     c.node_id = host;
     // Hostnames may contain characters node ids may not; keep the safe part.
     for (char& ch : c.node_id) {
-      if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' && ch != '.') ch = '_';
+      if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' && ch != '.')
+        ch = '_';
     }
     if (c.node_id.empty()) c.node_id = "node";
   }
@@ -236,8 +239,8 @@ Status Validate(DaemonConfig& c) {
                            " is not between 0 and 19");
   }
   unsigned mode = 0;
-  auto [p, ec] = std::from_chars(c.socket_mode.data(), c.socket_mode.data() + c.socket_mode.size(),
-                                 mode, 8);
+  auto [p, ec] =
+      std::from_chars(c.socket_mode.data(), c.socket_mode.data() + c.socket_mode.size(), mode, 8);
   if (ec != std::errc() || p != c.socket_mode.data() + c.socket_mode.size() || mode > 0777) {
     return InvalidArgument("socket-mode '" + c.socket_mode + "' is not an octal file mode");
   }
@@ -255,20 +258,22 @@ Status Validate(DaemonConfig& c) {
 std::string DaemonConfig::ToYaml() const {
   YAML::Emitter out;
   out << YAML::BeginMap;
-  for (const Option& o : Options()) out << YAML::Key << o.key << YAML::Value << o.field.print(*this);
+  for (const Option& o : Options())
+    out << YAML::Key << o.key << YAML::Value << o.field.print(*this);
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }
 
 Result<std::optional<DaemonConfig>> LoadDaemonConfig(int argc, char** argv) {
   const auto options = Options();
-  CLI::App app{"ckptd: node checkpoint daemon (trainers hand it tensor handles; it captures, "
-               "persists and commits checkpoints in the background)"};
+  CLI::App app{
+      "ckptd: node checkpoint daemon (trainers hand it tensor handles; it captures, "
+      "persists and commits checkpoints in the background)"};
   std::map<std::string, std::string> from_flags;
   for (const auto& o : options) {
     app.add_option_function<std::string>(
-        "--" + o.key, [&from_flags, key = o.key](const std::string& v) { from_flags[key] = v; },
-        o.help + " [env " + EnvName(o.key) + "]")
+           "--" + o.key, [&from_flags, key = o.key](const std::string& v) { from_flags[key] = v; },
+           o.help + " [env " + EnvName(o.key) + "]")
         ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a repeated flag: last wins
   }
   std::string config_file;

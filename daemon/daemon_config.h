@@ -20,7 +20,7 @@ struct DaemonConfig {
   std::string admin = "127.0.0.1:7460";
   std::string storage_root = "/var/lib/ckptd";
   uint64_t host_pool = 1ull << 30;
-  std::string node_id;  // default: hostname
+  std::string node_id;      // default: hostname
   std::string coordinator;  // empty: embedded
   uint32_t keep = 0;
   uint64_t slot_size = 16ull << 20;
@@ -49,8 +49,8 @@ struct DaemonConfig {
   std::string socket_group;                // group name or gid owning the socket; empty: ours
   std::string admin_tls_cert;              // PEM; with admin_tls_key: admin over TLS
   std::string admin_tls_key;
-  std::string admin_tls_client_ca;  // PEM; require client certificates signed by it
-  bool admin_allow_plaintext = false;  // admin without TLS off loopback
+  std::string admin_tls_client_ca;       // PEM; require client certificates signed by it
+  bool admin_allow_plaintext = false;    // admin without TLS off loopback
   std::vector<std::string> shared_jobs;  // any session may load these jobs' checkpoints
 
   // YAML of the effective configuration (what --print-config prints).

@@ -91,8 +91,9 @@ Status GuardedCopy(void* dst, const void* src, size_t size) {
   // savemask=0: SA_NODEFER keeps SIGBUS unblocked, so no mask needs restoring (and no syscall).
   if (sigsetjmp(jump, 0) != 0) {
     t_copy_guard = nullptr;
-    return DataLoss("trainer memory vanished during a copy (SIGBUS: the shared object was "
-                    "truncated after registration)");
+    return DataLoss(
+        "trainer memory vanished during a copy (SIGBUS: the shared object was "
+        "truncated after registration)");
   }
   t_copy_guard = &jump;
   std::memcpy(dst, src, size);

@@ -54,7 +54,7 @@ Result<std::unique_ptr<HostPool>> HostPool::Create(const Config& config) {
   }
   if (count > UINT32_MAX) return InvalidArgument("host pool has too many slots");
   const uint64_t bytes = count * config.slot_size;
-  ASSIGN_OR_RETURN(std::byte* base, MapHugePageAligned(bytes));
+  ASSIGN_OR_RETURN(std::byte * base, MapHugePageAligned(bytes));
   std::unique_ptr<HostPool> pool(
       new HostPool(base, config.slot_size, static_cast<uint32_t>(count), config.lock_memory));
   if (!config.defer_pin) RETURN_IF_ERROR(pool->Pin());
@@ -79,9 +79,10 @@ Status HostPool::Pin() {
     if (::mlock(base_, bytes) == 0) {
       locked_ = true;
     } else {
-      spdlog::warn("host pool: mlock of {} refused ({}); the pool stays unpinned (raise "
-                   "LimitMEMLOCK / RLIMIT_MEMLOCK)",
-                   FormatBytes(bytes), std::strerror(errno));
+      spdlog::warn(
+          "host pool: mlock of {} refused ({}); the pool stays unpinned (raise "
+          "LimitMEMLOCK / RLIMIT_MEMLOCK)",
+          FormatBytes(bytes), std::strerror(errno));
     }
   }
   return Status::Ok();
@@ -125,8 +126,7 @@ std::optional<HostPool::SlotId> HostPool::AcquireUntil(
       if (freed || generation_ != seen) continue;
     }
     auto woken = [&] {
-      return generation_ != seen || !free_.empty() ||
-             (cancelled != nullptr && cancelled->load());
+      return generation_ != seen || !free_.empty() || (cancelled != nullptr && cancelled->load());
     };
     if (!deadline) {
       freed_.wait(lock, woken);

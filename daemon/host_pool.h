@@ -28,9 +28,9 @@ namespace ckpt {
 class HostPool {
  public:
   struct Config {
-    uint64_t size = 1ull << 30;       // bytes, rounded down to whole slots
-    uint64_t slot_size = 16ull << 20; // multiple of 4096
-    bool lock_memory = true;          // mlock, best effort (logged when refused)
+    uint64_t size = 1ull << 30;        // bytes, rounded down to whole slots
+    uint64_t slot_size = 16ull << 20;  // multiple of 4096
+    bool lock_memory = true;           // mlock, best effort (logged when refused)
     // Map only; the caller populates and pins with Pin() — seconds for a large pool — once its
     // health endpoint can say NOT_SERVING meanwhile. Nothing may use the slots before Pin().
     bool defer_pin = false;

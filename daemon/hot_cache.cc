@@ -21,11 +21,13 @@ void HotCache::FreeLocked(std::map<Key, StepEntry>::iterator it) {
 }
 
 void HotCache::DropOlderLocked(const std::string& job, uint64_t step) {
-  for (auto it = steps_.lower_bound({job, 0}); it != steps_.end() && it->first.first == job &&
-                                               it->first.second < step;) {
+  for (auto it = steps_.lower_bound({job, 0});
+       it != steps_.end() && it->first.first == job && it->first.second < step;) {
     auto next = std::next(it);
-    if (it->second.pins == 0) FreeLocked(it);
-    else it->second.dropped = true;
+    if (it->second.pins == 0)
+      FreeLocked(it);
+    else
+      it->second.dropped = true;
     it = next;
   }
 }
@@ -142,8 +144,10 @@ void HotCache::Drop(const std::string& job, uint64_t step) {
   std::lock_guard lock(mu_);
   auto it = steps_.find({job, step});
   if (it == steps_.end()) return;
-  if (it->second.pins == 0) FreeLocked(it);
-  else it->second.dropped = true;
+  if (it->second.pins == 0)
+    FreeLocked(it);
+  else
+    it->second.dropped = true;
 }
 
 bool HotCache::ReclaimOne() {

@@ -33,13 +33,13 @@ class HotCache {
 
   // Takes ownership of `slot`, which holds file bytes [file_offset, file_offset + length).
   // Releases it to the pool at once when the step is older than what the job already caches.
-  void Adopt(const std::string& job, uint64_t step, const std::string& file,
-             uint64_t file_offset, uint64_t length, HostPool::SlotId slot);
+  void Adopt(const std::string& job, uint64_t step, const std::string& file, uint64_t file_offset,
+             uint64_t length, HostPool::SlotId slot);
 
   // Copies bytes read from storage in, if a slot is free right now (never waits, never evicts
   // another step of the same or a newer step).
-  void InsertRead(const std::string& job, uint64_t step, const std::string& file,
-                  uint64_t offset, const std::byte* data, uint64_t length);
+  void InsertRead(const std::string& job, uint64_t step, const std::string& file, uint64_t offset,
+                  const std::byte* data, uint64_t length);
 
   // Resident bytes [offset, offset + length) of the file, or nullptr. The pointer stays valid
   // while the caller holds a pin on the step.
@@ -65,7 +65,7 @@ class HotCache {
   struct StepEntry {
     int pins = 0;
     uint64_t last_use = 0;
-    bool dropped = false;  // drop when the last pin goes
+    bool dropped = false;                                     // drop when the last pin goes
     std::map<std::string, std::map<uint64_t, Window>> files;  // file → window start → window
   };
   using Key = std::pair<std::string, uint64_t>;

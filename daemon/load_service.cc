@@ -14,7 +14,11 @@ constexpr size_t kReadersKept = 8;
 
 LoadService::LoadService(boost::asio::io_context& io, Config config, FileSystem* fs,
                          CommitEngine* commit, HotCache* hot)
-    : io_(io), config_(std::move(config)), fs_(fs), commit_(commit), hot_(hot),
+    : io_(io),
+      config_(std::move(config)),
+      fs_(fs),
+      commit_(commit),
+      hot_(hot),
       pool_(config_.threads) {}
 
 LoadService::~LoadService() {
@@ -44,9 +48,8 @@ Result<std::shared_ptr<CheckpointReader>> LoadService::ReaderFor(const std::stri
     auto it = readers_.find({job, step});
     if (it != readers_.end()) return it->second;
   }
-  ASSIGN_OR_RETURN(auto opened,
-                   CheckpointReader::Open(fs_, StepDir(config_.storage_root, job, step),
-                                          config_.reader));
+  ASSIGN_OR_RETURN(auto opened, CheckpointReader::Open(
+                                    fs_, StepDir(config_.storage_root, job, step), config_.reader));
   std::shared_ptr<CheckpointReader> reader = std::move(opened);
   std::lock_guard lock(mu_);
   if (readers_.size() >= kReadersKept) readers_.erase(readers_.begin());

@@ -44,7 +44,8 @@ Status LocalServer::Start() {
   struct stat st;
   if (::lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) {
-      return FailedPrecondition("'" + path + "' exists and is not a socket; refusing to replace it");
+      return FailedPrecondition("'" + path +
+                                "' exists and is not a socket; refusing to replace it");
     }
     if (SocketInUse(path)) {
       return FailedPrecondition("another daemon is serving on '" + path + "'");
@@ -57,8 +58,8 @@ Status LocalServer::Start() {
   if (!bec) acceptor_.listen(boost::asio::socket_base::max_listen_connections, bec);
   if (bec) return Unavailable("listening on '" + path + "': " + bec.message());
   if (::chmod(path.c_str(), config_.mode) != 0) return ErrnoStatus(errno, "chmod " + path);
-  if (config_.group >= 0 && ::chown(path.c_str(), static_cast<uid_t>(-1),
-                                    static_cast<gid_t>(config_.group)) != 0) {
+  if (config_.group >= 0 &&
+      ::chown(path.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(config_.group)) != 0) {
     return ErrnoStatus(errno, "chown " + path + " to group " + std::to_string(config_.group));
   }
   spdlog::info("listening for trainers on {} (mode {:o})", path, config_.mode);
@@ -83,8 +84,8 @@ void LocalServer::Accept() {
         boost::system::error_code ignored;
         socket.close(ignored);
       } else {
-        auto session = std::make_shared<Session>(std::move(socket), next_id_++, cred.pid,
-                                                 cred.uid, services_);
+        auto session =
+            std::make_shared<Session>(std::move(socket), next_id_++, cred.pid, cred.uid, services_);
         std::erase_if(sessions_, [](const auto& w) { return w.expired(); });
         sessions_.push_back(session);
         session->Start();

@@ -29,21 +29,21 @@ class LoopTasks {
   // `work()` on the pool, then `then(result)` — or `then()` for void work — on the loop.
   template <class Work, class Then>
   void Run(Work work, Then then) {
-    pool_->Post([io = &io_, alive = alive_, work = std::move(work),
-                 then = std::move(then)]() mutable {
-      if constexpr (std::is_void_v<std::invoke_result_t<Work&>>) {
-        work();
-        boost::asio::post(*io, [alive, then = std::move(then)]() mutable {
-          if (*alive) then();
+    pool_->Post(
+        [io = &io_, alive = alive_, work = std::move(work), then = std::move(then)]() mutable {
+          if constexpr (std::is_void_v<std::invoke_result_t<Work&>>) {
+            work();
+            boost::asio::post(*io, [alive, then = std::move(then)]() mutable {
+              if (*alive) then();
+            });
+          } else {
+            auto result = work();
+            boost::asio::post(
+                *io, [alive, then = std::move(then), result = std::move(result)]() mutable {
+                  if (*alive) then(std::move(result));
+                });
+          }
         });
-      } else {
-        auto result = work();
-        boost::asio::post(*io, [alive, then = std::move(then),
-                                result = std::move(result)]() mutable {
-          if (*alive) then(std::move(result));
-        });
-      }
-    });
   }
 
   // `work()` on the pool, nothing back.

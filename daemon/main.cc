@@ -22,11 +22,11 @@
 #include "daemon/admin/admin_server.h"
 #include "daemon/admin/daemon_metrics.h"
 #include "daemon/admin/node_admin_provider.h"
+#include "daemon/admin/systemd_notify.h"
 #include "daemon/admin/systemd_status.h"
 #include "daemon/admin/systemd_watchdog.h"
 #include "daemon/capture_engine.h"
 #include "daemon/coordinator/commit_engine.h"
-#include "daemon/rpc/coordinator_link.h"
 #include "daemon/coordinator/in_process_coordinator.h"
 #include "daemon/daemon_config.h"
 #include "daemon/device/cuda_devices.h"
@@ -36,7 +36,7 @@
 #include "daemon/load_service.h"
 #include "daemon/local_server.h"
 #include "daemon/node_state.h"
-#include "daemon/admin/systemd_notify.h"
+#include "daemon/rpc/coordinator_link.h"
 #include "daemon/task_pool.h"
 #include "daemon/version.h"
 
@@ -116,7 +116,8 @@ std::vector<std::pair<std::string, std::string>> ConfigSummary(const DaemonConfi
   std::vector<std::pair<std::string, std::string>> out;
   YAML::Node root = YAML::Load(config.ToYaml());
   for (const auto& kv : root) {
-    out.emplace_back(kv.first.as<std::string>(), kv.second.IsNull() ? "" : kv.second.as<std::string>());
+    out.emplace_back(kv.first.as<std::string>(),
+                     kv.second.IsNull() ? "" : kv.second.as<std::string>());
   }
   return out;
 }
@@ -150,12 +151,11 @@ int RunDaemon(const DaemonConfig& config) {
     core.step_timeout = config.step_timeout;
     core.writer = std::string("ckptd ") + kVersion;
     core.refuse_recovered_steps = false;
-    embedded = std::make_unique<InProcessCoordinator>(io, config.node_id, std::move(core), fs,
-                                                      &commit);
+    embedded =
+        std::make_unique<InProcessCoordinator>(io, config.node_id, std::move(core), fs, &commit);
     auto recovered = embedded->Recover();
     if (!recovered.ok()) {
-      spdlog::error("recovery scan of {}: {}", config.storage_root,
-                    recovered.status().ToString());
+      spdlog::error("recovery scan of {}: {}", config.storage_root, recovered.status().ToString());
       return 1;
     }
     for (const auto& line : *recovered) spdlog::warn("recovery: {}", line);
@@ -340,8 +340,8 @@ int RunDaemon(const DaemonConfig& config) {
   signals.async_wait([&](const boost::system::error_code& ec, int signo) {
     if (ec) return;
     stopping = true;
-    spdlog::info("signal {}: draining (stop accepting, finish in-flight steps within {} ms)",
-                 signo, config.shutdown_timeout.count());
+    spdlog::info("signal {}: draining (stop accepting, finish in-flight steps within {} ms)", signo,
+                 config.shutdown_timeout.count());
     NotifySystemd("STOPPING=1\nSTATUS=draining in-flight steps");
     admin.SetServing(false);  // ops: probes see NOT_SERVING while draining
     admin_provider.SetServing(false);

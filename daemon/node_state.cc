@@ -188,10 +188,10 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
     capture->reserved_slots = std::move(*slots);
   }
 
-  capture->on_captured = tasks_.OnLoop([this, j = req.job, n = req.step, r = req.rank](
-                                            Status st) { OnRankCaptured(j, n, r, st); });
-  capture->on_persisted = tasks_.OnLoop([this, j = req.job, n = req.step, r = req.rank](
-                                             Status st) { OnRankPersisted(j, n, r, st); });
+  capture->on_captured = tasks_.OnLoop(
+      [this, j = req.job, n = req.step, r = req.rank](Status st) { OnRankCaptured(j, n, r, st); });
+  capture->on_persisted = tasks_.OnLoop(
+      [this, j = req.job, n = req.step, r = req.rank](Status st) { OnRankPersisted(j, n, r, st); });
   s.ranks[req.rank] = RankSave{req.session_id, req.pid, capture, std::move(req.extra)};
   s.ranks[req.rank].sync_input = std::move(req.sync_input);
   Report(s, ckptd::v1::STEP_STATE_PENDING, {req.rank});
@@ -202,7 +202,8 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
   if (s.state == ckptd::v1::STEP_STATE_PENDING) SetState(s, ckptd::v1::STEP_STATE_CAPTURING);
   // Start the capture after this handler returns, i.e. after the session has sent the Save
   // reply: waking a CPU-bound capture thread first delays the reply on a busy machine.
-  tasks_.Later([this, capture = std::move(capture)]() mutable { capture_->Submit(std::move(capture)); });
+  tasks_.Later(
+      [this, capture = std::move(capture)]() mutable { capture_->Submit(std::move(capture)); });
   return SaveOutcome{};
 }
 
@@ -397,25 +398,23 @@ void NodeState::WaitState(const std::string& job, uint64_t step, StepState state
 void NodeState::Latest(const std::string& job,
                        std::function<void(Result<std::optional<uint64_t>>)> done) {
   // The coordinator's answer; if it cannot be reached, the storage root's (same truth).
-  link_->Latest(job, std::nullopt,
-                tasks_.OnLoop([this, job, done = std::move(done)](
-                                  Result<std::optional<uint64_t>> r) {
-                  if (r.ok()) {
-                    done(std::move(r));
-                    return;
-                  }
-                  spdlog::warn("{}; reading LATEST from the storage root instead",
-                               r.status().message());
-                  tasks_.Run([commit = commit_, job] { return commit->Latest(job); }, done);
-                }));
+  link_->Latest(
+      job, std::nullopt,
+      tasks_.OnLoop([this, job, done = std::move(done)](Result<std::optional<uint64_t>> r) {
+        if (r.ok()) {
+          done(std::move(r));
+          return;
+        }
+        spdlog::warn("{}; reading LATEST from the storage root instead", r.status().message());
+        tasks_.Run([commit = commit_, job] { return commit->Latest(job); }, done);
+      }));
 }
 
 void NodeState::RestorePoint(const std::string& job, uint32_t rank, uint32_t world_size,
                              uint64_t session_id,
                              std::function<void(Result<std::optional<uint64_t>>)> done) {
   JobNamed(job).restore_askers[rank] = {session_id, world_size};
-  link_->Latest(job,
-                CoordinatorPort::RestoreQuery{rank, world_size, RestoreSession(session_id)},
+  link_->Latest(job, CoordinatorPort::RestoreQuery{rank, world_size, RestoreSession(session_id)},
                 tasks_.OnLoop(std::move(done)));
 }
 
@@ -596,7 +595,8 @@ void NodeState::CheckDrained() {
   idle();
 }
 
-// ---------------------------------------------------------------- reports to the coordinator, and its decisions
+// ---------------------------------------------------------------- reports to the coordinator, and
+// its decisions
 
 void NodeState::FailLocally(Step& s, StepState state, const std::string& reason) {
   if (Terminal(s.state)) return;
@@ -628,9 +628,8 @@ void NodeState::ReportNodeManifest(Step& s) {
   // The report goes from there too: the coordinator hears of the manifest once it is durable.
   using Written = std::pair<Status, std::shared_ptr<const ckptd::v1::NodeManifest>>;
   tasks_.Run(
-      [fs = fs_, link = link_, root = config_.storage_root, node_id = config_.node_id,
-       job = s.job, step = s.step, world_size = s.world_size,
-       ranks = std::move(ranks)]() -> Written {
+      [fs = fs_, link = link_, root = config_.storage_root, node_id = config_.node_id, job = s.job,
+       step = s.step, world_size = s.world_size, ranks = std::move(ranks)]() -> Written {
         auto node = BuildNodeManifest(job, step, world_size, node_id, ranks);
         if (!node.ok()) return {node.status(), nullptr};
         Status st = WriteFileAtomically(
@@ -657,14 +656,12 @@ void NodeState::ReportNodeManifest(Step& s) {
           // recovery scan after a restart): a directory gone from under us means the step was
           // aborted globally, and that is what the trainers are told.
           const bool removed_globally = st.sys_errno() == ENOENT;
-          FailLocally(*s,
-                      removed_globally ? ckptd::v1::STEP_STATE_ABORTED
-                                       : ckptd::v1::STEP_STATE_FAILED,
-                      removed_globally
-                          ? "the coordinator removed the step's directory (it aborted the "
-                            "step) while this node wrote its manifest: " +
-                                st.message()
-                          : "node manifest: " + st.message());
+          FailLocally(
+              *s, removed_globally ? ckptd::v1::STEP_STATE_ABORTED : ckptd::v1::STEP_STATE_FAILED,
+              removed_globally ? "the coordinator removed the step's directory (it aborted the "
+                                 "step) while this node wrote its manifest: " +
+                                     st.message()
+                               : "node manifest: " + st.message());
           return;
         }
         if (!s->node_manifest || s->node_manifest->ranks_size() < manifest->ranks_size()) {

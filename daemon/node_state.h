@@ -123,8 +123,8 @@ class NodeState : public CoordinatorPort::Handler {
   // The step `rank` of `world_size` restores from: Latest, resolved once per restart of the job
   // (restore_points.h) — here, or by the coordinator, whose answer only counts (no fallback to
   // the storage root: two ranks must never restore different steps).
-  void RestorePoint(const std::string& job, uint32_t rank, uint32_t world_size,
-                    uint64_t session_id, std::function<void(Result<std::optional<uint64_t>>)> done);
+  void RestorePoint(const std::string& job, uint32_t rank, uint32_t world_size, uint64_t session_id,
+                    std::function<void(Result<std::optional<uint64_t>>)> done);
 
   // The trainer of `rank` gave up on `step` (its fence timed out) and modifies the memory now:
   // the step is aborted unless it already ended or its commit is under way (possible only once

@@ -38,9 +38,9 @@
 #include "common/data_layout.h"
 #include "common/frame_io.h"
 #include "daemon/capture_plan.h"
+#include "daemon/daemon_observer.h"
 #include "daemon/device/cuda_backend.h"
 #include "daemon/device/host_fd_backend.h"
-#include "daemon/daemon_observer.h"
 #include "daemon/host_memory.h"
 #include "daemon/node_state.h"
 

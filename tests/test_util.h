@@ -11,17 +11,17 @@
 #include "common/status.h"
 
 // REQUIRE_OK(expr): expr is a Status or Result<T>; on failure prints the status.
-#define REQUIRE_OK(expr)                                              \
-  do {                                                                \
-    ::ckpt::Status _s = ::ckpt::detail::AsStatus(expr);               \
-    INFO(#expr << " -> " << _s.ToString());                           \
-    REQUIRE(_s.ok());                                                 \
+#define REQUIRE_OK(expr)                                \
+  do {                                                  \
+    ::ckpt::Status _s = ::ckpt::detail::AsStatus(expr); \
+    INFO(#expr << " -> " << _s.ToString());             \
+    REQUIRE(_s.ok());                                   \
   } while (0)
-#define CHECK_OK(expr)                                                \
-  do {                                                                \
-    ::ckpt::Status _s = ::ckpt::detail::AsStatus(expr);               \
-    INFO(#expr << " -> " << _s.ToString());                           \
-    CHECK(_s.ok());                                                   \
+#define CHECK_OK(expr)                                  \
+  do {                                                  \
+    ::ckpt::Status _s = ::ckpt::detail::AsStatus(expr); \
+    INFO(#expr << " -> " << _s.ToString());             \
+    CHECK(_s.ok());                                     \
   } while (0)
 
 // CHECK_TIMING(cond, measured): `cond` compares a measured wall-clock time with a performance or
@@ -31,17 +31,17 @@
 // nothing about ckptd: it is not asserted there, only reported as a Catch WARN with the
 // expression and `measured`, and the test goes on. Deadlines that only turn a hang into a
 // failure (kHang, PollUntil) are not timing bounds and stay plain assertions in every build.
-#define CHECK_TIMING(cond, measured)                                                      \
-  do {                                                                                    \
-    if constexpr (::ckpt::testing::kUnderSanitizer) {                                     \
-      if (!(cond)) {                                                                      \
+#define CHECK_TIMING(cond, measured)                                                        \
+  do {                                                                                      \
+    if constexpr (::ckpt::testing::kUnderSanitizer) {                                       \
+      if (!(cond)) {                                                                        \
         WARN("timing bound missed under a sanitizer, not asserted: " #cond " (" << measured \
-                                                                              << ")");    \
-      }                                                                                   \
-    } else {                                                                              \
-      INFO(measured);                                                                     \
-      CHECK(cond);                                                                        \
-    }                                                                                     \
+                                                                                << ")");    \
+      }                                                                                     \
+    } else {                                                                                \
+      INFO(measured);                                                                       \
+      CHECK(cond);                                                                          \
+    }                                                                                       \
   } while (0)
 
 namespace ckpt::testing {

@@ -114,7 +114,10 @@ class Report {
                 std::string(w[3] + 2, '-').c_str());
     for (const Row& r : rows_) {
       line(r.metric, r.ckptd, r.baseline, Fixed(r.ratio, r.ratio < 10 ? 2 : large_ratio_digits_),
-           r.goal, !r.met ? "-" : *r.met ? "yes" : "NO");
+           r.goal,
+           !r.met   ? "-"
+           : *r.met ? "yes"
+                    : "NO");
     }
   }
 
@@ -139,8 +142,10 @@ class Report {
       out += "    {\"metric\": " + Quote(r.metric) + ", \"ckptd\": " + Quote(r.ckptd) +
              ", \"baseline\": " + Quote(r.baseline) + ", \"ratio\": " + Fixed(r.ratio, 4) +
              ", \"goal\": " + Quote(r.goal) + ", \"met\": " +
-             (!r.met ? "null" : *r.met ? "true" : "false") + "}" +
-             (i + 1 < rows_.size() ? ",\n" : "\n");
+             (!r.met   ? "null"
+              : *r.met ? "true"
+                       : "false") +
+             "}" + (i + 1 < rows_.size() ? ",\n" : "\n");
     }
     return out + "  ]\n}\n";
   }
@@ -188,8 +193,7 @@ class LoadProbe {
   static double MachineBusySeconds() {
     std::ifstream in("/proc/stat");
     std::string cpu;
-    uint64_t user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0,
-             steal = 0;
+    uint64_t user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
     in >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal;
     return static_cast<double>(user + nice + system + irq + softirq + steal) /
            static_cast<double>(::sysconf(_SC_CLK_TCK));
@@ -324,12 +328,30 @@ class Daemon {
         root_(o.work_dir + "/" + root_name),
         log_(o.work_dir + "/" + name + ".log"),
         remove_root_(remove_root) {
-    std::vector<std::string> args = {
-        "--socket", socket_, "--storage-root", root_, "--host-pool",
-        std::to_string(host_pool), "--slot-size", o.slot_size, "--checksum-chunk",
-        o.checksum_chunk, "--capture-threads", std::to_string(o.capture_threads),
-        "--flush-threads", std::to_string(o.flush_threads), "--keep", "1", "--node-id", "bench",
-        "--log-level", "warn", "--admin", "unix:" + socket_ + ".admin", "--metrics", "127.0.0.1:0"};
+    std::vector<std::string> args = {"--socket",
+                                     socket_,
+                                     "--storage-root",
+                                     root_,
+                                     "--host-pool",
+                                     std::to_string(host_pool),
+                                     "--slot-size",
+                                     o.slot_size,
+                                     "--checksum-chunk",
+                                     o.checksum_chunk,
+                                     "--capture-threads",
+                                     std::to_string(o.capture_threads),
+                                     "--flush-threads",
+                                     std::to_string(o.flush_threads),
+                                     "--keep",
+                                     "1",
+                                     "--node-id",
+                                     "bench",
+                                     "--log-level",
+                                     "warn",
+                                     "--admin",
+                                     "unix:" + socket_ + ".admin",
+                                     "--metrics",
+                                     "127.0.0.1:0"};
     args.insert(args.end(), o.extra_args.begin(), o.extra_args.end());
     process_ = std::make_unique<ChildProcess>(o.bin_dir + "/ckptd", args, log_);
   }
@@ -366,10 +388,10 @@ class Daemon {
       int status = 0;
       const bool exited = process_->Exited(&status);
       if (exited || Clock::now() > deadline) {
-        throw BenchError("connecting to ckptd at " + socket_ + ": " + client.status().ToString() +
-                         (exited ? " (ckptd exited, wait status " + std::to_string(status) + ")"
-                                 : "") +
-                         "\n  daemon log " + log_ + ":\n" + FileTail(log_, 20));
+        throw BenchError(
+            "connecting to ckptd at " + socket_ + ": " + client.status().ToString() +
+            (exited ? " (ckptd exited, wait status " + std::to_string(status) + ")" : "") +
+            "\n  daemon log " + log_ + ":\n" + FileTail(log_, 20));
       }
     }
   }
@@ -433,14 +455,19 @@ inline std::string Today() {
 }
 
 inline std::string FilesystemOf(const std::string& dir) {
-  struct statfs fs{};
+  struct statfs fs {};
   if (::statfs(dir.c_str(), &fs) != 0) return "unknown";
   switch (fs.f_type) {
-    case TMPFS_MAGIC: return "tmpfs";
-    case EXT4_SUPER_MAGIC: return "ext2/3/4";
-    case XFS_SUPER_MAGIC: return "xfs";
-    case BTRFS_SUPER_MAGIC: return "btrfs";
-    case OVERLAYFS_SUPER_MAGIC: return "overlayfs";
+    case TMPFS_MAGIC:
+      return "tmpfs";
+    case EXT4_SUPER_MAGIC:
+      return "ext2/3/4";
+    case XFS_SUPER_MAGIC:
+      return "xfs";
+    case BTRFS_SUPER_MAGIC:
+      return "btrfs";
+    case OVERLAYFS_SUPER_MAGIC:
+      return "overlayfs";
     default: {
       char buf[32];
       std::snprintf(buf, sizeof buf, "0x%lx", static_cast<unsigned long>(fs.f_type));
@@ -460,8 +487,9 @@ inline std::string RunCommand(const std::string& command) {
   size_t n;
   while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
   const int status = ::pclose(pipe);
-  if (status != 0) throw BenchError("'" + command + "' failed (status " + std::to_string(status) +
-                                    "):\n" + out.substr(0, 2000));
+  if (status != 0)
+    throw BenchError("'" + command + "' failed (status " + std::to_string(status) + "):\n" +
+                     out.substr(0, 2000));
   return out;
 }
 

@@ -189,11 +189,13 @@ struct LatencyStats {
   double p50 = 0, p90 = 0, p99 = 0, max = 0;
   int over_1ms = 0;
   explicit LatencyStats(const std::vector<double>& v = {})
-      : samples(static_cast<int>(v.size())), p50(Percentile(v, 50)), p90(Percentile(v, 90)),
-        p99(Percentile(v, 99)), max(Percentile(v, 100)),
-        over_1ms(static_cast<int>(std::count_if(v.begin(), v.end(), [](double x) {
-          return x > 1e-3;
-        }))) {}
+      : samples(static_cast<int>(v.size())),
+        p50(Percentile(v, 50)),
+        p90(Percentile(v, 90)),
+        p99(Percentile(v, 99)),
+        max(Percentile(v, 100)),
+        over_1ms(static_cast<int>(
+            std::count_if(v.begin(), v.end(), [](double x) { return x > 1e-3; }))) {}
   std::string Line() const {
     char buf[160];
     std::snprintf(buf, sizeof buf, "n=%3d p50 %6.3f p90 %6.3f p99 %6.3f max %6.3f ms, >1ms: %d",
@@ -226,8 +228,9 @@ struct SaveLatency {
 // releasing the step) from the machine's scheduling noise (bench/README.md, save() p99).
 void SaveLatencySection(const DaemonOptions& options, const std::vector<SaveConfig>& configs,
                         int max_samples, int idle_ms, Report& report) {
-  std::printf("\n== a. save() latency: Register once, then Save → WaitSnapshot → "
-              "Wait(committed); only Save is timed; baseline: an empty request just before it\n");
+  std::printf(
+      "\n== a. save() latency: Register once, then Save → WaitSnapshot → "
+      "Wait(committed); only Save is timed; baseline: an empty request just before it\n");
   LoadProbe probe;
   Daemon daemon(options, "save", "save-root", options.host_pool, /*remove_root=*/true);
   std::vector<SaveLatency> results;
@@ -245,8 +248,8 @@ void SaveLatencySection(const DaemonOptions& options, const std::vector<SaveConf
     r.label = FormatBytes(c.bytes) + ", " + std::to_string(c.tensors) + " tensors";
     // About 8 GiB checkpointed per configuration, at least 10 and at most max_samples saves,
     // after 2 untimed ones (the first capture also maps the memfd into the daemon).
-    const int samples = static_cast<int>(std::clamp<uint64_t>(
-        8 * kGiB / c.bytes, 10, static_cast<uint64_t>(max_samples)));
+    const int samples = static_cast<int>(
+        std::clamp<uint64_t>(8 * kGiB / c.bytes, 10, static_cast<uint64_t>(max_samples)));
     std::vector<double> saves, rpcs;
     for (int i = -2; i < samples; ++i) {
       const uint64_t step = static_cast<uint64_t>(i + 3);
@@ -278,8 +281,8 @@ void SaveLatencySection(const DaemonOptions& options, const std::vector<SaveConf
     r.rpc.Record(report, key + ".rpc");
     report.Set(key + ".register_s", r.register_s);
     report.AddRow({"save p99, " + r.label + " (n=" + std::to_string(r.save.samples) + ")",
-                   Millis(r.save.p99), Millis(r.rpc.p99) + " rpc", r.save.p99 / r.rpc.p99,
-                   "< 1 ms", r.save.p99 < 1e-3});
+                   Millis(r.save.p99), Millis(r.rpc.p99) + " rpc", r.save.p99 / r.rpc.p99, "< 1 ms",
+                   r.save.p99 < 1e-3});
   }
   // Flatness: the largest state (and the most tensors) against the smallest, at the median.
   auto flat_row = [&](const SaveLatency& big, const SaveLatency& small, const std::string& what) {
@@ -366,19 +369,20 @@ void CaptureSection(const DaemonOptions& options, uint64_t bytes, int rounds, Re
     if (sink == 42) std::printf(" ");  // keeps the hashes live
   }
   const double cap = Median(capture), base = Median(memcpy_rate), ch = Median(copy_hash);
-  std::printf("  rounds %d, medians: capture %.0f MB/s, memcpy (one call, one thread) %.0f MB/s, "
-              "ratio %.2f\n",
-              rounds, cap / 1e6, base / 1e6, cap / base);
+  std::printf(
+      "  rounds %d, medians: capture %.0f MB/s, memcpy (one call, one thread) %.0f MB/s, "
+      "ratio %.2f\n",
+      rounds, cap / 1e6, base / 1e6, cap / base);
   std::printf("  capture per round (MB/s):");
   for (double v : capture) std::printf(" %.0f", v / 1e6);
   std::printf("\n  memcpy per round (MB/s): ");
   for (double v : memcpy_rate) std::printf(" %.0f", v / 1e6);
   const double pieces = Median(copy_pieces), hash = Median(hash_only);
-  std::printf("\n  diagnostics (medians, MB/s and ratio to memcpy): 1 MiB memcpys %.0f (%.2f); "
-              "XXH3 alone %.0f; 1 MiB memcpy + XXH3 of each piece, as capture does %.0f (%.2f); "
-              "first capture after Register %.0f (%.2f)\n",
-              pieces / 1e6, pieces / base, hash / 1e6, ch / 1e6, ch / base, cold / 1e6,
-              cold / base);
+  std::printf(
+      "\n  diagnostics (medians, MB/s and ratio to memcpy): 1 MiB memcpys %.0f (%.2f); "
+      "XXH3 alone %.0f; 1 MiB memcpy + XXH3 of each piece, as capture does %.0f (%.2f); "
+      "first capture after Register %.0f (%.2f)\n",
+      pieces / 1e6, pieces / base, hash / 1e6, ch / 1e6, ch / base, cold / 1e6, cold / base);
   report.Set("capture.bytes", static_cast<double>(captured_bytes));
   report.Set("capture.bytes_per_s", cap);
   report.Set("capture.memcpy_bytes_per_s", base);
@@ -394,9 +398,10 @@ void CaptureSection(const DaemonOptions& options, uint64_t bytes, int rounds, Re
 // ---------------------------------------------------------------------------- c. flush
 
 void FlushSection(const DaemonOptions& options, uint64_t bytes, int rounds, Report& report) {
-  std::printf("\n== c. end-to-end flush: bytes / (Save → Wait(persisted)), %s state, vs fio "
-              "O_DIRECT bs=16M iodepth 8 in the same directory\n",
-              FormatBytes(bytes).c_str());
+  std::printf(
+      "\n== c. end-to-end flush: bytes / (Save → Wait(persisted)), %s state, vs fio "
+      "O_DIRECT bs=16M iodepth 8 in the same directory\n",
+      FormatBytes(bytes).c_str());
   LoadProbe probe;
   SharedState state(bytes);
   Daemon daemon(options, "flush", "flush-root", options.host_pool, /*remove_root=*/true);
@@ -433,17 +438,18 @@ void FlushSection(const DaemonOptions& options, uint64_t bytes, int rounds, Repo
   }
   std::filesystem::remove_all(fio_dir);
   const double c = Median(ck), f = Median(fio), fn = Median(fio_noalloc);
-  std::printf("  medians: ckptd %.0f MB/s, fio %.0f MB/s (ratio %.2f), fio --fallocate=none "
-              "%.0f MB/s (ratio %.2f)\n",
-              c / 1e6, f / 1e6, c / f, fn / 1e6, c / fn);
+  std::printf(
+      "  medians: ckptd %.0f MB/s, fio %.0f MB/s (ratio %.2f), fio --fallocate=none "
+      "%.0f MB/s (ratio %.2f)\n",
+      c / 1e6, f / 1e6, c / f, fn / 1e6, c / fn);
   report.Set("flush.bytes", static_cast<double>(total));
   report.Set("flush.bytes_per_s", c);
   report.Set("flush.fio_bytes_per_s", f);
   report.Set("flush.fio_fallocate_none_bytes_per_s", fn);
   report.AddRow({"flush " + FormatBytes(total) + " (Save->persisted)", MBps(c), MBps(f) + " fio",
                  c / f, ">= 0.9", c / f >= 0.9});
-  report.AddRow({"flush, vs fio --fallocate=none", MBps(c), MBps(fn) + " fio", c / fn,
-                 "(info)", std::nullopt});
+  report.AddRow({"flush, vs fio --fallocate=none", MBps(c), MBps(fn) + " fio", c / fn, "(info)",
+                 std::nullopt});
   RecordLoad(report, "flush", probe);
 }
 
@@ -456,7 +462,8 @@ void FlushSection(const DaemonOptions& options, uint64_t bytes, int rounds, Repo
 // closer to a trainer whose forward/backward runs on a GPU or in cache-blocked kernels).
 class Compute {
  public:
-  explicit Compute(uint64_t buffer_bytes) : data_(std::max<uint64_t>(buffer_bytes / 4, 1024), 1.0f) {}
+  explicit Compute(uint64_t buffer_bytes)
+      : data_(std::max<uint64_t>(buffer_bytes / 4, 1024), 1.0f) {}
   void Pass() {
     float* x = data_.data();
     const size_t n = data_.size();
@@ -541,12 +548,13 @@ struct LoopResult {
 };
 
 void TrainingSection(const DaemonOptions& options, uint64_t bytes, uint32_t tensors,
-                     uint64_t compute_buffer,
-                     double compute_s, int steps, int every, Report& report) {
-  std::printf("\n== d. synthetic training loop: %s state in %u tensors, compute ~%.0f ms/step; "
-              "checkpoint every step and every %d steps, vs no checkpoint and a synchronous "
-              "save\n",
-              FormatBytes(bytes).c_str(), tensors, compute_s * 1e3, every);
+                     uint64_t compute_buffer, double compute_s, int steps, int every,
+                     Report& report) {
+  std::printf(
+      "\n== d. synthetic training loop: %s state in %u tensors, compute ~%.0f ms/step; "
+      "checkpoint every step and every %d steps, vs no checkpoint and a synchronous "
+      "save\n",
+      FormatBytes(bytes).c_str(), tensors, compute_s * 1e3, every);
   LoadProbe probe;
   SharedState state(bytes);
   Compute compute(compute_buffer);
@@ -622,10 +630,11 @@ void TrainingSection(const DaemonOptions& options, uint64_t bytes, uint32_t tens
   // Every step checkpointed: `steps` steps; every `every` steps: at least 3 checkpoints.
   const int paced_steps = std::max(steps, 3 * every);
   const LoopResult none1 = run(Checkpointer::kNone, 1, paced_steps);
-  std::printf("  no checkpoint: %.1f ms/step (compute: %d passes over %s, %.1f ms, of which on "
-              "the CPU %.1f; optimizer step %.1f ms)\n",
-              none1.step_s * 1e3, passes, FormatBytes(compute_buffer).c_str(),
-              none1.compute_s * 1e3, none1.compute_cpu_s * 1e3, none1.optimizer_s * 1e3);
+  std::printf(
+      "  no checkpoint: %.1f ms/step (compute: %d passes over %s, %.1f ms, of which on "
+      "the CPU %.1f; optimizer step %.1f ms)\n",
+      none1.step_s * 1e3, passes, FormatBytes(compute_buffer).c_str(), none1.compute_s * 1e3,
+      none1.compute_cpu_s * 1e3, none1.optimizer_s * 1e3);
   std::fflush(stdout);
   struct Variant {
     int interval;
@@ -637,28 +646,31 @@ void TrainingSection(const DaemonOptions& options, uint64_t bytes, uint32_t tens
     const int n = interval == 1 ? steps : paced_steps;
     Variant v{interval, run(Checkpointer::kCkptd, interval, n),
               run(Checkpointer::kSync, interval, n)};
-    std::printf("  every %d, %d steps, %d checkpoints:\n"
-                "    ckptd %.1f ms/step (compute %.1f ms of which on the CPU %.1f, optimizer %.1f ms; per checkpoint: Save "
-                "%.2f ms (max %.2f), WaitSnapshot %.1f ms, daemon CPU %.0f ms)\n"
-                "    sync  %.1f ms/step (compute %.1f ms, optimizer %.1f ms; per checkpoint: "
-                "writing %.0f ms)\n",
-                interval, n, v.ckptd.checkpoints, v.ckptd.step_s * 1e3, v.ckptd.compute_s * 1e3,
-                v.ckptd.compute_cpu_s * 1e3, v.ckptd.optimizer_s * 1e3, v.ckptd.save_s * 1e3 / v.ckptd.checkpoints,
-                v.ckptd.save_max_s * 1e3,
-                v.ckptd.stall_s * 1e3 / v.ckptd.checkpoints,
-                v.ckptd.daemon_cpu_s * 1e3 / v.ckptd.checkpoints, v.sync.step_s * 1e3,
-                v.sync.compute_s * 1e3, v.sync.optimizer_s * 1e3,
-                v.sync.stall_s * 1e3 / v.sync.checkpoints);
+    std::printf(
+        "  every %d, %d steps, %d checkpoints:\n"
+        "    ckptd %.1f ms/step (compute %.1f ms of which on the CPU %.1f, optimizer %.1f ms; per "
+        "checkpoint: Save "
+        "%.2f ms (max %.2f), WaitSnapshot %.1f ms, daemon CPU %.0f ms)\n"
+        "    sync  %.1f ms/step (compute %.1f ms, optimizer %.1f ms; per checkpoint: "
+        "writing %.0f ms)\n",
+        interval, n, v.ckptd.checkpoints, v.ckptd.step_s * 1e3, v.ckptd.compute_s * 1e3,
+        v.ckptd.compute_cpu_s * 1e3, v.ckptd.optimizer_s * 1e3,
+        v.ckptd.save_s * 1e3 / v.ckptd.checkpoints, v.ckptd.save_max_s * 1e3,
+        v.ckptd.stall_s * 1e3 / v.ckptd.checkpoints,
+        v.ckptd.daemon_cpu_s * 1e3 / v.ckptd.checkpoints, v.sync.step_s * 1e3,
+        v.sync.compute_s * 1e3, v.sync.optimizer_s * 1e3,
+        v.sync.stall_s * 1e3 / v.sync.checkpoints);
     std::fflush(stdout);
     variants.push_back(v);
   }
   const LoopResult none2 = run(Checkpointer::kNone, 1, paced_steps);
   std::filesystem::remove_all(sync_dir);
   const double none = (none1.step_s + none2.step_s) / 2;
-  std::printf("  no checkpoint again: %.1f ms/step (compute %.1f ms); baseline = mean %.1f "
-              "ms/step (the two differ by %.1f%%: the machine's noise)\n",
-              none2.step_s * 1e3, none2.compute_s * 1e3, none * 1e3,
-              100 * std::abs(none1.step_s - none2.step_s) / none);
+  std::printf(
+      "  no checkpoint again: %.1f ms/step (compute %.1f ms); baseline = mean %.1f "
+      "ms/step (the two differ by %.1f%%: the machine's noise)\n",
+      none2.step_s * 1e3, none2.compute_s * 1e3, none * 1e3,
+      100 * std::abs(none1.step_s - none2.step_s) / none);
   report.Set("train.bytes", static_cast<double>(bytes));
   report.Set("train.compute_passes", passes);
   report.Set("train.compute_buffer_bytes", static_cast<double>(compute_buffer));
@@ -683,17 +695,17 @@ void TrainingSection(const DaemonOptions& options, uint64_t bytes, uint32_t tens
     report.Set(key + ".sync_step_s", v.sync.step_s);
     report.Set(key + ".ckptd_overhead", ck_over);
     report.Set(key + ".sync_overhead", sync_over);
-    const std::string label = "train step overhead, ckpt every " +
-                              (v.interval == 1 ? std::string("step") :
-                                                 std::to_string(v.interval) + " steps");
+    const std::string label =
+        "train step overhead, ckpt every " +
+        (v.interval == 1 ? std::string("step") : std::to_string(v.interval) + " steps");
     // Ratio: the checkpoint's cost to the step under ckptd vs under the synchronous save.
     const double ratio = sync_over > 0 ? std::max(0.0, ck_over) / sync_over : 0;
     if (v.interval == 1) {
-      report.AddRow({label, Fixed(ck_over * 100, 1) + " %",
-                     Fixed(sync_over * 100, 1) + " % sync", ratio, "< sync", ck_over < sync_over});
+      report.AddRow({label, Fixed(ck_over * 100, 1) + " %", Fixed(sync_over * 100, 1) + " % sync",
+                     ratio, "< sync", ck_over < sync_over});
     } else {
-      report.AddRow({label, Fixed(ck_over * 100, 1) + " %",
-                     Fixed(sync_over * 100, 1) + " % sync", ratio, "<= 10 %", ck_over <= 0.10});
+      report.AddRow({label, Fixed(ck_over * 100, 1) + " %", Fixed(sync_over * 100, 1) + " % sync",
+                     ratio, "<= 10 %", ck_over <= 0.10});
     }
   }
   if (compute.checksum() == 42.0f) std::printf(" ");  // keeps the compute live
@@ -736,9 +748,9 @@ int Run(Args& args) {
   const uint64_t capture_size = bytes("--capture-size", args.capture_size);
   const uint64_t flush_size = bytes("--flush-size", args.flush_size);
   const uint64_t train_size = bytes("--train-size", args.train_size);
-  args.daemon.bin_dir =
-      args.bin.empty() ? std::filesystem::read_symlink("/proc/self/exe").parent_path().string()
-                       : args.bin;
+  args.daemon.bin_dir = args.bin.empty()
+                            ? std::filesystem::read_symlink("/proc/self/exe").parent_path().string()
+                            : args.bin;
   if (!std::filesystem::exists(args.daemon.bin_dir + "/ckptd")) {
     throw BenchError("no ckptd in " + args.daemon.bin_dir + " (build the ckptd target, or --bin)");
   }
@@ -759,11 +771,12 @@ int Run(Args& args) {
   const unsigned cores = std::thread::hardware_concurrency();
   std::printf("bench_daemon: %s, %u cores, work dir %s (%s), ckptd from %s\n", Today().c_str(),
               cores, args.daemon.work_dir.c_str(), fs.c_str(), args.daemon.bin_dir.c_str());
-  std::printf("ckptd: --host-pool %s --slot-size %s --checksum-chunk %s --capture-threads %d "
-              "--flush-threads %d; load average at start %s\n",
-              FormatBytes(args.daemon.host_pool).c_str(), args.daemon.slot_size.c_str(),
-              args.daemon.checksum_chunk.c_str(), args.daemon.capture_threads,
-              args.daemon.flush_threads, LoadProbe::LoadAverage().c_str());
+  std::printf(
+      "ckptd: --host-pool %s --slot-size %s --checksum-chunk %s --capture-threads %d "
+      "--flush-threads %d; load average at start %s\n",
+      FormatBytes(args.daemon.host_pool).c_str(), args.daemon.slot_size.c_str(),
+      args.daemon.checksum_chunk.c_str(), args.daemon.capture_threads, args.daemon.flush_threads,
+      LoadProbe::LoadAverage().c_str());
   if (fs == "tmpfs") {
     std::printf("WARNING: %s is tmpfs: no O_DIRECT, no disk; flush numbers mean nothing\n",
                 args.dir.c_str());
@@ -791,8 +804,8 @@ int Run(Args& args) {
       configs.clear();
       for (const std::string& c : args.save_configs) {  // SIZE:TENSORS
         const size_t colon = c.find(':');
-        const uint64_t n = colon == std::string::npos ? 0 : std::strtoull(c.c_str() + colon + 1,
-                                                                         nullptr, 10);
+        const uint64_t n =
+            colon == std::string::npos ? 0 : std::strtoull(c.c_str() + colon + 1, nullptr, 10);
         if (n == 0 || n > 1'000'000) throw BenchError("--save-configs: '" + c + "' is not SIZE:N");
         configs.push_back({bytes("--save-configs", c.substr(0, colon)), static_cast<uint32_t>(n)});
       }
@@ -804,8 +817,7 @@ int Run(Args& args) {
   if (wanted("train")) {
     TrainingSection(args.daemon, train_size, args.train_tensors,
                     bytes("--compute-buffer", args.compute_buffer), args.compute_ms / 1e3,
-                    args.train_steps,
-                    args.train_every, report);
+                    args.train_steps, args.train_every, report);
   }
   const double total_s = SecondsSince(t0);
   const double others = whole.OthersCores();
@@ -813,9 +825,10 @@ int Run(Args& args) {
   report.Set("others_cpu_cores", others);
   report.SetText("loadavg_end", LoadProbe::LoadAverage());
 
-  std::printf("\n== summary (%.0f s; other processes used %.2f of %u cores on average; load "
-              "average at end %s)\n\n",
-              total_s, others, cores, LoadProbe::LoadAverage().c_str());
+  std::printf(
+      "\n== summary (%.0f s; other processes used %.2f of %u cores on average; load "
+      "average at end %s)\n\n",
+      total_s, others, cores, LoadProbe::LoadAverage().c_str());
   report.PrintTable();
   report.WriteJson(args.json);
   return 0;
@@ -826,8 +839,9 @@ int Run(Args& args) {
 
 int main(int argc, char** argv) {
   ckpt::bench::Args args;
-  CLI::App app{"bench_daemon: a real ckptd against same-run baselines (memcpy, fio, a loop "
-               "without checkpoints, a synchronous save)"};
+  CLI::App app{
+      "bench_daemon: a real ckptd against same-run baselines (memcpy, fio, a loop "
+      "without checkpoints, a synchronous save)"};
   app.add_option("--dir", args.dir, "a fresh work directory is made here (a disk, not tmpfs)")
       ->capture_default_str();
   app.add_option("--bin", args.bin, "directory holding ckptd (default: this binary's)");
@@ -835,8 +849,7 @@ int main(int argc, char** argv) {
   app.add_option("--sections", args.sections, "which of save, capture, flush, train to run")
       ->capture_default_str()
       ->check(CLI::IsMember({"save", "capture", "flush", "train"}));
-  app.add_option("--pool", args.pool, "ckptd --host-pool for every section")
-      ->capture_default_str();
+  app.add_option("--pool", args.pool, "ckptd --host-pool for every section")->capture_default_str();
   app.add_option("--slot-size", args.daemon.slot_size, "ckptd --slot-size")->capture_default_str();
   app.add_option("--checksum-chunk", args.daemon.checksum_chunk, "ckptd --checksum-chunk")
       ->capture_default_str();

@@ -29,13 +29,13 @@
 
 namespace {
 
-#define CHECK_CUDA(expr)                                                                   \
-  do {                                                                                     \
-    cudaError_t _e = (expr);                                                               \
-    if (_e != cudaSuccess) {                                                               \
+#define CHECK_CUDA(expr)                                                                        \
+  do {                                                                                          \
+    cudaError_t _e = (expr);                                                                    \
+    if (_e != cudaSuccess) {                                                                    \
       std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorName(_e)); \
-      std::exit(2);                                                                        \
-    }                                                                                      \
+      std::exit(2);                                                                             \
+    }                                                                                           \
   } while (0)
 
 void CheckOk(const ckpt::Status& s, const char* what) {
@@ -60,7 +60,8 @@ Fn Driver(const char* name) {
 // A VMM allocation exportable as a POSIX fd (what PyTorch's expandable segments use).
 uint8_t* AllocVmm(uint64_t bytes, uint64_t* mapped) {
   auto create = Driver<decltype(&::cuMemCreate)>("cuMemCreate");
-  auto granularity = Driver<decltype(&::cuMemGetAllocationGranularity)>("cuMemGetAllocationGranularity");
+  auto granularity =
+      Driver<decltype(&::cuMemGetAllocationGranularity)>("cuMemGetAllocationGranularity");
   auto reserve = Driver<decltype(&::cuMemAddressReserve)>("cuMemAddressReserve");
   auto map = Driver<decltype(&::cuMemMap)>("cuMemMap");
   auto access = Driver<decltype(&::cuMemSetAccess)>("cuMemSetAccess");
@@ -95,15 +96,24 @@ Args Parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
-    if (k == "--socket") a.socket = v;
-    else if (k == "--job") a.job = v;
-    else if (k == "--mode") a.mode = v;
-    else if (k == "--route") a.route = v;
-    else if (k == "--bytes") a.bytes = std::stoull(v);
-    else if (k == "--seed") a.seed = std::stoull(v);
-    else if (k == "--step") a.step = std::stoull(v);
-    else if (k == "--reps") a.reps = std::stoull(v);
-    else if (k == "--spin") a.spin = std::stoll(v);
+    if (k == "--socket")
+      a.socket = v;
+    else if (k == "--job")
+      a.job = v;
+    else if (k == "--mode")
+      a.mode = v;
+    else if (k == "--route")
+      a.route = v;
+    else if (k == "--bytes")
+      a.bytes = std::stoull(v);
+    else if (k == "--seed")
+      a.seed = std::stoull(v);
+    else if (k == "--step")
+      a.step = std::stoull(v);
+    else if (k == "--reps")
+      a.reps = std::stoull(v);
+    else if (k == "--spin")
+      a.spin = std::stoll(v);
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       std::exit(2);
@@ -155,7 +165,8 @@ int main(int argc, char** argv) {
     // No host synchronize: the kernel is most likely still spinning.
     CheckOk((*client)->Save(a.step, "", ckpt::OnFull::kWait, stream), "save");
     CheckOk((*client)->WaitSnapshot(), "wait_snapshot");
-    CHECK_CUDA(static_cast<cudaError_t>(LaunchFill(shard, a.bytes, a.seed + 1000, 0, stream)));  // the "optimizer step"
+    CHECK_CUDA(static_cast<cudaError_t>(
+        LaunchFill(shard, a.bytes, a.seed + 1000, 0, stream)));  // the "optimizer step"
     CHECK_CUDA(cudaStreamSynchronize(stream));
     CheckOk((*client)->Wait(a.step, ckpt::WaitState::kCommitted), "wait committed");
     std::printf("saved step %llu (%s route)\n", static_cast<unsigned long long>(a.step),
@@ -175,8 +186,8 @@ int main(int argc, char** argv) {
         return 3;
       }
     }
-    std::printf("loaded step %llu bit-exact (%llu bytes)\n", static_cast<unsigned long long>(a.step),
-                static_cast<unsigned long long>(a.bytes));
+    std::printf("loaded step %llu bit-exact (%llu bytes)\n",
+                static_cast<unsigned long long>(a.step), static_cast<unsigned long long>(a.bytes));
     return 0;
   }
   if (a.mode == "bench") {
@@ -212,7 +223,8 @@ int main(int argc, char** argv) {
                 static_cast<unsigned long long>(a.reps), gb / best_copy);
     std::printf("| ckptd capture save→wait_snapshot (best of %llu) | %.2f GB/s |\n",
                 static_cast<unsigned long long>(a.reps), gb / best_capture);
-    std::printf("| **capture / plain copy** (goal >= 0.8) | **%.3f** |\n", best_copy / best_capture);
+    std::printf("| **capture / plain copy** (goal >= 0.8) | **%.3f** |\n",
+                best_copy / best_capture);
     std::printf("| trainer stall of save() (worst) | %.3f ms |\n", worst_save_call * 1e3);
     std::printf("| stall of save() / plain copy time | %.4f |\n", worst_save_call / best_copy);
     CHECK_CUDA(cudaFreeHost(pinned));

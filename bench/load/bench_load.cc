@@ -24,10 +24,11 @@
 // Every load is timed as the trainers see it: all ranks' Load calls start together (one thread
 // per rank, each its own Client connection), the clock stops when the last returns. Each load
 // goes into fresh memory (a new memfd per rank, touched, registered by new connections, as a
-// restarted trainer's would be); registration is timed apart and printed. After every load the destination is compared
-// with the saved bytes (outside the clock), and bytes_from_memory / bytes_from_storage are
-// checked: a hot load must read nothing from storage, a cold one must start with nothing in
-// memory. Medians over --rounds rounds. One table at the end; --json PATH writes everything.
+// restarted trainer's would be); registration is timed apart and printed. After every load the
+// destination is compared with the saved bytes (outside the clock), and bytes_from_memory /
+// bytes_from_storage are checked: a hot load must read nothing from storage, a cold one must start
+// with nothing in memory. Medians over --rounds rounds. One table at the end; --json PATH writes
+// everything.
 #include <fcntl.h>
 #include <linux/magic.h>
 #include <signal.h>
@@ -245,12 +246,12 @@ bool DropCaches() {
 // ---------------------------------------------------------------------------- loads
 
 struct LoadRun {
-  double seconds = 0;            // first Load sent → last Load returned
-  double register_s = 0;         // registering all ranks, one after the other
-  uint64_t bytes = 0;            // the layout's bytes (what the ranks asked for)
-  uint64_t from_memory = 0;      // sums over ranks of LoadResult
+  double seconds = 0;        // first Load sent → last Load returned
+  double register_s = 0;     // registering all ranks, one after the other
+  uint64_t bytes = 0;        // the layout's bytes (what the ranks asked for)
+  uint64_t from_memory = 0;  // sums over ranks of LoadResult
   uint64_t from_storage = 0;
-  double daemon_user_s = 0;      // daemon CPU during the load
+  double daemon_user_s = 0;  // daemon CPU during the load
   double daemon_system_s = 0;
   uint64_t daemon_minor_faults = 0;
   double rate() const { return static_cast<double>(bytes) / seconds; }
@@ -303,8 +304,7 @@ LoadRun LoadOnce(Daemon& daemon, const Model& m, const Layout& saved, const Rank
   run.daemon_system_s = usage1.system_s - usage0.system_s;
   run.daemon_minor_faults = usage1.minor_faults - usage0.minor_faults;
   for (uint32_t r = 0; r < nranks; ++r) {
-    Require(results[r].status(), "load of rank " + std::to_string(r) + " (" + l.name + ")",
-            daemon);
+    Require(results[r].status(), "load of rank " + std::to_string(r) + " (" + l.name + ")", daemon);
     run.from_memory += results[r]->bytes_from_memory;
     run.from_storage += results[r]->bytes_from_storage;
   }
@@ -358,9 +358,9 @@ int Run(Args& args) {
   if (m.rows == 0) throw BenchError("--size too small for --tensors × --cols × --ranks");
   args.daemon.host_pool =
       args.pool.empty() ? m.total_bytes() + 512 * kMiB : bytes("--pool", args.pool);
-  args.daemon.bin_dir =
-      args.bin.empty() ? std::filesystem::read_symlink("/proc/self/exe").parent_path().string()
-                       : args.bin;
+  args.daemon.bin_dir = args.bin.empty()
+                            ? std::filesystem::read_symlink("/proc/self/exe").parent_path().string()
+                            : args.bin;
   if (!std::filesystem::exists(args.daemon.bin_dir + "/ckptd")) {
     throw BenchError("no ckptd in " + args.daemon.bin_dir + " (build the ckptd target, or --bin)");
   }
@@ -377,24 +377,24 @@ int Run(Args& args) {
   } cleanup{tmpl, args.keep};
 
   const Layout saved = MakeLayout(m, "rows" + std::to_string(m.save_ranks), m.save_ranks, true);
-  const Layout cols = MakeLayout(m, "cols" + std::to_string(args.reshard_ranks),
-                                 args.reshard_ranks, false);
+  const Layout cols =
+      MakeLayout(m, "cols" + std::to_string(args.reshard_ranks), args.reshard_ranks, false);
   const Layout whole = MakeLayout(m, "whole1", 1, true);
   const uint64_t total = m.total_bytes();
 
   Report report(/*large_ratio_digits=*/1);
   const std::string fs = FilesystemOf(args.daemon.work_dir);
   const unsigned cores = std::thread::hardware_concurrency();
-  std::printf("bench_load: %s, %u cores, work dir %s (%s), ckptd from %s\n", Today().c_str(),
-              cores, args.daemon.work_dir.c_str(), fs.c_str(), args.daemon.bin_dir.c_str());
-  std::printf("state: %u float32 tensors [%llu, %llu] = %s, saved by %u ranks row-sharded "
-              "(%s each); ckptd --host-pool %s --slot-size %s --checksum-chunk %s; load average "
-              "%s\n",
-              m.tensors, static_cast<unsigned long long>(m.rows),
-              static_cast<unsigned long long>(m.cols), FormatBytes(total).c_str(), m.save_ranks,
-              FormatBytes(total / m.save_ranks).c_str(),
-              FormatBytes(args.daemon.host_pool).c_str(), args.daemon.slot_size.c_str(),
-              args.daemon.checksum_chunk.c_str(), LoadProbe::LoadAverage().c_str());
+  std::printf("bench_load: %s, %u cores, work dir %s (%s), ckptd from %s\n", Today().c_str(), cores,
+              args.daemon.work_dir.c_str(), fs.c_str(), args.daemon.bin_dir.c_str());
+  std::printf(
+      "state: %u float32 tensors [%llu, %llu] = %s, saved by %u ranks row-sharded "
+      "(%s each); ckptd --host-pool %s --slot-size %s --checksum-chunk %s; load average "
+      "%s\n",
+      m.tensors, static_cast<unsigned long long>(m.rows), static_cast<unsigned long long>(m.cols),
+      FormatBytes(total).c_str(), m.save_ranks, FormatBytes(total / m.save_ranks).c_str(),
+      FormatBytes(args.daemon.host_pool).c_str(), args.daemon.slot_size.c_str(),
+      args.daemon.checksum_chunk.c_str(), LoadProbe::LoadAverage().c_str());
   if (fs == "tmpfs") {
     std::printf("WARNING: %s is tmpfs: no O_DIRECT, no disk; cold numbers mean nothing\n",
                 args.dir.c_str());
@@ -438,7 +438,8 @@ int Run(Args& args) {
     save_s = SecondsSince(s0);
     for (auto& c : clients) c->Close();
     std::printf("\n== save: %u ranks, %s, Save → committed in %.2f s (%s)\n", m.save_ranks,
-                FormatBytes(total).c_str(), save_s, MBps(static_cast<double>(total) / save_s).c_str());
+                FormatBytes(total).c_str(), save_s,
+                MBps(static_cast<double>(total) / save_s).c_str());
     std::printf("\n== b. hot restore: the same daemon, right after the save\n");
     for (int i = 0; i < args.hot_rounds; ++i) {
       for (const Layout* l : {&saved, &cols, &whole}) {
@@ -456,9 +457,10 @@ int Run(Args& args) {
   report.Set("save_seconds", save_s);
 
   // ---- cold loads, resharded loads and fio, round by round
-  std::printf("\n== a/c. cold loads (ckptd restarted, page cache dropped before each) and fio "
-              "O_DIRECT sequential read of %s in %s\n",
-              FormatBytes(total).c_str(), args.daemon.work_dir.c_str());
+  std::printf(
+      "\n== a/c. cold loads (ckptd restarted, page cache dropped before each) and fio "
+      "O_DIRECT sequential read of %s in %s\n",
+      FormatBytes(total).c_str(), args.daemon.work_dir.c_str());
   Fio(args.daemon.work_dir, "write", total, 8, "--end_fsync=1");  // the file fio reads
   std::vector<double> fio4, fio8, fio_best, cold_vs_fio;
   bool dropped_all = true;
@@ -487,8 +489,9 @@ int Run(Args& args) {
   }
   std::filesystem::remove(args.daemon.work_dir + "/fio.dat");
   if (!dropped_all) {
-    std::printf("  NOTE: dropping the page cache was refused (not root?); ckptd and fio read "
-                "with O_DIRECT, which bypasses it\n");
+    std::printf(
+        "  NOTE: dropping the page cache was refused (not root?); ckptd and fio read "
+        "with O_DIRECT, which bypasses it\n");
   }
 
   const std::vector<double> cold_same = rates("cold." + saved.name),
@@ -499,15 +502,15 @@ int Run(Args& args) {
                             hot_whole = rates("hot." + whole.name);
   const double fio_m = Median(fio_best), cold_m = Median(cold_same);
   const double hot_m = Median(hot_same);
-  std::printf("\n  medians (min-max): fio best-of-qd %s, cold %s, hot %s;\n"
-              "  resharded cold: %s %s, %s %s; hot: %s %s, %s %s;\n"
-              "  cold / fio round by round: median %.2f (%.2f-%.2f)\n",
-              Spread(fio_best).c_str(), Spread(cold_same).c_str(), Spread(hot_same).c_str(),
-              cols.name.c_str(), Spread(cold_cols).c_str(), whole.name.c_str(),
-              Spread(cold_whole).c_str(), cols.name.c_str(), Spread(hot_cols).c_str(),
-              whole.name.c_str(), Spread(hot_whole).c_str(), Median(cold_vs_fio),
-              *std::min_element(cold_vs_fio.begin(), cold_vs_fio.end()),
-              *std::max_element(cold_vs_fio.begin(), cold_vs_fio.end()));
+  std::printf(
+      "\n  medians (min-max): fio best-of-qd %s, cold %s, hot %s;\n"
+      "  resharded cold: %s %s, %s %s; hot: %s %s, %s %s;\n"
+      "  cold / fio round by round: median %.2f (%.2f-%.2f)\n",
+      Spread(fio_best).c_str(), Spread(cold_same).c_str(), Spread(hot_same).c_str(),
+      cols.name.c_str(), Spread(cold_cols).c_str(), whole.name.c_str(), Spread(cold_whole).c_str(),
+      cols.name.c_str(), Spread(hot_cols).c_str(), whole.name.c_str(), Spread(hot_whole).c_str(),
+      Median(cold_vs_fio), *std::min_element(cold_vs_fio.begin(), cold_vs_fio.end()),
+      *std::max_element(cold_vs_fio.begin(), cold_vs_fio.end()));
 
   report.Set("page_cache_dropped", dropped_all ? 1 : 0);
   auto mb = [](const std::vector<double>& in) {
@@ -540,14 +543,13 @@ int Run(Args& args) {
   const std::string same_label = std::to_string(m.save_ranks) + " ranks rows, same layout";
   report.AddRow({"cold load, " + same_label, MBps(cold_m), MBps(fio_m) + " fio", cold_m / fio_m,
                  ">= 0.9", cold_m / fio_m >= 0.9});
-  report.AddRow({"hot restore, " + same_label, MBps(hot_m), MBps(cold_m) + " cold",
-                 hot_m / cold_m, ">= 5x", hot_m / cold_m >= 5});
+  report.AddRow({"hot restore, " + same_label, MBps(hot_m), MBps(cold_m) + " cold", hot_m / cold_m,
+                 ">= 5x", hot_m / cold_m >= 5});
   const double cc = Median(cold_cols), cw = Median(cold_whole);
   report.AddRow({"cold resharded load, " + std::to_string(m.save_ranks) + " rows -> " +
                      std::to_string(args.reshard_ranks) + " ranks cols",
                  MBps(cc), MBps(cold_m) + " cold", cc / cold_m, ">= 0.8", cc / cold_m >= 0.8});
-  report.AddRow({"cold resharded load, " + std::to_string(m.save_ranks) +
-                     " rows -> 1 rank whole",
+  report.AddRow({"cold resharded load, " + std::to_string(m.save_ranks) + " rows -> 1 rank whole",
                  MBps(cw), MBps(cold_m) + " cold", cw / cold_m, ">= 0.8", cw / cold_m >= 0.8});
   const double hc = Median(hot_cols), hw = Median(hot_whole);
   report.AddRow({"hot resharded, -> " + std::to_string(args.reshard_ranks) + " ranks cols",
@@ -560,10 +562,11 @@ int Run(Args& args) {
   report.Set("total_seconds", total_s);
   report.Set("others_cpu_cores", others);
   report.SetText("loadavg_end", LoadProbe::LoadAverage());
-  std::printf("\n== summary (%.0f s; other processes used %.2f of %u cores on average; load "
-              "average at end %s; page cache %s)\n\n",
-              total_s, others, cores, LoadProbe::LoadAverage().c_str(),
-              dropped_all ? "dropped before every cold read" : "NOT dropped (refused)");
+  std::printf(
+      "\n== summary (%.0f s; other processes used %.2f of %u cores on average; load "
+      "average at end %s; page cache %s)\n\n",
+      total_s, others, cores, LoadProbe::LoadAverage().c_str(),
+      dropped_all ? "dropped before every cold read" : "NOT dropped (refused)");
   report.PrintTable();
   report.WriteJson(args.json);
   return 0;
@@ -574,8 +577,9 @@ int Run(Args& args) {
 
 int main(int argc, char** argv) {
   ckpt::bench::Args args;
-  CLI::App app{"bench_load: cold, hot and resharded loads through a real ckptd against same-run "
-               "baselines (fio O_DIRECT read, the same-layout cold load)"};
+  CLI::App app{
+      "bench_load: cold, hot and resharded loads through a real ckptd against same-run "
+      "baselines (fio O_DIRECT read, the same-layout cold load)"};
   app.add_option("--dir", args.dir, "a fresh work directory is made here (a disk, not tmpfs)")
       ->capture_default_str();
   app.add_option("--bin", args.bin, "directory holding ckptd (default: this binary's)");

@@ -75,9 +75,9 @@ std::vector<uint64_t> TensorSizes(uint64_t total) {
 struct Options {
   std::string dir;
   uint64_t size = 0;
-  int io_threads = 8;      // the flush engine's writer threads (ckptd --flush-threads)
-  int capture_threads = 2; // ckptd --capture-threads
-  uint64_t pool = 0;       // ckptd --host-pool
+  int io_threads = 8;       // the flush engine's writer threads (ckptd --flush-threads)
+  int capture_threads = 2;  // ckptd --capture-threads
+  uint64_t pool = 0;        // ckptd --host-pool
   uint64_t max_read = 0;
   bool keep = false;
 };

@@ -15,12 +15,23 @@ Result<std::string> ReadFile(const std::string& path, const char* what) {
 }
 
 std::string CodeName(grpc::StatusCode code) {
-  static const char* const kNames[] = {
-      "OK",        "CANCELLED",         "UNKNOWN",          "INVALID_ARGUMENT",
-      "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",   "PERMISSION_DENIED",
-      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-      "UNIMPLEMENTED", "INTERNAL",      "UNAVAILABLE",      "DATA_LOSS",
-      "UNAUTHENTICATED"};
+  static const char* const kNames[] = {"OK",
+                                       "CANCELLED",
+                                       "UNKNOWN",
+                                       "INVALID_ARGUMENT",
+                                       "DEADLINE_EXCEEDED",
+                                       "NOT_FOUND",
+                                       "ALREADY_EXISTS",
+                                       "PERMISSION_DENIED",
+                                       "RESOURCE_EXHAUSTED",
+                                       "FAILED_PRECONDITION",
+                                       "ABORTED",
+                                       "OUT_OF_RANGE",
+                                       "UNIMPLEMENTED",
+                                       "INTERNAL",
+                                       "UNAVAILABLE",
+                                       "DATA_LOSS",
+                                       "UNAUTHENTICATED"};
   const auto i = static_cast<size_t>(code);
   return i < std::size(kNames) ? kNames[i] : "CODE_" + std::to_string(i);
 }
@@ -61,8 +72,8 @@ std::unique_ptr<grpc::ClientContext> ContextWithDeadline(std::chrono::millisecon
 
 std::string DescribeRpcError(const std::string& what, const grpc::Status& status,
                              const AdminTarget& target) {
-  return what + ": " + CodeName(status.error_code()) + ": " + status.error_message() +
-         " (admin " + target.address + ")";
+  return what + ": " + CodeName(status.error_code()) + ": " + status.error_message() + " (admin " +
+         target.address + ")";
 }
 
 }  // namespace ckpt::ctl

@@ -457,8 +457,9 @@ int main(int argc, char** argv) {
   auto* watch = app.add_subcommand("watch", "follow state changes and progress of checkpoints");
   watch->add_option("--job", watch_options.job, "only this job");
   watch->add_option("--max-events", watch_options.max_events, "stop after N events");
-  watch->add_option("--interval-ms", watch_options.progress_interval_ms,
-                    "progress sample interval (at least 100)")
+  watch
+      ->add_option("--interval-ms", watch_options.progress_interval_ms,
+                   "progress sample interval (at least 100)")
       ->capture_default_str();
   std::string health_service;
   auto* health = app.add_subcommand(
@@ -496,7 +497,8 @@ int main(int argc, char** argv) {
       health->parsed()) {
     auto t = ckpt::ParseDuration(timeout);
     if (!t.ok() || t->count() <= 0) {
-      PrintError("--timeout '" + timeout + "': " + (t.ok() ? "must be positive" : t.status().message()));
+      PrintError("--timeout '" + timeout +
+                 "': " + (t.ok() ? "must be positive" : t.status().message()));
       return kExitUsage;
     }
     target.timeout = *t;

@@ -45,7 +45,8 @@ std::string Duration(double seconds) {
 std::string Percent(uint64_t part, uint64_t whole) {
   if (whole == 0) return "-";
   char buf[16];
-  std::snprintf(buf, sizeof buf, "%.0f%%", 100.0 * static_cast<double>(part) / static_cast<double>(whole));
+  std::snprintf(buf, sizeof buf, "%.0f%%",
+                100.0 * static_cast<double>(part) / static_cast<double>(whole));
   return buf;
 }
 
@@ -71,13 +72,16 @@ int Fail(const std::string& message) {
 void PrintStatusText(const ckptd::v1::GetStatusResponse& s) {
   std::cout << s.role() << " " << s.node_id() << "  version " << s.version() << "  up "
             << Duration(s.uptime_seconds()) << "  "
-            << (s.draining() ? "DRAINING" : s.serving() ? "SERVING" : "NOT_SERVING") << "\n";
+            << (s.draining()  ? "DRAINING"
+                : s.serving() ? "SERVING"
+                              : "NOT_SERVING")
+            << "\n";
   if (s.has_pool()) {
     const auto& p = s.pool();
-    std::cout << "host pool " << FormatBytes(p.total_bytes()) << (p.pinned() ? " (pinned)" : " (not pinned)")
-              << ": free " << FormatBytes(p.free_bytes()) << ", cached "
-              << FormatBytes(p.cached_bytes()) << ", in use " << FormatBytes(p.in_use_bytes())
-              << "\n";
+    std::cout << "host pool " << FormatBytes(p.total_bytes())
+              << (p.pinned() ? " (pinned)" : " (not pinned)") << ": free "
+              << FormatBytes(p.free_bytes()) << ", cached " << FormatBytes(p.cached_bytes())
+              << ", in use " << FormatBytes(p.in_use_bytes()) << "\n";
   }
   if (s.has_storage()) {
     const auto& st = s.storage();
@@ -107,11 +111,11 @@ void PrintStatusText(const ckptd::v1::GetStatusResponse& s) {
     if (s.writer_plans_size() > 0) {
       std::cout << "\nwriter plans (replicas written once):\n";
       std::cout << "  " << std::left << std::setw(24) << "JOB" << std::setw(14) << "REGISTERED"
-                << std::setw(34) << "PLAN" << "WRITES\n";
+                << std::setw(34) << "PLAN"
+                << "WRITES\n";
       for (const auto& p : s.writer_plans()) {
-        const std::string plan =
-            p.in_force() ? "v" + std::to_string(p.version()) + " in force"
-                       : std::string("none: every rank writes all it holds");
+        const std::string plan = p.in_force() ? "v" + std::to_string(p.version()) + " in force"
+                                              : std::string("none: every rank writes all it holds");
         std::cout << "  " << std::setw(24) << p.job() << std::setw(14)
                   << (std::to_string(p.ranks_registered()) + "/" + std::to_string(p.world_size()))
                   << std::setw(34) << plan
@@ -126,7 +130,8 @@ void PrintStatusText(const ckptd::v1::GetStatusResponse& s) {
   }
   if (s.clients_size() > 0) {
     std::cout << "  " << std::left << std::setw(24) << "JOB" << std::setw(12) << "RANK"
-              << std::setw(10) << "PID" << std::setw(8) << "UID" << "CONNECTED\n";
+              << std::setw(10) << "PID" << std::setw(8) << "UID"
+              << "CONNECTED\n";
     for (const auto& c : s.clients()) {
       std::cout << "  " << std::setw(24) << c.job() << std::setw(12)
                 << (std::to_string(c.rank()) + "/" + std::to_string(c.world_size()))
@@ -147,17 +152,19 @@ void PrintStatusText(const ckptd::v1::GetStatusResponse& s) {
         ranks_captured += r.captured() ? 1 : 0;
         ranks_persisted += r.persisted() ? 1 : 0;
       }
-      std::cout << "  " << std::setw(24) << st.job() << std::setw(10) << st.step()
-                << std::setw(12) << StateName(st.state()) << std::setw(8)
+      std::cout << "  " << std::setw(24) << st.job() << std::setw(10) << st.step() << std::setw(12)
+                << StateName(st.state()) << std::setw(8)
                 << (std::to_string(st.ranks_saved()) + "/" + std::to_string(st.world_size()))
                 << std::setw(22)
-                << (coordinator ? std::to_string(ranks_captured) + "/" + std::to_string(st.world_size())
-                                : FormatBytes(st.bytes_captured()) + " " +
-                                      Percent(st.bytes_captured(), st.bytes_total()))
+                << (coordinator
+                        ? std::to_string(ranks_captured) + "/" + std::to_string(st.world_size())
+                        : FormatBytes(st.bytes_captured()) + " " +
+                              Percent(st.bytes_captured(), st.bytes_total()))
                 << std::setw(22)
-                << (coordinator ? std::to_string(ranks_persisted) + "/" + std::to_string(st.world_size())
-                                : FormatBytes(st.bytes_persisted()) + " " +
-                                      Percent(st.bytes_persisted(), st.bytes_total()))
+                << (coordinator
+                        ? std::to_string(ranks_persisted) + "/" + std::to_string(st.world_size())
+                        : FormatBytes(st.bytes_persisted()) + " " +
+                              Percent(st.bytes_persisted(), st.bytes_total()))
                 << Duration(st.age_seconds()) << "\n";
     }
   }
@@ -231,8 +238,8 @@ int RunDescribe(const AdminTarget& target, const std::string& job, uint64_t step
   uint64_t shards = 0;
   for (const auto& t : m.tensors()) shards += static_cast<uint64_t>(t.shards_size());
   std::cout << "job '" << m.job() << "' step " << m.step() << "  (" << reply.path() << ")\n"
-            << "world size " << m.world_size() << ", " << m.tensors_size() << " tensors, "
-            << shards << " stored shards, " << m.ranks_size() << " ranks\n";
+            << "world size " << m.world_size() << ", " << m.tensors_size() << " tensors, " << shards
+            << " stored shards, " << m.ranks_size() << " ranks\n";
   for (const auto& t : m.tensors()) {
     std::cout << "  " << t.name() << "  " << t.dtype() << " [";
     for (int i = 0; i < t.global_shape_size(); ++i) {
@@ -253,12 +260,16 @@ int RunHealth(const AdminTarget& target, const std::string& service) {
   grpc::health::v1::HealthCheckResponse reply;
   auto ctx = ContextWithDeadline(target.timeout);
   grpc::Status st = stub->Check(ctx.get(), request, &reply);
-  std::string status = st.ok() ? grpc::health::v1::HealthCheckResponse::ServingStatus_Name(reply.status())
-                               : "UNREACHABLE";
+  std::string status =
+      st.ok() ? grpc::health::v1::HealthCheckResponse::ServingStatus_Name(reply.status())
+              : "UNREACHABLE";
   const bool serving = st.ok() && reply.status() == grpc::health::v1::HealthCheckResponse::SERVING;
   if (target.json) {
     JsonWriter w;
-    w.BeginObject().Field("address", target.address).Field("status", status).Field("serving", serving);
+    w.BeginObject()
+        .Field("address", target.address)
+        .Field("status", status)
+        .Field("serving", serving);
     std::cout << w.EndObject().str() << "\n";
   } else {
     std::cout << status << "\n";

@@ -27,8 +27,8 @@ int RunList(const AdminTarget& target, const std::string& job);
 int RunDescribe(const AdminTarget& target, const std::string& job, uint64_t step);
 int RunHealth(const AdminTarget& target, const std::string& service);
 struct WatchOptions {
-  std::string job;                // empty: every job
-  uint64_t max_events = 0;        // 0: until interrupted or the stream ends
+  std::string job;          // empty: every job
+  uint64_t max_events = 0;  // 0: until interrupted or the stream ends
   uint32_t progress_interval_ms = 1000;
 };
 int RunWatch(const AdminTarget& target, const WatchOptions& options);

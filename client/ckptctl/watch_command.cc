@@ -25,8 +25,9 @@ struct Sample {
 };
 
 std::string Bar(uint64_t done, uint64_t total, int width) {
-  const int filled = total == 0 ? 0 : static_cast<int>(static_cast<double>(done) * width /
-                                                       static_cast<double>(total));
+  const int filled =
+      total == 0 ? 0
+                 : static_cast<int>(static_cast<double>(done) * width / static_cast<double>(total));
   return "[" + std::string(static_cast<size_t>(std::min(filled, width)), '#') +
          std::string(static_cast<size_t>(width - std::min(filled, width)), '.') + "]";
 }
@@ -38,8 +39,10 @@ std::string RateAndEta(const Sample& prev, const Sample& now, uint64_t total) {
   const double rate = static_cast<double>(now.persisted - prev.persisted) / dt;
   std::string out = FormatBytes(static_cast<uint64_t>(rate)) + "/s";
   if (rate > 0 && total > now.persisted) {
-    out += " ETA " + std::to_string(static_cast<uint64_t>(
-                         static_cast<double>(total - now.persisted) / rate + 0.5)) + "s";
+    out += " ETA " +
+           std::to_string(
+               static_cast<uint64_t>(static_cast<double>(total - now.persisted) / rate + 0.5)) +
+           "s";
   }
   return out;
 }
@@ -96,10 +99,9 @@ int RunWatch(const AdminTarget& target, const WatchOptions& options) {
       }
       const bool by_rank = total != p.bytes_total();
       std::cout << (tty ? "\r" : "") << "job '" << p.job() << "' step " << p.step() << " "
-                << ckptd::v1::StepState_Name(p.state()).substr(11) << " " << p.ranks_saved()
-                << "/" << p.world_size() << " ranks  captured "
-                << Bar(done_captured, total, 20) << " persisted "
-                << Bar(done_persisted, total, 20) << " "
+                << ckptd::v1::StepState_Name(p.state()).substr(11) << " " << p.ranks_saved() << "/"
+                << p.world_size() << " ranks  captured " << Bar(done_captured, total, 20)
+                << " persisted " << Bar(done_persisted, total, 20) << " "
                 << (by_rank ? std::to_string(done_persisted) + "/" + std::to_string(total) +
                                   " ranks persisted"
                             : FormatBytes(p.bytes_persisted()) + "/" + FormatBytes(p.bytes_total()))

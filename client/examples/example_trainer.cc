@@ -56,8 +56,8 @@ class SharedTensors {
     fd_ = ::memfd_create("ckpt_example_trainer", MFD_CLOEXEC);
     if (fd_ < 0) return ckpt::ErrnoStatus(errno, "memfd_create");
     if (::ftruncate(fd_, static_cast<off_t>(bytes)) != 0) {
-      return ckpt::ErrnoStatus(errno, "ftruncate of the tensors' memfd to " +
-                                          std::to_string(bytes) + " bytes");
+      return ckpt::ErrnoStatus(
+          errno, "ftruncate of the tensors' memfd to " + std::to_string(bytes) + " bytes");
     }
     size_ = bytes;
     void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
@@ -107,9 +107,8 @@ int main(int argc, char** argv) {
   app.add_option("--wait", wait_text, "state to wait for after the last step")
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "captured", "persisted", "committed"}));
-  CLI::Option* kill_option =
-      app.add_option("--kill-self-after-save", kill_after,
-                     "raise SIGKILL right after Save of this step returns");
+  CLI::Option* kill_option = app.add_option("--kill-self-after-save", kill_after,
+                                            "raise SIGKILL right after Save of this step returns");
   app.add_flag("--quiet", quiet, "no per-step lines");
   app.add_option("--log-level", log_level, "client log level (stderr)")->capture_default_str();
   app.add_option("--connect-timeout", connect_timeout_text, "how long to wait for ckptd")
@@ -159,8 +158,7 @@ int main(int argc, char** argv) {
   }
   if (ckpt::Status s = client->Register(specs); !s.ok()) return Fail("registering tensors", s);
   if (!quiet) {
-    std::printf("rank %u of %u: %u tensors, %s per rank, node %s\n", rank, world_size,
-                tensor_count,
+    std::printf("rank %u of %u: %u tensors, %s per rank, node %s\n", rank, world_size, tensor_count,
                 ckpt::FormatBytes(layout.tensors.size() * layout.tensors[0].nbytes).c_str(),
                 client->node_id().c_str());
     std::fflush(stdout);

@@ -19,8 +19,8 @@ inline constexpr uint64_t kTrainerAlignment = 4096;
 inline constexpr uint64_t kTrainerMaxCols = 1024;
 
 struct TrainerTensor {
-  std::string name;     // "layers.<t>.weight"
-  uint64_t rows = 0;    // of this rank's shard
+  std::string name;   // "layers.<t>.weight"
+  uint64_t rows = 0;  // of this rank's shard
   uint64_t cols = 0;
   uint64_t fd_offset = 0;  // in the memfd
   uint64_t nbytes = 0;     // rows * cols * 4

@@ -55,17 +55,17 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <system_error>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 #include <utility>
 
 #include "ckptd/v1/local.pb.h"
+#include "client/src/cuda_export.h"
 #include "common/dtype.h"
 #include "common/frame_io.h"
 #include "common/names.h"
-#include "client/src/cuda_export.h"
 
 #ifndef CKPT_CLIENT_VERSION
 #define CKPT_CLIENT_VERSION "0.0.0"
@@ -251,7 +251,7 @@ struct Connection {
   UniqueFd socket;
   const uint64_t generation;
   std::thread reader;
-  FrameReader frames;        // the reader thread's
+  FrameReader frames;  // the reader thread's
   // Serializes writes on `socket` (`send_mu`): a gate taken with a deadline. Not a
   // std::timed_mutex: ThreadSanitizer does not model its timed lock (pthread_mutex_clocklock)
   // and reports every later unlock as an error.
@@ -1301,7 +1301,8 @@ Status Client::Impl::Wait(uint64_t step, WaitState state, std::optional<millisec
 
 Result<std::optional<uint64_t>> Client::Impl::Latest(bool restore_point) {
   const auto deadline = PromptDeadline();
-  const std::string what = (restore_point ? "restore point of job " : "latest of job ") + options_.job;
+  const std::string what =
+      (restore_point ? "restore point of job " : "latest of job ") + options_.job;
   OutgoingFrame frame;
   frame.message.mutable_latest()->set_restore_point(restore_point);
   std::vector<OutgoingFrame> frames;

@@ -58,12 +58,15 @@ class DriverExporter final : public CudaExporter {
     void* lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (lib == nullptr) {
       return Unavailable(std::string("CUDA tensors need the NVIDIA driver, and libcuda.so.1 "
-                                     "cannot be loaded: ") + ::dlerror());
+                                     "cannot be loaded: ") +
+                         ::dlerror());
     }
-    auto get_proc = reinterpret_cast<decltype(&::cuGetProcAddress)>(::dlsym(lib, "cuGetProcAddress_v2"));
+    auto get_proc =
+        reinterpret_cast<decltype(&::cuGetProcAddress)>(::dlsym(lib, "cuGetProcAddress_v2"));
     if (get_proc == nullptr) {
-      return Unavailable("the NVIDIA driver is too old for ckptd's CUDA route (needs a CUDA 12+ "
-                         "driver: cuGetProcAddress_v2 is missing)");
+      return Unavailable(
+          "the NVIDIA driver is too old for ckptd's CUDA route (needs a CUDA 12+ "
+          "driver: cuGetProcAddress_v2 is missing)");
     }
     auto e = std::unique_ptr<DriverExporter>(new DriverExporter());
     Driver& d = e->d_;
@@ -110,8 +113,10 @@ class DriverExporter final : public CudaExporter {
     int ordinal = -1;
     if (CUresult r = d_.pointer_attribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, dptr);
         r != CUDA_SUCCESS) {
-      return InvalidArgument("pointer " + Hex(dptr) + " is not CUDA device memory of this "
-                             "process (" + Name(r) + ")");
+      return InvalidArgument("pointer " + Hex(dptr) +
+                             " is not CUDA device memory of this "
+                             "process (" +
+                             Name(r) + ")");
     }
     ASSIGN_OR_RETURN(Device * dev, DeviceFor(ordinal));
     ContextScope scope(this, dev->ctx);
@@ -145,7 +150,8 @@ class DriverExporter final : public CudaExporter {
     uint64_t allowed = 0;
     d_.pointer_attribute(&allowed, CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, dptr);
     if ((allowed & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0) {
-      return InvalidArgument("GPU memory at " + Hex(dptr) + " can be shared neither by legacy "
+      return InvalidArgument("GPU memory at " + Hex(dptr) +
+                             " can be shared neither by legacy "
                              "IPC nor as a POSIX fd (a VMM allocation created without "
                              "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)");
     }
@@ -195,7 +201,8 @@ class DriverExporter final : public CudaExporter {
       if (!d.ok()) break;
       if ((*d)->uuid == device_uuid) dev = *d;
     }
-    if (dev == nullptr) return NotFound("GPU " + device_uuid + " named by ckptd is not visible here");
+    if (dev == nullptr)
+      return NotFound("GPU " + device_uuid + " named by ckptd is not visible here");
     if (handle.size() != sizeof(CUipcEventHandle)) {
       return InvalidArgument("ckptd sent an event handle of " + std::to_string(handle.size()) +
                              " bytes");
@@ -224,8 +231,8 @@ class DriverExporter final : public CudaExporter {
     CUcontext ctx = nullptr;
     std::string uuid;
     std::mutex mu;
-    CUevent save_event = nullptr;                 // guarded by mu
-    std::string save_handle;                      // guarded by mu
+    CUevent save_event = nullptr;                  // guarded by mu
+    std::string save_handle;                       // guarded by mu
     std::map<std::string, CUevent> loaded_events;  // guarded by mu
   };
   // Pushes a context for the scope of one call.
@@ -256,7 +263,8 @@ class DriverExporter final : public CudaExporter {
     }
     auto device = std::make_unique<Device>();
     CUuuid uuid;
-    if (CUresult r = d_.device_uuid(&uuid, dev); r != CUDA_SUCCESS) return Error(r, "cuDeviceGetUuid");
+    if (CUresult r = d_.device_uuid(&uuid, dev); r != CUDA_SUCCESS)
+      return Error(r, "cuDeviceGetUuid");
     device->uuid = Uuid(uuid);
     // The primary context: the one the CUDA runtime (and so PyTorch) uses. Retained for the
     // life of the process.
@@ -319,8 +327,9 @@ Result<CudaExporter*> CudaExporter::Get() {
 #else  // !CKPT_HAVE_CUDA
 
 Result<CudaExporter*> CudaExporter::Get() {
-  return Unimplemented("this ckpt client was built without CUDA support (no CUDA toolkit at "
-                       "build time): CUDA tensors cannot be registered");
+  return Unimplemented(
+      "this ckpt client was built without CUDA support (no CUDA toolkit at "
+      "build time): CUDA tensors cannot be registered");
 }
 
 #endif

@@ -34,12 +34,12 @@ namespace ckpt::detail {
 
 struct CudaExport {
   std::string device_uuid;
-  int device = -1;           // ordinal in this process (for events)
+  int device = -1;  // ordinal in this process (for events)
   bool vmm = false;
-  std::string ipc_handle;    // legacy route: 64 bytes
-  UniqueFd vmm_fd;           // VMM route: the exported POSIX fd (owned)
+  std::string ipc_handle;  // legacy route: 64 bytes
+  UniqueFd vmm_fd;         // VMM route: the exported POSIX fd (owned)
   uint64_t allocation_size = 0;
-  uint64_t offset = 0;       // of ptr from the allocation base
+  uint64_t offset = 0;  // of ptr from the allocation base
 };
 
 class CudaExporter {

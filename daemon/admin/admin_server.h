@@ -28,9 +28,9 @@ class AdminServer {
  public:
   struct Config {
     std::string address = "127.0.0.1:7460";
-    std::string tls_cert;       // PEM file; empty: plaintext
-    std::string tls_key;        // PEM file
-    std::string tls_client_ca;  // PEM file; non-empty: require client certificates
+    std::string tls_cert;          // PEM file; empty: plaintext
+    std::string tls_key;           // PEM file
+    std::string tls_client_ca;     // PEM file; non-empty: require client certificates
     bool allow_plaintext = false;  // plaintext off loopback (admin-allow-plaintext)
   };
 

@@ -104,9 +104,9 @@ class WatchReactor final : public grpc::ServerWriteReactor<ckptd::v1::WatchEvent
   uint64_t id_ = 0;
   std::mutex mu_;
   std::deque<ckptd::v1::WatchEventsResponse> queue_;  // guarded by mu_; front is being written
-  bool writing_ = false;                               // guarded by mu_
-  bool subscribed_ = false;                            // guarded by mu_
-  bool finished_ = false;                              // guarded by mu_
+  bool writing_ = false;                              // guarded by mu_
+  bool subscribed_ = false;                           // guarded by mu_
+  bool finished_ = false;                             // guarded by mu_
   std::map<std::pair<std::string, uint64_t>, std::chrono::steady_clock::time_point>
       last_progress_;  // guarded by mu_
 };

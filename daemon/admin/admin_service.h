@@ -1,7 +1,8 @@
 // AdminService: the gRPC callback service for ckptd.v1.Admin. It only translates: each unary call
 // asks the AdminProvider and finishes the RPC from the provider's reply (no blocking in a
 // reactor, docs/design.md §10.4); WatchEvents subscribes a bounded per-stream queue to the
-// provider's WatchHub. Status → grpc::Status happens in ToGrpcStatus (daemon/rpc/grpc_status.h) only.
+// provider's WatchHub. Status → grpc::Status happens in ToGrpcStatus (daemon/rpc/grpc_status.h)
+// only.
 //
 // Watch streams: each holds at most kMaxQueuedEvents unsent events; a client that falls further
 // behind is ended with RESOURCE_EXHAUSTED rather than growing the daemon's memory. Progress

@@ -29,8 +29,7 @@ Result<ckptd::v1::DescribeCheckpointResponse> DescribeCommittedCheckpoint(FileSy
   RETURN_IF_ERROR(ValidateJobName(job), "describe checkpoint");
   const std::string dir = StepDir(root, job, step);
   const std::string what = "job '" + job + "' step " + std::to_string(step);
-  ASSIGN_OR_RETURN(bool committed, fs->Exists(JoinPath(dir, std::string(kManifestFileName))),
-                   what);
+  ASSIGN_OR_RETURN(bool committed, fs->Exists(JoinPath(dir, std::string(kManifestFileName))), what);
   if (!committed) return NotFound(what + " is not committed (no MANIFEST in " + dir + ")");
   ckptd::v1::DescribeCheckpointResponse out;
   ASSIGN_OR_RETURN(*out.mutable_manifest(), ReadManifest(fs, dir), what);

@@ -57,7 +57,8 @@ void NodeAdminProvider::Close() {
     closed_ = true;
     pending.swap(pending_status_);
   }
-  for (auto& [id, reply] : pending) reply(Unavailable("node " + sources_.node_id + " is shutting down"));
+  for (auto& [id, reply] : pending)
+    reply(Unavailable("node " + sources_.node_id + " is shutting down"));
   hub_.CloseAll();
 }
 
@@ -114,7 +115,8 @@ ckptd::v1::GetStatusResponse NodeAdminProvider::CollectStatus() const {
   auto* pool = out.mutable_pool();
   const uint64_t total = sources_.pool->size_bytes();
   const uint64_t free_bytes = uint64_t{sources_.pool->free_slots()} * sources_.pool->slot_size();
-  const uint64_t cached = std::min(sources_.hot->resident_bytes(), total - std::min(total, free_bytes));
+  const uint64_t cached =
+      std::min(sources_.hot->resident_bytes(), total - std::min(total, free_bytes));
   pool->set_total_bytes(total);
   pool->set_slot_bytes(sources_.pool->slot_size());
   pool->set_free_bytes(free_bytes);

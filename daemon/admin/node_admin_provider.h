@@ -92,8 +92,8 @@ class NodeAdminProvider final : public AdminProvider, public DaemonObserver {
   WatchHub hub_;
   std::atomic<bool> serving_{false};
   std::mutex mu_;
-  bool closed_ = false;  // guarded by mu_
-  uint64_t next_status_id_ = 1;  // guarded by mu_
+  bool closed_ = false;                                                     // guarded by mu_
+  uint64_t next_status_id_ = 1;                                             // guarded by mu_
   std::map<uint64_t, Reply<ckptd::v1::GetStatusResponse>> pending_status_;  // guarded by mu_
   // Loop-owned:
   struct Client {

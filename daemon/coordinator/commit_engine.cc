@@ -47,10 +47,10 @@ Result<ckptd::v1::Manifest> CommitEngine::Commit(std::span<const ckptd::v1::Node
     return FailedPrecondition(ctx + ": " + std::to_string(manifest.ranks_size()) + " of " +
                               std::to_string(manifest.world_size()) + " ranks reported");
   }
-  manifest.set_created_unix_ms(static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(
-          std::chrono::system_clock::now().time_since_epoch())
-          .count()));
+  manifest.set_created_unix_ms(
+      static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                std::chrono::system_clock::now().time_since_epoch())
+                                .count()));
   manifest.set_writer(config_.writer);
   RETURN_IF_ERROR(ValidateManifest(manifest), ctx);
   RETURN_IF_ERROR(CheckManifestCoverage(manifest), ctx);

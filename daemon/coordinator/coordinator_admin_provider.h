@@ -7,7 +7,8 @@
 //                recent aborts and failures with their reasons, and the config summary.
 //   List/Describe the committed steps under the storage root (checkpoint_catalog.h), the same
 //                files the daemons read.
-//   WatchEvents  every state the core decides (CoordinatorCore::Config::on_step_state → OnStepState),
+//   WatchEvents  every state the core decides (CoordinatorCore::Config::on_step_state →
+//   OnStepState),
 //                and while a stream is open, progress samples of in-flight steps every
 //                kProgressTick.
 //
@@ -83,8 +84,8 @@ class CoordinatorAdminProvider final : public AdminProvider {
   TaskPool worker_{1};
   std::mutex mu_;
   std::condition_variable cv_;
-  bool closed_ = false;                       // guarded by mu_
-  std::deque<ckptd::v1::Failure> failures_;   // guarded by mu_
+  bool closed_ = false;                      // guarded by mu_
+  std::deque<ckptd::v1::Failure> failures_;  // guarded by mu_
   std::thread sampler_;
 };
 

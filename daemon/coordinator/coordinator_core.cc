@@ -131,8 +131,9 @@ Result<std::vector<std::string>> CoordinatorCore::RecoverJob(const std::string& 
       jobs_[job].recovered_aborted.insert(step);
     }
     report.push_back(StepName(job, step) + ": removed (" + committed.message() + ")" +
-                     (removed.ok() ? "" : "; not all of it yet: " + removed.message() +
-                                              " (its writer removes the rest when told)"));
+                     (removed.ok() ? ""
+                                   : "; not all of it yet: " + removed.message() +
+                                         " (its writer removes the rest when told)"));
   }
   return report;
 }
@@ -640,8 +641,8 @@ CoordinatorCore::Snapshot CoordinatorCore::TakeSnapshot() {
   for (const auto& [name, j] : jobs_) {
     for (const auto& [n, s] : j.steps) {
       if (Terminal(s.state)) continue;
-      out.steps.push_back(StepView{name, n, s.world_size, s.state, s.saved, s.captured,
-                                   s.persisted, s.first_report});
+      out.steps.push_back(StepView{name, n, s.world_size, s.state, s.saved, s.captured, s.persisted,
+                                   s.first_report});
     }
   }
   for (const auto& [name, j] : jobs_) {
@@ -676,8 +677,8 @@ Result<std::optional<uint64_t>> CoordinatorCore::Latest(const std::string& job) 
   return commit_->Latest(job);
 }
 
-Result<std::optional<uint64_t>> CoordinatorCore::RestorePoint(const std::string& job,
-                                                              uint32_t rank, uint32_t world_size,
+Result<std::optional<uint64_t>> CoordinatorCore::RestorePoint(const std::string& job, uint32_t rank,
+                                                              uint32_t world_size,
                                                               const std::string& session) {
   RETURN_IF_ERROR(ValidateJobName(job));
   if (world_size == 0 || rank >= world_size) {

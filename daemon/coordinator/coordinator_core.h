@@ -101,7 +101,7 @@ class CoordinatorCore {
   };
   struct NodeView {
     std::string node_id;
-    bool attached = false;  // its event stream is open
+    bool attached = false;                                               // its event stream is open
     std::optional<std::chrono::steady_clock::time_point> lease_expires;  // while detached
     std::vector<std::string> jobs;
   };
@@ -157,7 +157,7 @@ class CoordinatorCore {
     uint32_t world_size = 0;
     ckptd::v1::StepState state = ckptd::v1::STEP_STATE_PENDING;
     std::string reason;
-    bool skipped = false;  // FAILED by a rank's skip policy (StepDecision.skipped)
+    bool skipped = false;                   // FAILED by a rank's skip policy (StepDecision.skipped)
     std::map<uint32_t, std::string> saved;  // rank → node
     std::set<uint32_t> captured;
     std::set<uint32_t> persisted;
@@ -189,9 +189,9 @@ class CoordinatorCore {
               const std::string& reason);                                        // REQUIRES(mu_)
   void Broadcast(const std::string& job, const ckptd::v1::CoordinatorEvent& e);  // REQUIRES(mu_)
   void SendPlan(const std::string& job, JobRecord& j, const std::string& only_node);
-  void MaybePlan(const std::string& job, JobRecord& j);  // REQUIRES(mu_)
+  void MaybePlan(const std::string& job, JobRecord& j);   // REQUIRES(mu_)
   static void WithdrawRank(JobRecord& j, uint32_t rank);  // REQUIRES(mu_)
-  void TryCommit(const std::string& job);                // REQUIRES(mu_)
+  void TryCommit(const std::string& job);                 // REQUIRES(mu_)
   void OnCommitted(const std::string& job, uint64_t step, Status st);
   void LoseNode(const std::string& node_id, const std::string& why);  // REQUIRES(mu_)
   std::string MissingRanks(const StepRecord& s) const;                // REQUIRES(mu_)

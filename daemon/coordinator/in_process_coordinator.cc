@@ -80,8 +80,8 @@ void InProcessCoordinator::ReportRegistration(ckptd::v1::ReportRegistrationReque
   });
 }
 
-void InProcessCoordinator::Latest(const std::string& job,
-                                  std::optional<RestoreQuery> restore_point, LatestDone done) {
+void InProcessCoordinator::Latest(const std::string& job, std::optional<RestoreQuery> restore_point,
+                                  LatestDone done) {
   worker_.Post([this, job, restore_point, done = std::move(done)]() mutable {
     auto latest = restore_point
                       ? core_.RestorePoint(job, restore_point->rank, restore_point->world_size,

@@ -19,11 +19,11 @@
 #include "common/logging.h"
 #include "common/units.h"
 #include "daemon/admin/admin_service.h"
+#include "daemon/admin/systemd_notify.h"
 #include "daemon/coordinator/coordinator_admin_provider.h"
 #include "daemon/coordinator/coordinator_core.h"
 #include "daemon/rpc/coordinator_service.h"
 #include "daemon/rpc/grpc_server.h"
-#include "daemon/admin/systemd_notify.h"
 #include "daemon/version.h"
 
 namespace {
@@ -90,8 +90,8 @@ int main(int argc, char** argv) {
                           {"lease", lease},
                           {"tls", tls.enabled() ? (tls.ca.empty() ? "server" : "mutual") : "off"}};
   ckpt::CoordinatorAdminProvider admin(std::move(admin_sources));
-  config.on_step_state = [&admin](const std::string& job, uint64_t step,
-                                  ckptd::v1::StepState state, const std::string& reason) {
+  config.on_step_state = [&admin](const std::string& job, uint64_t step, ckptd::v1::StepState state,
+                                  const std::string& reason) {
     admin.OnStepState(job, step, state, reason);
   };
   // CKPT_COORDINATOR_CRASH_AT=<point>[:<n>] kills this process (SIGKILL) at that point of its

@@ -57,8 +57,8 @@ class RestorePoints {
   };
   using Pins = std::map<std::string, PinRecord>;
   // The pin's answer for this rank's session if the pin holds for it; drops a stale pin.
-  std::optional<std::optional<uint64_t>> Take(Pins::iterator it, uint32_t rank,
-                                              uint32_t world_size, const std::string& session);
+  std::optional<std::optional<uint64_t>> Take(Pins::iterator it, uint32_t rank, uint32_t world_size,
+                                              const std::string& session);
 
   Pins pins_;
 };

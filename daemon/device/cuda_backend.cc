@@ -30,8 +30,8 @@ Status CudaShardMemory::CopyIn(uint64_t offset, const std::byte* src, uint64_t s
                       ") outside a GPU shard of " + std::to_string(size_) + " bytes");
   }
   CudaDevice* d = allocation_->device();
-  RETURN_IF_ERROR(d->api().CopyHostToDeviceAsync(d->ordinal(), allocation_->base() + offset_ + offset,
-                                                 src, size, d->stream()));
+  RETURN_IF_ERROR(d->api().CopyHostToDeviceAsync(
+      d->ordinal(), allocation_->base() + offset_ + offset, src, size, d->stream()));
   // `src` is the caller's buffer, reused as soon as this returns: wait for the copy.
   ASSIGN_OR_RETURN(auto fence, d->Record());
   return fence->Wait();
@@ -45,14 +45,16 @@ Result<std::shared_ptr<ShardMemory>> CudaBackend::Open(const ckptd::v1::TensorSp
   if (!spec.has_cuda()) return InvalidArgument("not CUDA memory");
   const ckptd::v1::CudaMemory& m = spec.cuda();
   if (m.length() != expected_bytes) {
-    return InvalidArgument("memory length " + std::to_string(m.length()) + " but its geometry "
-                           "and dtype make " + std::to_string(expected_bytes) + " bytes");
+    return InvalidArgument("memory length " + std::to_string(m.length()) +
+                           " but its geometry "
+                           "and dtype make " +
+                           std::to_string(expected_bytes) + " bytes");
   }
   if (m.allocation_size() == 0 || m.offset() > m.allocation_size() ||
       m.length() > m.allocation_size() - m.offset()) {
-    return OutOfRange("bytes [" + std::to_string(m.offset()) + ", " +
-                      std::to_string(m.offset() + m.length()) + ") lie outside its GPU allocation of " +
-                      std::to_string(m.allocation_size()) + " bytes");
+    return OutOfRange(
+        "bytes [" + std::to_string(m.offset()) + ", " + std::to_string(m.offset() + m.length()) +
+        ") lie outside its GPU allocation of " + std::to_string(m.allocation_size()) + " bytes");
   }
   std::string key;
   if (m.handle_case() == ckptd::v1::CudaMemory::kIpcHandle) {
@@ -63,8 +65,8 @@ Result<std::shared_ptr<ShardMemory>> CudaBackend::Open(const ckptd::v1::TensorSp
     key = "ipc:" + m.device_uuid() + ":" + m.ipc_handle();
   } else if (m.handle_case() == ckptd::v1::CudaMemory::kVmmFdIndex) {
     if (m.vmm_fd_index() >= fds.size()) {
-      return InvalidArgument("names descriptor " + std::to_string(m.vmm_fd_index()) +
-                             " but only " + std::to_string(fds.size()) + " were sent");
+      return InvalidArgument("names descriptor " + std::to_string(m.vmm_fd_index()) + " but only " +
+                             std::to_string(fds.size()) + " were sent");
     }
     struct stat st;
     if (::fstat(fds[m.vmm_fd_index()].get(), &st) != 0) {
@@ -91,8 +93,7 @@ Result<std::shared_ptr<ShardMemory>> CudaBackend::Open(const ckptd::v1::TensorSp
       ASSIGN_OR_RETURN(alloc, devices_->OpenIpc(device, m.ipc_handle(), m.allocation_size()));
     } else {
       ASSIGN_OR_RETURN(DevicePtr base,
-                       devices_->api().ImportVmmFd(device->ordinal(),
-                                                   fds[m.vmm_fd_index()].get(),
+                       devices_->api().ImportVmmFd(device->ordinal(), fds[m.vmm_fd_index()].get(),
                                                    m.allocation_size()),
                        "GPU " + device->uuid());
       alloc = std::make_shared<DeviceAllocation>(device, DeviceAllocation::Route::kVmm, base,
@@ -124,9 +125,10 @@ Status CudaBackend::WaitForClientEvent(const ckptd::v1::CudaEvent& event) {
   auto it = events_.find(key);
   if (it == events_.end()) {
     ASSIGN_OR_RETURN(CudaDevice * device, devices_->Activate(event.device_uuid()));
-    ASSIGN_OR_RETURN(EventHandle opened,
-                     devices_->api().OpenIpcEventHandle(device->ordinal(), event.ipc_event_handle()),
-                     "the save's event on GPU " + device->uuid());
+    ASSIGN_OR_RETURN(
+        EventHandle opened,
+        devices_->api().OpenIpcEventHandle(device->ordinal(), event.ipc_event_handle()),
+        "the save's event on GPU " + device->uuid());
     it = events_.emplace(key, OpenedEvent{device, opened}).first;
   }
   return it->second.device->WaitFor(it->second.event);

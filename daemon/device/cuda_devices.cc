@@ -139,8 +139,7 @@ Result<CudaDevice*> CudaDevices::Activate(const std::string& uuid) {
                     "); trainer and daemon must run on the same node and see the same GPUs");
   }
   // Creating the stream creates the device's primary context: the first cost of a GPU.
-  ASSIGN_OR_RETURN(StreamHandle stream, api_->CreateCopyStream(ordinal),
-                   "activating GPU " + uuid);
+  ASSIGN_OR_RETURN(StreamHandle stream, api_->CreateCopyStream(ordinal), "activating GPU " + uuid);
   auto device = std::make_unique<CudaDevice>(this, ordinal, uuid, stream);
   spdlog::info("GPU {} (ordinal {}) activated: context and low-priority copy stream", uuid,
                ordinal);
@@ -172,8 +171,8 @@ Result<std::shared_ptr<DeviceAllocation>> CudaDevices::OpenIpc(CudaDevice* devic
   }
   ASSIGN_OR_RETURN(DevicePtr base, api_->OpenIpcMemHandle(device->ordinal(), handle),
                    "GPU " + device->uuid());
-  auto alloc = std::make_shared<DeviceAllocation>(device, DeviceAllocation::Route::kLegacyIpc,
-                                                  base, size);
+  auto alloc =
+      std::make_shared<DeviceAllocation>(device, DeviceAllocation::Route::kLegacyIpc, base, size);
   std::erase_if(ipc_open_, [](const auto& kv) { return kv.second.expired(); });
   ipc_open_[key] = alloc;
   return alloc;

@@ -97,8 +97,7 @@ class CudaDevices {
  public:
   // Enumerates the GPUs. Returns nullptr (not an error) when `api` is null or sees no device:
   // the daemon then runs host memory only. `pool` is registered on first activation.
-  static Result<std::unique_ptr<CudaDevices>> Create(std::unique_ptr<CudaApi> api,
-                                                     HostPool* pool);
+  static Result<std::unique_ptr<CudaDevices>> Create(std::unique_ptr<CudaApi> api, HostPool* pool);
   ~CudaDevices();
   CudaDevices(const CudaDevices&) = delete;
   CudaDevices& operator=(const CudaDevices&) = delete;

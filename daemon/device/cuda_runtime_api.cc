@@ -43,8 +43,8 @@ bool DeviceLost(cudaError_t e) {
 
 // `opening`: the call imports a handle a client sent, so an invalid-handle class of error means
 // the handle is stale (its memory was freed, or it names another device).
-Status Classify(cudaError_t e, std::string_view what, bool opening, const char* file = __builtin_FILE(),
-                int line = __builtin_LINE()) {
+Status Classify(cudaError_t e, std::string_view what, bool opening,
+                const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
   std::string msg = std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) +
                     ") at " + file + ":" + std::to_string(line);
   if (e == cudaErrorMemoryAllocation) {
@@ -61,18 +61,18 @@ Status ClassifyDriver(CUresult r, std::string_view what, bool opening,
   return Classify(static_cast<cudaError_t>(r), what, opening, file, line);
 }
 
-#define CKPT_CUDA_TRY(expr, what, opening)                    \
-  do {                                                        \
-    cudaError_t _e = (expr);                                  \
+#define CKPT_CUDA_TRY(expr, what, opening)                     \
+  do {                                                         \
+    cudaError_t _e = (expr);                                   \
     if (_e != cudaSuccess) return Classify(_e, what, opening); \
   } while (0)
 
 std::string FormatUuid(const unsigned char b[16]) {
   char out[64];
   std::snprintf(out, sizeof out,
-                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
-                b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
-                b[15]);
+                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+                b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+                b[14], b[15]);
   return out;
 }
 
@@ -255,17 +255,17 @@ class CudaRuntimeApi final : public CudaApi {
 
   Status RecordEvent(int device, EventHandle event, StreamHandle stream) override {
     CKPT_CUDA_TRY(cudaSetDevice(device), "cudaSetDevice", false);
-    CKPT_CUDA_TRY(cudaEventRecord(static_cast<cudaEvent_t>(event),
-                                  static_cast<cudaStream_t>(stream)),
-                  "cudaEventRecord", false);
+    CKPT_CUDA_TRY(
+        cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)),
+        "cudaEventRecord", false);
     return Status::Ok();
   }
 
   Status StreamWaitEvent(int device, StreamHandle stream, EventHandle event) override {
     CKPT_CUDA_TRY(cudaSetDevice(device), "cudaSetDevice", false);
-    CKPT_CUDA_TRY(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
-                                      static_cast<cudaEvent_t>(event), 0),
-                  "cudaStreamWaitEvent", false);
+    CKPT_CUDA_TRY(
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0),
+        "cudaStreamWaitEvent", false);
     return Status::Ok();
   }
 
@@ -288,8 +288,8 @@ class CudaRuntimeApi final : public CudaApi {
   Status CopyHostToDeviceAsync(int device, DevicePtr dst, const void* src, uint64_t bytes,
                                StreamHandle stream) override {
     CKPT_CUDA_TRY(cudaSetDevice(device), "cudaSetDevice", false);
-    CKPT_CUDA_TRY(cudaMemcpyAsync(reinterpret_cast<void*>(dst), src, bytes,
-                                  cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream)),
+    CKPT_CUDA_TRY(cudaMemcpyAsync(reinterpret_cast<void*>(dst), src, bytes, cudaMemcpyHostToDevice,
+                                  static_cast<cudaStream_t>(stream)),
                   "cudaMemcpyAsync host to device", false);
     return Status::Ok();
   }

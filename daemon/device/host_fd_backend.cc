@@ -10,8 +10,10 @@ Result<std::shared_ptr<ShardMemory>> HostFdBackend::Open(const ckptd::v1::Tensor
   if (!spec.has_host()) return InvalidArgument("not host memory");
   const auto& host = spec.host();
   if (host.length() != expected_bytes) {
-    return InvalidArgument("memory length " + std::to_string(host.length()) + " but its geometry "
-                           "and dtype make " + std::to_string(expected_bytes) + " bytes");
+    return InvalidArgument("memory length " + std::to_string(host.length()) +
+                           " but its geometry "
+                           "and dtype make " +
+                           std::to_string(expected_bytes) + " bytes");
   }
   if (host.fd_index() >= fds.size()) {
     return InvalidArgument("names descriptor " + std::to_string(host.fd_index()) + " but only " +

@@ -139,9 +139,9 @@ grpc::ServerUnaryReactor* CoordinatorService::ReportRegistration(
 grpc::ServerUnaryReactor* CoordinatorService::Latest(grpc::CallbackServerContext* ctx,
                                                      const ckptd::v1::JobRequest* req,
                                                      ckptd::v1::LatestResponse* resp) {
-  auto latest = req->restore_point()
-                    ? core_->RestorePoint(req->job(), req->rank(), req->world_size(), req->session())
-                    : core_->Latest(req->job());
+  auto latest = req->restore_point() ? core_->RestorePoint(req->job(), req->rank(),
+                                                           req->world_size(), req->session())
+                                     : core_->Latest(req->job());
   auto* reactor = ctx->DefaultReactor();
   if (latest.ok() && latest->has_value()) {
     resp->set_has_step(true);

@@ -7,8 +7,8 @@
 
 namespace ckpt {
 
-Result<std::unique_ptr<GrpcServer>> GrpcServer::Start(
-    Options options, const std::vector<grpc::Service*>& services) {
+Result<std::unique_ptr<GrpcServer>> GrpcServer::Start(Options options,
+                                                      const std::vector<grpc::Service*>& services) {
   ASSIGN_OR_RETURN(auto credentials,
                    MakeServerCredentials(options.address, options.tls, options.allow_plaintext,
                                          options.option_names));

@@ -49,8 +49,8 @@ Result<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   if (!tls.enabled()) {
     if (!IsLoopbackAddress(listen) && !allow_plaintext) {
       return FailedPrecondition(names.listen + " " + listen + " is not a loopback address: give " +
-                                names.cert + " and " + names.key + ", or " +
-                                names.allow_plaintext + " to accept unencrypted connections");
+                                names.cert + " and " + names.key + ", or " + names.allow_plaintext +
+                                " to accept unencrypted connections");
     }
     return grpc::InsecureServerCredentials();
   }

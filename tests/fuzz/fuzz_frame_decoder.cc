@@ -38,8 +38,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ckpt::FrameReader reader;
   for (int frames = 0; frames < 100000; ++frames) {
     auto frame = reader.ReadSome(reader_end.get());
-    if (!frame.ok()) break;              // EOF or a broken stream: the session would close
-    if (!frame->has_value()) continue;   // a partial read
+    if (!frame.ok()) break;             // EOF or a broken stream: the session would close
+    if (!frame->has_value()) continue;  // a partial read
     if ((*frame)->payload.size() > ckpt::kMaxFrameBytes) std::abort();
     ckptd::v1::ClientMessage message;
     if (message.ParseFromString((*frame)->payload)) {

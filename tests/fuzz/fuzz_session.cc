@@ -76,8 +76,8 @@ struct FuzzDaemon {
     storage = std::make_unique<ckpt::TaskPool>();
     hot = std::make_unique<ckpt::HotCache>(pool.get());
     pool->SetReclaimer([this] { return hot->ReclaimOne(); });
-    flush = std::make_unique<ckpt::FlushEngine>(ckpt::FlushEngine::Config{2}, pool.get(),
-                                                hot.get());
+    flush =
+        std::make_unique<ckpt::FlushEngine>(ckpt::FlushEngine::Config{2}, pool.get(), hot.get());
     capture = std::make_unique<ckpt::CaptureEngine>(ckpt::CaptureEngine::Config{1}, pool.get(),
                                                     flush.get());
     ckpt::NodeState::Config node_config;
@@ -87,8 +87,8 @@ struct FuzzDaemon {
     core.storage_root = root;
     core.step_timeout = std::chrono::seconds(5);
     core.refuse_recovered_steps = false;
-    coordinator = std::make_unique<ckpt::InProcessCoordinator>(io, "fuzz-node", core, fs,
-                                                               commit.get());
+    coordinator =
+        std::make_unique<ckpt::InProcessCoordinator>(io, "fuzz-node", core, fs, commit.get());
     if (!coordinator->Recover().ok()) std::abort();
     node = std::make_unique<ckpt::NodeState>(io, node_config, fs, pool.get(), hot.get(),
                                              capture.get(), commit.get(), storage.get());
@@ -150,8 +150,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ckpt::UniqueFd client(sv[0]);
   boost::asio::local::stream_protocol::socket server(d.io, boost::asio::local::stream_protocol(),
                                                      sv[1]);
-  auto session = std::make_shared<ckpt::Session>(std::move(server), d.next_session++,
-                                                 ::getpid(), ::getuid(), &d.services);
+  auto session = std::make_shared<ckpt::Session>(std::move(server), d.next_session++, ::getpid(),
+                                                 ::getuid(), &d.services);
   session->Start();
 
   // The client's side: Hello, then the input's frames. Sends stop at the first failure (the

@@ -86,7 +86,9 @@ std::vector<pb::ClientMessage> Conversation(bool flat) {
 }
 
 // fuzz_geometry's input: [rank][dims as numbers][shards...] with small numbers (tag < 0x40).
-std::string GeometrySeed(std::vector<uint8_t> bytes) { return std::string(bytes.begin(), bytes.end()); }
+std::string GeometrySeed(std::vector<uint8_t> bytes) {
+  return std::string(bytes.begin(), bytes.end());
+}
 
 }  // namespace
 
@@ -120,7 +122,8 @@ int main(int argc, char** argv) {
   Write(dir / "fuzz_geometry" / "box-rows",
         GeometrySeed({2, 8, 16, 0, 1, 0, 8, 0, 16, 0, 1, 0, 4, 0, 16, 0, 1, 4, 4, 0, 16}));
   // rank 1, shape [60]; request flat [10, 60); stored: flat [0, 30), flat [30, 60).
-  Write(dir / "fuzz_geometry" / "flat-ranges", GeometrySeed({1, 60, 1, 10, 50, 1, 0, 30, 1, 30, 30}));
+  Write(dir / "fuzz_geometry" / "flat-ranges",
+        GeometrySeed({1, 60, 1, 10, 50, 1, 0, 30, 1, 30, 30}));
   // rank 3, shape [4, 4, 4]; request a column box; stored: the full tensor.
   Write(dir / "fuzz_geometry" / "box-3d",
         GeometrySeed({3, 4, 4, 4, 0, 1, 0, 4, 1, 2, 0, 4, 0, 1, 0, 4, 0, 4, 0, 4}));

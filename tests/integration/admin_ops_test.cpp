@@ -122,10 +122,9 @@ TEST_CASE("daemon: an unknown --socket-group is a startup error naming the group
   TempDir dir;
   auto options = DaemonProcess::InDir(dir);
   ChildProcess p(RequireBinary("ckptd"),
-                 {"--socket", options.socket, "--storage-root", options.storage_root,
-                  "--host-pool", "64MiB", "--slot-size", "4MiB", "--admin",
-                  "unix:" + options.socket + ".admin", "--metrics", "127.0.0.1:0",
-                  "--socket-group", "no-such-group-ckptd"},
+                 {"--socket", options.socket, "--storage-root", options.storage_root, "--host-pool",
+                  "64MiB", "--slot-size", "4MiB", "--admin", "unix:" + options.socket + ".admin",
+                  "--metrics", "127.0.0.1:0", "--socket-group", "no-such-group-ckptd"},
                  options.log_path);
   CHECK(ExitedWith(p.Wait(), 2));
   CHECK_THAT(p.Log(), Catch::Contains("no group named 'no-such-group-ckptd'"));
@@ -148,20 +147,19 @@ TEST_CASE("daemon: an admin address already in use is a startup error, not a sil
 
   auto options = DaemonProcess::InDir(dir);
   ChildProcess p(RequireBinary("ckptd"),
-                 {"--socket", options.socket, "--storage-root", options.storage_root,
-                  "--host-pool", "64MiB", "--slot-size", "4MiB", "--admin", taken, "--metrics",
-                  "127.0.0.1:0"},
+                 {"--socket", options.socket, "--storage-root", options.storage_root, "--host-pool",
+                  "64MiB", "--slot-size", "4MiB", "--admin", taken, "--metrics", "127.0.0.1:0"},
                  options.log_path);
   CHECK(ExitedWith(p.Wait(), 1));
   CHECK_THAT(p.Log(), Catch::Contains("admin: cannot serve gRPC on " + taken));
   CHECK_FALSE(std::filesystem::exists(options.socket));  // never told trainers it was up
 
   SECTION("the same for the metrics address") {
-    ChildProcess m(RequireBinary("ckptd"),
-                   {"--socket", options.socket, "--storage-root", options.storage_root,
-                    "--host-pool", "64MiB", "--slot-size", "4MiB", "--admin",
-                    "unix:" + options.socket + ".admin", "--metrics", taken},
-                   options.log_path);
+    ChildProcess m(
+        RequireBinary("ckptd"),
+        {"--socket", options.socket, "--storage-root", options.storage_root, "--host-pool", "64MiB",
+         "--slot-size", "4MiB", "--admin", "unix:" + options.socket + ".admin", "--metrics", taken},
+        options.log_path);
     CHECK(ExitedWith(m.Wait(), 1));
     CHECK_THAT(m.Log(), Catch::Contains("metrics: cannot serve HTTP on " + taken));
   }

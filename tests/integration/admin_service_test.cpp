@@ -11,15 +11,15 @@
 #include <future>
 
 #include "ckptd/v1/admin.grpc.pb.h"
-#include "tests/integration/admin_client.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "tests/integration/admin_client.h"
 
 namespace {
 
 using ckpt::itest::DaemonProcess;
 using ckpt::itest::Deadline;
-using ckpt::itest::GetStatus;
 using ckpt::itest::ExitedWith;
+using ckpt::itest::GetStatus;
 using ckpt::itest::InProcessRank;
 using ckpt::itest::PollUntil;
 using ckpt::testing::TempDir;
@@ -258,10 +258,10 @@ TEST_CASE("admin: health is NOT_SERVING while the host pool is pinned, before th
   options.env = {"CKPTD_HOLD_BEFORE_PIN=" + hold};  // the daemon waits there, before Pin()
   // The harness's constructor returns once a trainer can say hello: run it aside while the
   // daemon is held, and look at it meanwhile. No assertion runs here until it has returned.
-  auto started =
-      std::async(std::launch::async, [&options] { return std::make_unique<DaemonProcess>(options); });
-  auto channel = grpc::CreateChannel("unix:" + options.socket + ".admin",
-                                     grpc::InsecureChannelCredentials());
+  auto started = std::async(std::launch::async,
+                            [&options] { return std::make_unique<DaemonProcess>(options); });
+  auto channel =
+      grpc::CreateChannel("unix:" + options.socket + ".admin", grpc::InsecureChannelCredentials());
   std::optional<HealthCheckResponse::ServingStatus> while_held;
   const bool answered = PollUntil([&] {
     HealthCheckResponse r;

@@ -166,14 +166,22 @@ struct ChaosJob {
   uint64_t seed = 1;
 
   std::vector<std::string> TrainerArgs(const std::string& socket, uint32_t rank) const {
-    return {"--socket",         socket,
-            "--job",            job,
-            "--rank",           std::to_string(rank),
-            "--world-size",     std::to_string(world_size),
-            "--bytes-per-rank", std::to_string(bytes_per_rank),
-            "--tensors",        std::to_string(tensors),
-            "--seed",           std::to_string(seed),
-            "--timeout-ms",     "60000"};
+    return {"--socket",
+            socket,
+            "--job",
+            job,
+            "--rank",
+            std::to_string(rank),
+            "--world-size",
+            std::to_string(world_size),
+            "--bytes-per-rank",
+            std::to_string(bytes_per_rank),
+            "--tensors",
+            std::to_string(tensors),
+            "--seed",
+            std::to_string(seed),
+            "--timeout-ms",
+            "60000"};
   }
 };
 
@@ -216,9 +224,9 @@ inline void RequireNoUncommittedSteps(const std::string& root, const std::string
   REQUIRE(clean);
 }
 
-// LATEST names a committed step (the newest one, in the file too, when `newest` is set), every committed step
-// passes `ckptctl verify` and holds exactly what the ranks saved, and retention kept at most
-// `keep` steps. Returns the committed steps.
+// LATEST names a committed step (the newest one, in the file too, when `newest` is set), every
+// committed step passes `ckptctl verify` and holds exactly what the ranks saved, and retention kept
+// at most `keep` steps. Returns the committed steps.
 inline std::vector<uint64_t> RequireCommittedStepsIntact(const std::string& root,
                                                          const ChaosJob& job, uint32_t keep,
                                                          bool newest) {
@@ -231,7 +239,8 @@ inline std::vector<uint64_t> RequireCommittedStepsIntact(const std::string& root
   for (uint64_t x : committed) s << x << " ";
   INFO("committed steps: " << s.str() << "; LATEST file "
                            << (latest_file ? std::to_string(*latest_file) : std::string("absent"))
-                           << ", resolved " << (latest ? std::to_string(*latest) : std::string("none")));
+                           << ", resolved "
+                           << (latest ? std::to_string(*latest) : std::string("none")));
   auto is_committed = [&](uint64_t step) {
     return std::find(committed.begin(), committed.end(), step) != committed.end();
   };

@@ -30,10 +30,14 @@ enum class ChaosVictim { kNone, kTrainer, kDaemon, kCoordinator };
 
 const char* VictimName(ChaosVictim v) {
   switch (v) {
-    case ChaosVictim::kNone: return "none";
-    case ChaosVictim::kTrainer: return "trainer";
-    case ChaosVictim::kDaemon: return "daemon";
-    case ChaosVictim::kCoordinator: return "coordinator";
+    case ChaosVictim::kNone:
+      return "none";
+    case ChaosVictim::kTrainer:
+      return "trainer";
+    case ChaosVictim::kDaemon:
+      return "daemon";
+    case ChaosVictim::kCoordinator:
+      return "coordinator";
   }
   return "?";
 }
@@ -87,8 +91,8 @@ class KillChaos {
     bool killed = victim == ChaosVictim::kNone;
     uint32_t victim_rank = 0;
     while (true) {
-      const bool all = std::all_of(replies.begin(), replies.end(),
-                                   [](const auto& r) { return r.has_value(); });
+      const bool all =
+          std::all_of(replies.begin(), replies.end(), [](const auto& r) { return r.has_value(); });
       if (all && killed) break;
       if (!killed && (all || Clock::now() >= kill_at)) {
         killed = true;
@@ -161,7 +165,10 @@ class KillChaos {
       REQUIRE(ok == trainers_.size());
       cycle_us_ = (cycle_us_ * 3 + static_cast<double>(took.count())) / 4;
     }
-    if (ok == trainers_.size()) ++steps_committed_; else ++steps_failed_;
+    if (ok == trainers_.size())
+      ++steps_committed_;
+    else
+      ++steps_failed_;
     ++kills_[victim];
     if (victim != ChaosVictim::kNone) {
       // Each kill may leave one committed step more than --keep until a clean commit: a daemon
@@ -192,9 +199,9 @@ class KillChaos {
     std::ostringstream s;
     s << "chaos kill: " << cycles << " cycles, " << kills_[ChaosVictim::kTrainer]
       << " trainer kills, " << kills_[ChaosVictim::kDaemon] << " daemon kills, "
-      << kills_[ChaosVictim::kCoordinator] << " coordinator kills, "
-      << steps_committed_ << " steps committed on all ranks, " << steps_failed_
-      << " failed (killed), " << restores_ << " restarted ranks restored bit-exact";
+      << kills_[ChaosVictim::kCoordinator] << " coordinator kills, " << steps_committed_
+      << " steps committed on all ranks, " << steps_failed_ << " failed (killed), " << restores_
+      << " restarted ranks restored bit-exact";
     return s.str();
   }
 
@@ -205,9 +212,8 @@ class KillChaos {
     // Read before the rank starts: a step may commit while it starts (and after it asked for
     // the latest one), so "nothing to restore" is checked against what was committed before.
     const std::vector<uint64_t> committed_before = CommittedSteps(options_.storage_root, job_.job);
-    auto t = std::make_unique<ChaosTrainer>(
-        job_.TrainerArgs(options_.socket, rank),
-        dir_ / ("trainer-" + std::to_string(rank) + ".log"));
+    auto t = std::make_unique<ChaosTrainer>(job_.TrainerArgs(options_.socket, rank),
+                                            dir_ / ("trainer-" + std::to_string(rank) + ".log"));
     const std::string ready = t->NextLine();
     INFO("rank " << rank << " (pid " << t->pid() << ") log:\n" << t->LogTail());
     const std::optional<uint64_t> restored = RequireRestored(ready);
@@ -277,7 +283,7 @@ class KillChaos {
   std::optional<DaemonProcess> daemon_;
   std::vector<std::unique_ptr<ChaosTrainer>> trainers_;
   uint32_t retention_slack_ = 0;  // kills since the last clean commit
-  double cycle_us_ = 50000;  // running estimate of a cycle without kills
+  double cycle_us_ = 50000;       // running estimate of a cycle without kills
   std::map<ChaosVictim, uint64_t> kills_;
   uint64_t steps_committed_ = 0, steps_failed_ = 0, restores_ = 0;
 };
@@ -298,14 +304,16 @@ void RunKillChaos(bool with_coordinator) {
 
 }  // namespace
 
-TEST_CASE("chaos: random SIGKILL of trainers and the daemon across save cycles keeps every "
-          "committed step intact",
-          "[chaos]") {
+TEST_CASE(
+    "chaos: random SIGKILL of trainers and the daemon across save cycles keeps every "
+    "committed step intact",
+    "[chaos]") {
   RunKillChaos(/*with_coordinator=*/false);
 }
 
-TEST_CASE("chaos: random SIGKILL of trainers, the daemon and ckpt-coordinator keeps every "
-          "committed step intact",
-          "[chaos][coordinator]") {
+TEST_CASE(
+    "chaos: random SIGKILL of trainers, the daemon and ckpt-coordinator keeps every "
+    "committed step intact",
+    "[chaos][coordinator]") {
   RunKillChaos(/*with_coordinator=*/true);
 }

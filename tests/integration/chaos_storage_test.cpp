@@ -67,8 +67,8 @@ TEST_CASE("chaos: random ENOSPC or EIO or short writes fail only their step whil
   job.seed = seed;
   std::vector<std::unique_ptr<ChaosTrainer>> ranks;
   for (uint32_t r = 0; r < job.world_size; ++r) {
-    ranks.push_back(std::make_unique<ChaosTrainer>(job.TrainerArgs(daemon.socket(), r),
-                                                   dir / ("trainer-" + std::to_string(r) + ".log")));
+    ranks.push_back(std::make_unique<ChaosTrainer>(
+        job.TrainerArgs(daemon.socket(), r), dir / ("trainer-" + std::to_string(r) + ".log")));
     REQUIRE(RequireRestored(ranks.back()->NextLine()) == std::nullopt);
   }
   const uint64_t step_bytes = job.world_size * job.bytes_per_rank;
@@ -88,8 +88,12 @@ TEST_CASE("chaos: random ENOSPC or EIO or short writes fail only their step whil
         case 1:
           fault = Fault{"eio-write=" + std::to_string(1 + uniform(3)), "Input/output error"};
           break;
-        case 2: fault = Fault{"eio-sync", "Input/output error"}; break;
-        default: fault = Fault{"short-writes", ""}; break;
+        case 2:
+          fault = Fault{"eio-sync", "Input/output error"};
+          break;
+        default:
+          fault = Fault{"short-writes", ""};
+          break;
       }
       ++injected;
     }
@@ -147,9 +151,10 @@ TEST_CASE("chaos: random ENOSPC or EIO or short writes fail only their step whil
   CHECK(failed > 0);
 }
 
-TEST_CASE("chaos: a stalled storage write holds up neither save() nor wait_snapshot() of later "
-          "steps and is reported",
-          "[chaos]") {
+TEST_CASE(
+    "chaos: a stalled storage write holds up neither save() nor wait_snapshot() of later "
+    "steps and is reported",
+    "[chaos]") {
   // The seed fills the tensors only (the schedule is fixed); a fixed default, as before.
   const uint64_t seed = ChaosSeed(/*fallback=*/ckpt::testing::TestSeed() + 90);
   INFO("chaos seed " << seed << " (repeat with CKPT_CHAOS_SEED=" << seed << ")");
@@ -174,7 +179,8 @@ TEST_CASE("chaos: a stalled storage write holds up neither save() nor wait_snaps
   rank.Fill(2);
   REQUIRE_OK(client->Save(2, rank.Extra(2)));
   REQUIRE_OK(client->WaitSnapshot(seconds(60)));
-  REQUIRE(PollUntil([&] { return daemon.Log().find("stalls until released") != std::string::npos; }));
+  REQUIRE(
+      PollUntil([&] { return daemon.Log().find("stalls until released") != std::string::npos; }));
 
   // Later steps: save() and wait_snapshot() return, their data reaches storage past the stall
   // (8 writer threads, a 64 MiB pool: far from its backpressure).

@@ -17,8 +17,8 @@
 
 #include <chrono>
 #include <condition_variable>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <future>
@@ -100,8 +100,8 @@ TEST_CASE("client: hello introduces the rank and Connect returns the daemon's no
           "[client]") {
   ckpt::testing::TempDir dir;
   FakeDaemon daemon(dir / "ckptd.sock");
-  auto call = std::async(std::launch::async,
-                         [&] { return Client::Connect(Options(daemon.path())); });
+  auto call =
+      std::async(std::launch::async, [&] { return Client::Connect(Options(daemon.path())); });
   auto hello = daemon.Next();
   REQUIRE(hello);
   REQUIRE(hello->message.has_hello());
@@ -128,8 +128,8 @@ TEST_CASE("client: a hello refused by the daemon fails Connect with the daemon's
           "[client]") {
   ckpt::testing::TempDir dir;
   FakeDaemon daemon(dir / "ckptd.sock");
-  auto call = std::async(std::launch::async,
-                         [&] { return Client::Connect(Options(daemon.path())); });
+  auto call =
+      std::async(std::launch::async, [&] { return Client::Connect(Options(daemon.path())); });
   auto hello = daemon.Next();
   REQUIRE(hello);
   daemon.ReplyError(hello->message.request_id(), StatusCode::kFailedPrecondition,
@@ -398,8 +398,8 @@ TEST_CASE("client: a daemon that closes the connection fails pending calls, the 
   FakeDaemon daemon(dir / "ckptd.sock");
   auto client = ConnectTo(daemon, Options(daemon.path()));
 
-  auto wait = std::async(std::launch::async,
-                         [&] { return client->Wait(3, ckpt::WaitState::kCommitted); });
+  auto wait =
+      std::async(std::launch::async, [&] { return client->Wait(3, ckpt::WaitState::kCommitted); });
   auto snapshot = std::async(std::launch::async, [&] { return client->WaitSnapshot(); });
   REQUIRE(daemon.Next());
   REQUIRE(daemon.Next());
@@ -464,12 +464,11 @@ TEST_CASE("client: Close wakes pending calls and fails later ones", "[client]") 
   client->Close();
   CHECK(Finish(daemon, snapshot).code() == StatusCode::kCancelled);
   CHECK(client->Save(1).code() == StatusCode::kCancelled);
-  client->Close();  // idempotent
+  client->Close();        // idempotent
   CHECK(!daemon.Next());  // the daemon saw the connection end, and no further frame
 }
 
-TEST_CASE("client: 600 tensors in 600 memfds register in frames of at most 250 fds",
-          "[client]") {
+TEST_CASE("client: 600 tensors in 600 memfds register in frames of at most 250 fds", "[client]") {
   ckpt::testing::TempDir dir;
   FakeDaemon daemon(dir / "ckptd.sock");
   auto client = ConnectTo(daemon, Options(daemon.path()));
@@ -679,8 +678,8 @@ TEST_CASE("client: Register checks tensors before sending anything", "[client]")
   FakeDaemon daemon(dir / "ckptd.sock");
   auto client = ConnectTo(daemon, Options(daemon.path()));
   UniqueFd memfd = MakeMemfd(4096, 1);
-  const HostTensor good{.name = "w", .dtype = "float32", .global_shape = {4, 256},
-                        .fd = memfd.get(), .nbytes = 4096};
+  const HostTensor good{
+      .name = "w", .dtype = "float32", .global_shape = {4, 256}, .fd = memfd.get(), .nbytes = 4096};
 
   auto refused = [&](HostTensor t) {
     ckpt::Status s = client->Register({&t, 1});
@@ -714,10 +713,28 @@ TEST_CASE("client: the example trainer saves sharded, deterministic tensors and 
   FakeDaemon daemon(dir / "ckptd.sock");
   constexpr uint64_t kSeed = 11;
   constexpr uint32_t kRank = 1;
-  ChildProcess trainer({TrainerBinary(), "--socket", daemon.path(), "--job", "trainer-job",
-                        "--rank", "1", "--world-size", "2", "--steps", "3", "--start-step", "5",
-                        "--tensors", "3", "--bytes-per-rank", "48KiB", "--seed", "11", "--wait",
-                        "persisted", "--quiet"});
+  ChildProcess trainer({TrainerBinary(),
+                        "--socket",
+                        daemon.path(),
+                        "--job",
+                        "trainer-job",
+                        "--rank",
+                        "1",
+                        "--world-size",
+                        "2",
+                        "--steps",
+                        "3",
+                        "--start-step",
+                        "5",
+                        "--tensors",
+                        "3",
+                        "--bytes-per-rank",
+                        "48KiB",
+                        "--seed",
+                        "11",
+                        "--wait",
+                        "persisted",
+                        "--quiet"});
   auto hello = daemon.Next();
   REQUIRE(hello);
   REQUIRE(hello->message.has_hello());
@@ -778,8 +795,8 @@ TEST_CASE("client: the example trainer saves sharded, deterministic tensors and 
       std::vector<uint32_t> expected(want.rows * want.cols);
       ex::FillShard(expected.data(), expected.size(), kSeed, kRank, step, t);
       CHECK(std::memcmp(bytes.data(), expected.data(), want.nbytes) == 0);
-      CHECK(expected[5] == ex::GlobalElementValue(layout, kSeed, step, t,
-                                                  kRank * want.rows * want.cols + 5));
+      CHECK(expected[5] ==
+            ex::GlobalElementValue(layout, kSeed, step, t, kRank * want.rows * want.cols + 5));
     }
     reply.Clear();
     reply.mutable_wait()->set_step(step);
@@ -818,9 +835,9 @@ TEST_CASE("client: the example trainer can kill itself after a save, and fails o
   };
   SECTION("--kill-self-after-save") {
     FakeDaemon daemon(dir / "ckptd.sock");
-    ChildProcess trainer({TrainerBinary(), "--socket", daemon.path(), "--job", "j", "--steps",
-                          "5", "--tensors", "2", "--bytes-per-rank", "8KiB",
-                          "--kill-self-after-save", "2", "--quiet"});
+    ChildProcess trainer({TrainerBinary(), "--socket", daemon.path(), "--job", "j", "--steps", "5",
+                          "--tensors", "2", "--bytes-per-rank", "8KiB", "--kill-self-after-save",
+                          "2", "--quiet"});
     handshake(daemon);
     pb::DaemonMessage reply;
     for (uint64_t step = 1; step <= 2; ++step) {
@@ -845,8 +862,8 @@ TEST_CASE("client: the example trainer can kill itself after a save, and fails o
   }
   SECTION("an error from the daemon") {
     FakeDaemon daemon(dir / "ckptd.sock");
-    ChildProcess trainer({TrainerBinary(), "--socket", daemon.path(), "--job", "j", "--steps",
-                          "5", "--tensors", "2", "--bytes-per-rank", "8KiB", "--quiet"});
+    ChildProcess trainer({TrainerBinary(), "--socket", daemon.path(), "--job", "j", "--steps", "5",
+                          "--tensors", "2", "--bytes-per-rank", "8KiB", "--quiet"});
     handshake(daemon);
     auto save = daemon.Next();
     REQUIRE(save);

@@ -7,8 +7,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include "ckptd/v1/admin.grpc.pb.h"
-#include "tests/integration/admin_client.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "tests/integration/admin_client.h"
 
 namespace {
 

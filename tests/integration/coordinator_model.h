@@ -29,9 +29,9 @@ class CoordinatorModel {
     uint64_t local_rows;  // box: rows this rank holds
     uint64_t col0 = 0;    // box: first column this rank holds
     uint64_t local_cols = kCols;
-    bool flat = false;    // a flat range [flat0, flat0 + local_rows * local_cols) instead
+    bool flat = false;  // a flat range [flat0, flat0 + local_rows * local_cols) instead
     uint64_t flat0 = 0;
-    uint64_t offset;      // in the rank's memory
+    uint64_t offset;  // in the rank's memory
     uint32_t id;
     uint64_t numel() const { return local_rows * local_cols; }
     uint64_t bytes() const { return numel() * 4; }
@@ -132,7 +132,8 @@ class CoordinatorModel {
     uint64_t bad = 0;
     for (const Tensor& t : tensors_) {
       const auto* p = reinterpret_cast<const uint32_t*>(base + t.offset);
-      for (uint64_t i = 0; i < t.numel(); ++i) bad += p[i] != Value(step, t.id, t.GlobalIndex(i)) ? 1 : 0;
+      for (uint64_t i = 0; i < t.numel(); ++i)
+        bad += p[i] != Value(step, t.id, t.GlobalIndex(i)) ? 1 : 0;
     }
     return bad;
   }

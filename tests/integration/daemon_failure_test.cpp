@@ -46,10 +46,9 @@ std::string ManifestOf(const std::string& root, const std::string& job, uint64_t
 // daemon captured it and dies by SIGKILL. Owns its memory (a memfd of its own), so only the
 // daemon holds it afterwards. Never returns; exits non-zero with a message on `log_fd` when
 // something fails before the kill.
-[[noreturn]] void SaveCapturedThenDie(int log_fd, const std::string& socket,
-                                      const std::string& job, uint32_t world_size,
-                                      uint64_t bytes_per_rank, uint32_t tensors, uint64_t seed,
-                                      uint64_t step) {
+[[noreturn]] void SaveCapturedThenDie(int log_fd, const std::string& socket, const std::string& job,
+                                      uint32_t world_size, uint64_t bytes_per_rank,
+                                      uint32_t tensors, uint64_t seed, uint64_t step) {
   auto fail = [log_fd](const char* what, const ckpt::Status& st) {
     dprintf(log_fd, "child: %s: %s\n", what, st.ToString().c_str());
     _exit(3);
@@ -510,8 +509,7 @@ TEST_CASE("daemon: clients that disconnect right after a reply do not take the d
   RequireTrainerStep(daemon.root(), "good", 1, 1ull << 20, 1, 1, seed);
 }
 
-TEST_CASE("daemon: bad requests get an Error, the session and other clients go on",
-          "[daemon]") {
+TEST_CASE("daemon: bad requests get an Error, the session and other clients go on", "[daemon]") {
   TempDir dir;
   DaemonProcess daemon(DaemonProcess::InDir(dir));
   const uint64_t seed = ckpt::testing::TestSeed() + 15;

@@ -174,8 +174,8 @@ class ChildProcess {
     REQUIRE(::posix_spawn_file_actions_addopen(&actions, 1, log_path_.c_str(),
                                                O_WRONLY | O_CREAT | O_APPEND, 0644) == 0);
     REQUIRE(::posix_spawn_file_actions_adddup2(&actions, 1, 2) == 0);
-    const int rc = ::posix_spawn(&pid_, binary.c_str(), &actions, nullptr, argv.data(),
-                                 envp.data());
+    const int rc =
+        ::posix_spawn(&pid_, binary.c_str(), &actions, nullptr, argv.data(), envp.data());
     ::posix_spawn_file_actions_destroy(&actions);
     INFO("posix_spawn " << binary << ": " << std::strerror(rc));
     REQUIRE(rc == 0);
@@ -371,16 +371,12 @@ class DaemonProcess {
       log << "==== harness: starting ckptd (socket " << options_.socket << ", root "
           << options_.storage_root << ") ====\n";
     }
-    std::vector<std::string> args = {"--socket",         options_.socket,
-                                     "--storage-root",   options_.storage_root,
-                                     "--node-id",        "itest-node",
-                                     "--host-pool",      options_.host_pool,
-                                     "--slot-size",      options_.slot_size,
-                                     "--checksum-chunk", options_.checksum_chunk,
-                                     "--log-level",      "info",
-                                     // Tests run in parallel: no fixed TCP ports.
-                                     "--admin",          "unix:" + admin_socket(),
-                                     "--metrics",        "127.0.0.1:0"};
+    std::vector<std::string> args = {
+        "--socket", options_.socket, "--storage-root", options_.storage_root, "--node-id",
+        "itest-node", "--host-pool", options_.host_pool, "--slot-size", options_.slot_size,
+        "--checksum-chunk", options_.checksum_chunk, "--log-level", "info",
+        // Tests run in parallel: no fixed TCP ports.
+        "--admin", "unix:" + admin_socket(), "--metrics", "127.0.0.1:0"};
     args.insert(args.end(), options_.flags.begin(), options_.flags.end());
     process_ = ChildProcess(binary, args, options_.log_path, options_.env);
     {
@@ -448,18 +444,28 @@ struct TrainerRun {
   std::optional<uint64_t> kill_self_after_save;
 
   std::vector<std::string> Args() const {
-    std::vector<std::string> a = {
-        "--socket",     socket,
-        "--job",        job,
-        "--rank",       std::to_string(rank),
-        "--world-size", std::to_string(world_size),
-        "--steps",      std::to_string(steps),
-        "--start-step", std::to_string(start_step),
-        "--tensors",    std::to_string(tensors),
-        "--bytes-per-rank", std::to_string(bytes_per_rank),
-        "--seed",       std::to_string(seed),
-        "--wait",       wait,
-        "--connect-timeout", "20s"};
+    std::vector<std::string> a = {"--socket",
+                                  socket,
+                                  "--job",
+                                  job,
+                                  "--rank",
+                                  std::to_string(rank),
+                                  "--world-size",
+                                  std::to_string(world_size),
+                                  "--steps",
+                                  std::to_string(steps),
+                                  "--start-step",
+                                  std::to_string(start_step),
+                                  "--tensors",
+                                  std::to_string(tensors),
+                                  "--bytes-per-rank",
+                                  std::to_string(bytes_per_rank),
+                                  "--seed",
+                                  std::to_string(seed),
+                                  "--wait",
+                                  wait,
+                                  "--connect-timeout",
+                                  "20s"};
     if (kill_self_after_save) {
       a.push_back("--kill-self-after-save");
       a.push_back(std::to_string(*kill_self_after_save));
@@ -502,8 +508,8 @@ class InProcessRank {
     fd_ = UniqueFd(::memfd_create("daemon_itest", MFD_CLOEXEC));
     REQUIRE(fd_);
     REQUIRE(::ftruncate(fd_.get(), static_cast<off_t>(layout_.memfd_bytes)) == 0);
-    void* p = ::mmap(nullptr, layout_.memfd_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
-                     fd_.get(), 0);
+    void* p =
+        ::mmap(nullptr, layout_.memfd_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_.get(), 0);
     REQUIRE(p != MAP_FAILED);
     base_ = static_cast<char*>(p);
   }
@@ -720,8 +726,8 @@ class RawConnection {
         return m;
       }
       if (closed_) return std::nullopt;
-      const auto left = std::chrono::duration_cast<milliseconds>(
-          deadline - std::chrono::steady_clock::now());
+      const auto left =
+          std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
       struct pollfd p = {fd_.get(), POLLIN, 0};
       const int ready = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
       if (ready < 0 && errno == EINTR) continue;

@@ -291,8 +291,7 @@ TEST_CASE("any saved layout loads into any other layout, hot and cold", "[daemon
   {
     DaemonProcess daemon(options);
     for (const auto& k : cases) {
-      INFO("case " << k.job << ": " << k.save_ranks << " ranks save, " << k.load_ranks
-                   << " load");
+      INFO("case " << k.job << ": " << k.save_ranks << " ranks save, " << k.load_ranks << " load");
       SaveLayout(daemon, k.job, 7, k.tensors, k.save_layout, k.save_ranks);
       // Hot: the daemon still holds the step it just wrote.
       LoadAndCheck(daemon, k.job, 7, k.tensors, k.load_layout, k.load_ranks, k.save_ranks);
@@ -314,7 +313,10 @@ namespace {
 std::vector<TensorDesc> ReplicaTensors() {
   std::vector<TensorDesc> out;
   for (int i = 0; i < 4; ++i) {
-    out.push_back(TensorDesc{"replica." + std::to_string(i), "float32", 4, {512, 1024},
+    out.push_back(TensorDesc{"replica." + std::to_string(i),
+                             "float32",
+                             4,
+                             {512, 1024},
                              static_cast<uint64_t>(1000 + i)});
   }
   return out;
@@ -367,8 +369,7 @@ TEST_CASE("four local replicas loading together read each stored byte once", "[d
     REQUIRE(ExitedWith(daemon.Terminate(), 0));
   }
   DaemonProcess daemon(options);  // cold
-  LoadTotals totals =
-      LoadAndCheck(daemon, "replicas", 5, tensors, WholeTensors(tensors, 4), 4, 1);
+  LoadTotals totals = LoadAndCheck(daemon, "replicas", 5, tensors, WholeTensors(tensors, 4), 4, 1);
   CHECK(totals.from_storage == unique);
   CHECK(totals.from_memory == 3 * unique);
 }

@@ -22,9 +22,10 @@ constexpr uint64_t kBytes = 2ull << 20;
 
 }  // namespace
 
-TEST_CASE("daemon: a step number already committed is refused after a restart, and the "
-          "committed step stays intact",
-          "[daemon][validation]") {
+TEST_CASE(
+    "daemon: a step number already committed is refused after a restart, and the "
+    "committed step stays intact",
+    "[daemon][validation]") {
   TempDir dir;
   const uint64_t seed = ckpt::testing::TestSeed() + 51;
   const auto options = DaemonProcess::InDir(dir);

@@ -48,9 +48,9 @@ void SaveMutateAndLoad(const std::string& route) {
   DaemonProcess daemon(DaemonProcess::InDir(dir));
   constexpr uint64_t kBytes = (48ull << 20) + 12345;  // many slots, a ragged end
   constexpr uint64_t kSeed = 77;
-  const std::vector<std::string> common = {"--socket", daemon.socket(), "--job", "gpu" + route,
-                                           "--route", route, "--bytes", std::to_string(kBytes),
-                                           "--seed", std::to_string(kSeed), "--step", "5"};
+  const std::vector<std::string> common = {
+      "--socket", daemon.socket(),        "--job",  "gpu" + route,         "--route", route,
+      "--bytes",  std::to_string(kBytes), "--seed", std::to_string(kSeed), "--step",  "5"};
   {
     auto args = common;
     args.insert(args.end(), {"--mode", "save"});
@@ -77,20 +77,26 @@ void SaveMutateAndLoad(const std::string& route) {
   }
 }
 
-TEST_CASE("GPU save without host sync captures the bytes the trainer's kernel wrote, legacy IPC "
-          "route, and H2D load is bit-exact", "[gpu]") {
+TEST_CASE(
+    "GPU save without host sync captures the bytes the trainer's kernel wrote, legacy IPC "
+    "route, and H2D load is bit-exact",
+    "[gpu]") {
   SaveMutateAndLoad("legacy");
 }
 
-TEST_CASE("GPU save without host sync captures the bytes the trainer's kernel wrote, VMM fd "
-          "route, and H2D load is bit-exact", "[gpu]") {
+TEST_CASE(
+    "GPU save without host sync captures the bytes the trainer's kernel wrote, VMM fd "
+    "route, and H2D load is bit-exact",
+    "[gpu]") {
   SaveMutateAndLoad("vmm");
 }
 
 // Runs everywhere: on a daemon without a usable CUDA backend (CI: no driver), CUDA memory and
 // CUDA events are refused per request, clearly, and the session goes on.
-TEST_CASE("A daemon without GPUs refuses CUDA registrations and save events with clear errors "
-          "and keeps the session", "[gpu_protocol]") {
+TEST_CASE(
+    "A daemon without GPUs refuses CUDA registrations and save events with clear errors "
+    "and keeps the session",
+    "[gpu_protocol]") {
   ckpt::testing::TempDir dir;
   DaemonProcess daemon(DaemonProcess::InDir(dir));
   if (VisibleGpus() > 0) {
@@ -116,8 +122,8 @@ TEST_CASE("A daemon without GPUs refuses CUDA registrations and save events with
   REQUIRE(reply.has_value());
   REQUIRE(reply->has_error());
   CHECK(reply->error().code() == static_cast<uint32_t>(StatusCode::kUnimplemented));
-  CHECK_THAT(reply->error().message(), Catch::Matchers::Contains("tensor 'w'") &&
-                                           Catch::Matchers::Contains("CUDA"));
+  CHECK_THAT(reply->error().message(),
+             Catch::Matchers::Contains("tensor 'w'") && Catch::Matchers::Contains("CUDA"));
 
   ckptd::v1::ClientMessage save;
   save.mutable_save()->set_step(1);

@@ -143,22 +143,24 @@ TEST_CASE("hostile: a catalogue of hostile clients gets clear errors and a good 
     ExpectSemanticError(conn, RegisterOf({HostSpec("w", "uint8", {kMemfdBytes}, 0, kMemfdBytes)}),
                         tiny_fd, {"tensor 'w'"});
     // An offset past the end, and one where offset + length wraps around 2^64.
-    ExpectSemanticError(
-        conn, RegisterOf({HostSpec("w", "uint8", {16}, kMemfdBytes + 4096, 16)}), one_fd, {"tensor 'w'"});
-    ExpectSemanticError(conn,
-                        RegisterOf({HostSpec("w", "uint8", {16},
-                                             std::numeric_limits<uint64_t>::max() - 7, 16)}),
+    ExpectSemanticError(conn, RegisterOf({HostSpec("w", "uint8", {16}, kMemfdBytes + 4096, 16)}),
                         one_fd, {"tensor 'w'"});
+    ExpectSemanticError(
+        conn,
+        RegisterOf({HostSpec("w", "uint8", {16}, std::numeric_limits<uint64_t>::max() - 7, 16)}),
+        one_fd, {"tensor 'w'"});
     // Not memory at all: a pipe, and a directory.
     int pipe_fds[2];
     REQUIRE(::pipe2(pipe_fds, O_CLOEXEC) == 0);
     UniqueFd pipe_r(pipe_fds[0]), pipe_w(pipe_fds[1]);
     const int pipe_fd[] = {pipe_r.get()};
-    ExpectSemanticError(conn, RegisterOf({HostSpec("w", "uint8", {16}, 0, 16)}), pipe_fd, {"tensor 'w'"});
+    ExpectSemanticError(conn, RegisterOf({HostSpec("w", "uint8", {16}, 0, 16)}), pipe_fd,
+                        {"tensor 'w'"});
     UniqueFd dir_fd(::open(dir.path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     REQUIRE(dir_fd);
     const int dir_fds[] = {dir_fd.get()};
-    ExpectSemanticError(conn, RegisterOf({HostSpec("w", "uint8", {16}, 0, 16)}), dir_fds, {"tensor 'w'"});
+    ExpectSemanticError(conn, RegisterOf({HostSpec("w", "uint8", {16}, 0, 16)}), dir_fds,
+                        {"tensor 'w'"});
     // A descriptor index past those sent.
     ExpectSemanticError(conn, RegisterOf({HostSpec("w", "uint8", {16}, 0, 16, 7)}), one_fd,
                         {"tensor 'w'"});
@@ -172,12 +174,12 @@ TEST_CASE("hostile: a catalogue of hostile clients gets clear errors and a good 
     ExpectSemanticError(conn, RegisterOf({HostSpec("w", "float32", {huge, huge}, 0, 16)}), one_fd,
                         {"tensor 'w'"});
     // "Negative" dims as a signed client would send them.
-    ExpectSemanticError(conn,
-                        RegisterOf({HostSpec("w", "float32", {static_cast<uint64_t>(-4), 4}, 0,
-                                             64)}),
-                        one_fd, {"tensor 'w'"});
+    ExpectSemanticError(
+        conn, RegisterOf({HostSpec("w", "float32", {static_cast<uint64_t>(-4), 4}, 0, 64)}), one_fd,
+        {"tensor 'w'"});
     // Bytes that do not match shape × dtype.
-    ExpectSemanticError(conn, RegisterOf({HostSpec("w", "float32", {16}, 0, 60)}), one_fd, {"tensor 'w'"});
+    ExpectSemanticError(conn, RegisterOf({HostSpec("w", "float32", {16}, 0, 60)}), one_fd,
+                        {"tensor 'w'"});
     // A box past the global shape.
     pb::TensorSpec past = HostSpec("w", "uint8", {16, 16}, 0, 256);
     past.mutable_geometry()->mutable_box()->set_offsets(0, 8);
@@ -198,9 +200,9 @@ TEST_CASE("hostile: a catalogue of hostile clients gets clear errors and a good 
                         {"complex64"});
     ExpectSemanticError(conn, RegisterOf({HostSpec("w", "", {16}, 0, 16)}), one_fd, {"dtype"});
     // An empty name, and a name of 100 kB.
-    ExpectSemanticError(conn, RegisterOf({HostSpec("", "uint8", {16}, 0, 16)}), one_fd,
-                        {"name"});
-    ExpectSemanticError(conn, RegisterOf({HostSpec(std::string(100000, 'n'), "uint8", {16}, 0, 16)}),
+    ExpectSemanticError(conn, RegisterOf({HostSpec("", "uint8", {16}, 0, 16)}), one_fd, {"name"});
+    ExpectSemanticError(conn,
+                        RegisterOf({HostSpec(std::string(100000, 'n'), "uint8", {16}, 0, 16)}),
                         one_fd, {"name"});
   }
 
@@ -239,7 +241,8 @@ TEST_CASE("hostile: a catalogue of hostile clients gets clear errors and a good 
       // Sent by hand anyway: the daemon refuses the frame and closes.
       const std::string payload = save.SerializeAsString();
       const uint32_t n = static_cast<uint32_t>(payload.size());
-      conn.SendBytes(std::string(reinterpret_cast<const char*>(&n), 4) + payload.substr(0, 1 << 20));
+      conn.SendBytes(std::string(reinterpret_cast<const char*>(&n), 4) +
+                     payload.substr(0, 1 << 20));
       auto first = conn.Next();
       if (first) {
         INFO("reply: " << first->ShortDebugString());

@@ -63,8 +63,8 @@ TEST_CASE(
       for (auto& r : ranks) REQUIRE_OK(r->SaveStep(step));
     }
     for (auto& r : ranks) REQUIRE_OK(r->WaitCommitted(2));
-    REQUIRE(PollUntil(
-        [&] { return daemon.Log().find("stalls until released") != std::string::npos; }));
+    REQUIRE(
+        PollUntil([&] { return daemon.Log().find("stalls until released") != std::string::npos; }));
   }  // the trainers exit with step 3 captured: the daemon commits it once its write completes
 
   auto ranks = StartRanks(daemon.socket());

@@ -2,9 +2,9 @@
 // on one daemon with --keep 3, in 4 rounds of 50 steps (fresh processes each round, so sessions
 // come and go too). Between rounds, with no client connected, the daemon's resident memory and
 // open descriptors are sampled: descriptors must be back to the idle count measured before the
-// first round, and resident memory within 8 MiB of the figure after the first (warm-up) round. Every step of every job
-// must have committed (the daemon logs each commit) and retention must leave exactly the 3
-// newest steps of each job, each intact.
+// first round, and resident memory within 8 MiB of the figure after the first (warm-up) round.
+// Every step of every job must have committed (the daemon logs each commit) and retention must
+// leave exactly the 3 newest steps of each job, each intact.
 //
 // CKPT_SOAK_SAVES=N changes the saves per process (a multiple of 4; default 200). The figures
 // are printed on one line ("soak: ...") for tests/README.md.
@@ -12,8 +12,8 @@
 
 #include <dirent.h>
 
-#include <fstream>
 #include <cctype>
+#include <fstream>
 #include <set>
 #include <sstream>
 

@@ -29,14 +29,14 @@ enum class StatusCode : uint32_t {
   kNotFound = 5,
   kAlreadyExists = 6,
   kPermissionDenied = 7,
-  kResourceExhausted = 8,   // pool full with on_full=skip, ENOSPC, fd limits
+  kResourceExhausted = 8,  // pool full with on_full=skip, ENOSPC, fd limits
   kFailedPrecondition = 9,
-  kAborted = 10,            // a step aborted (dead rank, timeout)
+  kAborted = 10,  // a step aborted (dead rank, timeout)
   kOutOfRange = 11,
   kUnimplemented = 12,
   kInternal = 13,
-  kUnavailable = 14,        // daemon or coordinator unreachable, draining
-  kDataLoss = 15,           // checksum mismatch, truncated data file
+  kUnavailable = 14,  // daemon or coordinator unreachable, draining
+  kDataLoss = 15,     // checksum mismatch, truncated data file
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -73,7 +73,7 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}        // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {  // NOLINT
     if (std::get<Status>(v_).ok()) v_ = Status(StatusCode::kInternal, "Result from OK status");
   }

@@ -748,7 +748,7 @@ TEST_CASE("ReadHooks: resident pieces come from memory, the rest from storage", 
   FileCache cache;
   std::mutex mu;
   std::vector<std::pair<std::string, uint64_t>> offered;  // guarded by mu
-  int offered_wrong_bytes = 0;                             // guarded by mu
+  int offered_wrong_bytes = 0;                            // guarded by mu
   CheckpointReader::ReadHooks hooks;
   hooks.find_resident = [&](const std::string& file, uint64_t offset, uint64_t length) {
     return cache.Find(file, offset, length);

@@ -172,22 +172,34 @@ TEST_CASE("PlanDataFile invariants on random shard lists", "[layout]") {
   INFO("seed " << seed << " (set CKPT_TEST_SEED to reproduce)");
   std::mt19937_64 rng(seed);
   for (int iter = 0; iter < 300; ++iter) {
-    const uint64_t chunk = k4K * (1 + rng() % 4);          // 4..16 KiB
-    const uint64_t slot = chunk * (1 + rng() % 6);         // 1..6 chunks
+    const uint64_t chunk = k4K * (1 + rng() % 4);   // 4..16 KiB
+    const uint64_t slot = chunk * (1 + rng() % 6);  // 1..6 chunks
     const LayoutOptions opt{.checksum_chunk = chunk, .slot_size = slot};
     std::vector<uint64_t> shards(rng() % 40);
     for (auto& s : shards) {
       switch (rng() % 6) {
-        case 0: s = 0; break;
-        case 1: s = 1 + rng() % 64; break;                       // tiny
-        case 2: s = 1 + rng() % chunk; break;                    // up to one chunk
-        case 3: s = chunk - 1 + rng() % 3; break;                // around a chunk
-        case 4: s = slot - 1 + rng() % 3; break;                 // around a slot
-        default: s = 1 + rng() % (3 * slot); break;              // several slots
+        case 0:
+          s = 0;
+          break;
+        case 1:
+          s = 1 + rng() % 64;
+          break;  // tiny
+        case 2:
+          s = 1 + rng() % chunk;
+          break;  // up to one chunk
+        case 3:
+          s = chunk - 1 + rng() % 3;
+          break;  // around a chunk
+        case 4:
+          s = slot - 1 + rng() % 3;
+          break;  // around a slot
+        default:
+          s = 1 + rng() % (3 * slot);
+          break;  // several slots
       }
     }
-    INFO("iteration " << iter << ": chunk " << chunk << ", slot " << slot << ", "
-                      << shards.size() << " shards");
+    INFO("iteration " << iter << ": chunk " << chunk << ", slot " << slot << ", " << shards.size()
+                      << " shards");
     CheckLayout(shards, opt, Plan(shards, opt));
   }
 }
@@ -197,10 +209,10 @@ TEST_CASE("PlanDataFile rejects misaligned options", "[layout]") {
     uint64_t chunk, slot;
     const char* says;
   };
-  for (const Case& c : {Case{0, 16384, "checksum chunk 0"}, Case{1000, 16000, "checksum chunk 1000"},
-                        Case{4097, 4097 * 4, "checksum chunk 4097"},
-                        Case{8192, 0, "slot size 0"}, Case{8192, 12288, "slot size 12288"},
-                        Case{8192, 4096, "slot size 4096"}}) {
+  for (const Case& c :
+       {Case{0, 16384, "checksum chunk 0"}, Case{1000, 16000, "checksum chunk 1000"},
+        Case{4097, 4097 * 4, "checksum chunk 4097"}, Case{8192, 0, "slot size 0"},
+        Case{8192, 12288, "slot size 12288"}, Case{8192, 4096, "slot size 4096"}}) {
     INFO("chunk " << c.chunk << ", slot " << c.slot);
     const std::vector<uint64_t> shards = {100};
     auto r = PlanDataFile(shards, LayoutOptions{.checksum_chunk = c.chunk, .slot_size = c.slot});

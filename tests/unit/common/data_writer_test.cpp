@@ -99,9 +99,24 @@ void VerifyDataFile(const std::string& path, const Shards& shards,
 std::vector<uint64_t> BoundarySizes(const LayoutOptions& o) {
   const uint64_t chunk = o.checksum_chunk;
   const uint64_t slot = o.slot_size;
-  return {0,         1,     100,      kIoAlignment - 1, kIoAlignment, kIoAlignment + 1, 0,
-          chunk - 1, chunk, chunk + 1, slot - 1,         slot,         slot + 1,         0,
-          3 * slot + 12345, 7,  2 * chunk, 0};
+  return {0,
+          1,
+          100,
+          kIoAlignment - 1,
+          kIoAlignment,
+          kIoAlignment + 1,
+          0,
+          chunk - 1,
+          chunk,
+          chunk + 1,
+          slot - 1,
+          slot,
+          slot + 1,
+          0,
+          3 * slot + 12345,
+          7,
+          2 * chunk,
+          0};
 }
 
 TEST_CASE("DataFileWriter checks alignment and finishes once", "[storage]") {

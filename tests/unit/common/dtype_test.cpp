@@ -17,13 +17,12 @@ TEST_CASE("LookupDType knows PyTorch's names, sizes and safetensors spellings", 
     uint32_t size;
     std::string_view safetensors;
   };
-  for (const Expect& e : {Expect{"float32", 4, "F32"}, Expect{"float16", 2, "F16"},
-                          Expect{"bfloat16", 2, "BF16"}, Expect{"float64", 8, "F64"},
-                          Expect{"int8", 1, "I8"}, Expect{"uint8", 1, "U8"},
-                          Expect{"int16", 2, "I16"}, Expect{"int32", 4, "I32"},
-                          Expect{"int64", 8, "I64"}, Expect{"bool", 1, "BOOL"},
-                          Expect{"float8_e4m3fn", 1, "F8_E4M3"},
-                          Expect{"float8_e5m2", 1, "F8_E5M2"}}) {
+  for (const Expect& e :
+       {Expect{"float32", 4, "F32"}, Expect{"float16", 2, "F16"}, Expect{"bfloat16", 2, "BF16"},
+        Expect{"float64", 8, "F64"}, Expect{"int8", 1, "I8"}, Expect{"uint8", 1, "U8"},
+        Expect{"int16", 2, "I16"}, Expect{"int32", 4, "I32"}, Expect{"int64", 8, "I64"},
+        Expect{"bool", 1, "BOOL"}, Expect{"float8_e4m3fn", 1, "F8_E4M3"},
+        Expect{"float8_e5m2", 1, "F8_E5M2"}}) {
     INFO("dtype " << e.name);
     auto d = LookupDType(e.name);
     REQUIRE_OK(d);
@@ -59,8 +58,8 @@ TEST_CASE("AllDTypes order is stable between calls", "[dtype]") {
 }
 
 TEST_CASE("LookupDType rejects unknown names, naming the name and the known ones", "[dtype]") {
-  for (std::string_view bad : {"", "float", "Float32", "torch.float32", "F32", "float32 ",
-                               "complex64"}) {
+  for (std::string_view bad :
+       {"", "float", "Float32", "torch.float32", "F32", "float32 ", "complex64"}) {
     INFO("dtype \"" << bad << "\"");
     auto d = LookupDType(bad);
     REQUIRE_FALSE(d.ok());

@@ -59,8 +59,8 @@ TEST_CASE("fault fs: a stall released by a writer opening a FIFO", "[storage]") 
   REQUIRE_OK(fs.ApplySpec("stall-write=1,stall-release=" + fifo));
   auto f = OpenNew(&fs, dir / "a");
   const std::string block(4096, 'y');
-  auto stalled = std::async(std::launch::async,
-                            [&] { return f->PWrite(block.data(), block.size(), 0); });
+  auto stalled =
+      std::async(std::launch::async, [&] { return f->PWrite(block.data(), block.size(), 0); });
   // Opening for writing blocks until the stalled write has opened it for reading.
   const int fd = ::open(fifo.c_str(), O_WRONLY | O_CLOEXEC);
   REQUIRE(fd >= 0);

@@ -119,8 +119,8 @@ TEST_CASE("fault fs: short writes still produce the right file through PWriteAll
     CHECK(*OnDisk(dir / "buffered") == "01234x" + data);
   }
   SECTION("O_DIRECT: cut at 4 KiB boundaries") {
-    auto opened = fs.Open(dir / "direct", OpenOptions{.write = true, .create = true,
-                                                      .try_direct = true});
+    auto opened =
+        fs.Open(dir / "direct", OpenOptions{.write = true, .create = true, .try_direct = true});
     REQUIRE_OK(opened);
     File& f = **opened;
     AlignedBuffer buf(40 * kIoAlignment);

@@ -267,8 +267,8 @@ TEST_CASE("try_direct on /dev/shm (tmpfs) and on the disk under TMPDIR", "[stora
 
   // Returns how the file was opened, for the report.
   auto round_trip = [&](const std::string& path) -> std::string {
-    auto opened = fs->Open(path, OpenOptions{.write = true, .create = true, .truncate = true,
-                                             .try_direct = true});
+    auto opened = fs->Open(
+        path, OpenOptions{.write = true, .create = true, .truncate = true, .try_direct = true});
     REQUIRE_OK(opened);
     std::string how = "buffered (O_DIRECT refused)";
     REQUIRE_OK((*opened)->PWriteAll(buf.data(), buf.size(), kIoAlignment));

@@ -231,8 +231,8 @@ TEST_CASE("a future or zero format version is kFailedPrecondition naming the ver
 // ---- Reading from a directory ----
 
 Status WriteRaw(const std::string& path, std::string_view data) {
-  ASSIGN_OR_RETURN(auto f, PosixFileSystem()->Open(path, OpenOptions{.write = true, .create = true,
-                                                                      .truncate = true}));
+  ASSIGN_OR_RETURN(auto f, PosixFileSystem()->Open(
+                               path, OpenOptions{.write = true, .create = true, .truncate = true}));
   RETURN_IF_ERROR(f->PWriteAll(data.data(), data.size(), 0));
   return f->Close();
 }
@@ -295,77 +295,125 @@ TEST_CASE("ValidateManifest rejects each invalid field with a message naming it"
   auto w0 = [](pb::Manifest& m) { return m.mutable_tensors(0)->mutable_shards(0); };
   const std::string tw = "tensor 'layers.0.w'";
   const std::vector<Invalid> cases = {
-      {"future format version", [](pb::Manifest& m) { m.set_format_version(2); },
-       StatusCode::kFailedPrecondition, {"version 2"}},
-      {"zero format version", [](pb::Manifest& m) { m.set_format_version(0); },
-       StatusCode::kFailedPrecondition, {"version 0"}},
-      {"job escaping the root", [](pb::Manifest& m) { m.set_job("../etc"); },
-       StatusCode::kInvalidArgument, {"'../etc'"}},
+      {"future format version",
+       [](pb::Manifest& m) { m.set_format_version(2); },
+       StatusCode::kFailedPrecondition,
+       {"version 2"}},
+      {"zero format version",
+       [](pb::Manifest& m) { m.set_format_version(0); },
+       StatusCode::kFailedPrecondition,
+       {"version 0"}},
+      {"job escaping the root",
+       [](pb::Manifest& m) { m.set_job("../etc"); },
+       StatusCode::kInvalidArgument,
+       {"'../etc'"}},
       {"empty job", [](pb::Manifest& m) { m.set_job(""); }, StatusCode::kInvalidArgument, {"job"}},
-      {"world size 0", [](pb::Manifest& m) { m.set_world_size(0); }, StatusCode::kInvalidArgument,
+      {"world size 0",
+       [](pb::Manifest& m) { m.set_world_size(0); },
+       StatusCode::kInvalidArgument,
        {"world size"}},
-      {"empty tensor name", [&](pb::Manifest& m) { w(m)->set_name(""); },
-       StatusCode::kInvalidArgument, {"tensor name is empty"}},
-      {"control char in tensor name", [&](pb::Manifest& m) { w(m)->set_name("w\n"); },
-       StatusCode::kInvalidArgument, {"'w\\x0a'"}},
-      {"unknown dtype", [&](pb::Manifest& m) { w(m)->set_dtype("float33"); },
-       StatusCode::kInvalidArgument, {tw, "'float33'"}},
+      {"empty tensor name",
+       [&](pb::Manifest& m) { w(m)->set_name(""); },
+       StatusCode::kInvalidArgument,
+       {"tensor name is empty"}},
+      {"control char in tensor name",
+       [&](pb::Manifest& m) { w(m)->set_name("w\n"); },
+       StatusCode::kInvalidArgument,
+       {"'w\\x0a'"}},
+      {"unknown dtype",
+       [&](pb::Manifest& m) { w(m)->set_dtype("float33"); },
+       StatusCode::kInvalidArgument,
+       {tw, "'float33'"}},
       {"element count overflow",
        [&](pb::Manifest& m) {
          w(m)->clear_global_shape();
          w(m)->add_global_shape(1ull << 32);
          w(m)->add_global_shape(1ull << 32);
        },
-       StatusCode::kInvalidArgument, {tw}},
+       StatusCode::kInvalidArgument,
+       {tw}},
       {"box outside the shape",
        [&](pb::Manifest& m) { w0(m)->mutable_geometry()->mutable_box()->set_offsets(0, 3); },
-       StatusCode::kInvalidArgument, {tw, "shard 0"}},
+       StatusCode::kInvalidArgument,
+       {tw, "shard 0"}},
       {"box of the wrong rank",
        [&](pb::Manifest& m) { w0(m)->mutable_geometry()->mutable_box()->add_offsets(0); },
-       StatusCode::kInvalidArgument, {tw, "shard 0"}},
+       StatusCode::kInvalidArgument,
+       {tw, "shard 0"}},
       {"flat range outside the shape",
        [](pb::Manifest& m) {
          m.mutable_tensors(1)->mutable_shards(0)->mutable_geometry()->mutable_flat()->set_numel(11);
        },
-       StatusCode::kInvalidArgument, {"tensor 'layers.0.b'", "shard 0"}},
-      {"no geometry", [&](pb::Manifest& m) { w0(m)->clear_geometry(); },
-       StatusCode::kInvalidArgument, {tw, "neither box nor flat"}},
-      {"length != numel × size", [&](pb::Manifest& m) { w0(m)->set_length(8191); },
-       StatusCode::kInvalidArgument, {tw, "shard 0", "8191", "8192"}},
-      {"unaligned offset", [&](pb::Manifest& m) { w(m)->mutable_shards(1)->set_offset(100); },
-       StatusCode::kInvalidArgument, {tw, "shard 1", "offset 100"}},
-      {"zero chunk size", [&](pb::Manifest& m) { w0(m)->set_chunk_size(0); },
-       StatusCode::kInvalidArgument, {tw, "chunk size 0"}},
-      {"unaligned chunk size", [&](pb::Manifest& m) { w0(m)->set_chunk_size(1000); },
-       StatusCode::kInvalidArgument, {tw, "chunk size 1000"}},
-      {"too few checksums", [&](pb::Manifest& m) { w0(m)->mutable_chunk_xxh3()->RemoveLast(); },
-       StatusCode::kInvalidArgument, {tw, "1 checksums"}},
-      {"too many checksums", [&](pb::Manifest& m) { w0(m)->add_chunk_xxh3(1); },
-       StatusCode::kInvalidArgument, {tw, "3 checksums"}},
-      {"empty file name", [&](pb::Manifest& m) { w0(m)->set_file(""); },
-       StatusCode::kInvalidArgument, {tw, "data file name"}},
-      {"file name with a slash", [&](pb::Manifest& m) { w0(m)->set_file("../x/rank-00000.data"); },
-       StatusCode::kInvalidArgument, {tw, "'../x/rank-00000.data'"}},
-      {"file name '..'", [&](pb::Manifest& m) { w0(m)->set_file(".."); },
-       StatusCode::kInvalidArgument, {tw, "'..'"}},
-      {"file name '.'", [&](pb::Manifest& m) { w0(m)->set_file("."); },
-       StatusCode::kInvalidArgument, {tw, "'.'"}},
-      {"file name with NUL", [&](pb::Manifest& m) { w0(m)->set_file(std::string("a\0b", 3)); },
-       StatusCode::kInvalidArgument, {tw, "'a\\x00b'"}},
-      {"writer rank past world size", [&](pb::Manifest& m) { w0(m)->set_writer_rank(2); },
-       StatusCode::kInvalidArgument, {tw, "writer rank 2"}},
+       StatusCode::kInvalidArgument,
+       {"tensor 'layers.0.b'", "shard 0"}},
+      {"no geometry",
+       [&](pb::Manifest& m) { w0(m)->clear_geometry(); },
+       StatusCode::kInvalidArgument,
+       {tw, "neither box nor flat"}},
+      {"length != numel × size",
+       [&](pb::Manifest& m) { w0(m)->set_length(8191); },
+       StatusCode::kInvalidArgument,
+       {tw, "shard 0", "8191", "8192"}},
+      {"unaligned offset",
+       [&](pb::Manifest& m) { w(m)->mutable_shards(1)->set_offset(100); },
+       StatusCode::kInvalidArgument,
+       {tw, "shard 1", "offset 100"}},
+      {"zero chunk size",
+       [&](pb::Manifest& m) { w0(m)->set_chunk_size(0); },
+       StatusCode::kInvalidArgument,
+       {tw, "chunk size 0"}},
+      {"unaligned chunk size",
+       [&](pb::Manifest& m) { w0(m)->set_chunk_size(1000); },
+       StatusCode::kInvalidArgument,
+       {tw, "chunk size 1000"}},
+      {"too few checksums",
+       [&](pb::Manifest& m) { w0(m)->mutable_chunk_xxh3()->RemoveLast(); },
+       StatusCode::kInvalidArgument,
+       {tw, "1 checksums"}},
+      {"too many checksums",
+       [&](pb::Manifest& m) { w0(m)->add_chunk_xxh3(1); },
+       StatusCode::kInvalidArgument,
+       {tw, "3 checksums"}},
+      {"empty file name",
+       [&](pb::Manifest& m) { w0(m)->set_file(""); },
+       StatusCode::kInvalidArgument,
+       {tw, "data file name"}},
+      {"file name with a slash",
+       [&](pb::Manifest& m) { w0(m)->set_file("../x/rank-00000.data"); },
+       StatusCode::kInvalidArgument,
+       {tw, "'../x/rank-00000.data'"}},
+      {"file name '..'",
+       [&](pb::Manifest& m) { w0(m)->set_file(".."); },
+       StatusCode::kInvalidArgument,
+       {tw, "'..'"}},
+      {"file name '.'",
+       [&](pb::Manifest& m) { w0(m)->set_file("."); },
+       StatusCode::kInvalidArgument,
+       {tw, "'.'"}},
+      {"file name with NUL",
+       [&](pb::Manifest& m) { w0(m)->set_file(std::string("a\0b", 3)); },
+       StatusCode::kInvalidArgument,
+       {tw, "'a\\x00b'"}},
+      {"writer rank past world size",
+       [&](pb::Manifest& m) { w0(m)->set_writer_rank(2); },
+       StatusCode::kInvalidArgument,
+       {tw, "writer rank 2"}},
       {"partly overlapping shards",
        [&](pb::Manifest& m) {
          // Rows 1..3 overlap rows 0..2 and rows 2..4 without being equal to either.
-         *w(m)->add_shards() = BoxShard({1, 0}, {2, 1024}, 2 * 1024 * 4, "rank-00000.data",
-                                        16384, 0);
+         *w(m)->add_shards() =
+             BoxShard({1, 0}, {2, 1024}, 2 * 1024 * 4, "rank-00000.data", 16384, 0);
        },
-       StatusCode::kInvalidArgument, {"layers.0.w"}},
+       StatusCode::kInvalidArgument,
+       {"layers.0.w"}},
       {"tensor listed twice",
-       [](pb::Manifest& m) { *m.add_tensors() = m.tensors(1); }, StatusCode::kInvalidArgument,
+       [](pb::Manifest& m) { *m.add_tensors() = m.tensors(1); },
+       StatusCode::kInvalidArgument,
        {"tensor 'layers.0.b'", "twice"}},
-      {"rank past world size", [](pb::Manifest& m) { m.mutable_ranks(1)->set_rank(5); },
-       StatusCode::kInvalidArgument, {"rank 5"}},
+      {"rank past world size",
+       [](pb::Manifest& m) { m.mutable_ranks(1)->set_rank(5); },
+       StatusCode::kInvalidArgument,
+       {"rank 5"}},
   };
   for (const Invalid& c : cases) {
     pb::Manifest m = ValidManifest();
@@ -381,8 +429,8 @@ TEST_CASE("ValidateManifest rejects each invalid field with a message naming it"
 TEST_CASE("ValidateManifest accepts replicas, empty shards, scalars and no tensors", "[manifest]") {
   pb::Manifest m = ValidManifest();
   // A data-parallel replica of rank 0's shard, written by rank 1.
-  *m.mutable_tensors(0)->add_shards() = BoxShard({0, 0}, {2, 1024}, 8192, "rank-00001.data",
-                                                 8192, 1);
+  *m.mutable_tensors(0)->add_shards() =
+      BoxShard({0, 0}, {2, 1024}, 8192, "rank-00001.data", 8192, 1);
   // A scalar.
   auto* s = m.add_tensors();
   s->set_name("step_count");
@@ -407,8 +455,7 @@ TEST_CASE("ValidateManifest accepts replicas, empty shards, scalars and no tenso
 // float32 tensor of shape [2^62] held as one flat shard needs 2^64 bytes, which wraps to 0, so a
 // shard claiming length 0 (and no checksums) passes validation; a reader then trusts a 0-byte
 // shard for 2^62 elements.
-TEST_CASE("ValidateManifest rejects a shard whose byte length overflows 64 bits",
-          "[manifest]") {
+TEST_CASE("ValidateManifest rejects a shard whose byte length overflows 64 bits", "[manifest]") {
   pb::Manifest m = ValidManifest();
   auto* t = m.add_tensors();
   t->set_name("huge");
@@ -428,8 +475,7 @@ TEST_CASE("ValidateManifest rejects a shard whose byte length overflows 64 bits"
 
 // ---- Geometry conversion ----
 
-TEST_CASE("GeometryToProto and GeometryFromProto round-trip boxes and flat ranges",
-          "[manifest]") {
+TEST_CASE("GeometryToProto and GeometryFromProto round-trip boxes and flat ranges", "[manifest]") {
   const Shape shape = {8, 16};
   auto box = ShardGeometry::Box(shape, {2, 4}, {3, 12});
   REQUIRE_OK(box);
@@ -528,8 +574,7 @@ TEST_CASE("MergeNodeManifests rejects nodes of another job or step, and nothing"
 }  // namespace
 }  // namespace ckpt
 
-TEST_CASE("MergeNodeManifests keeps one copy of a replica written by several ranks",
-          "[manifest]") {
+TEST_CASE("MergeNodeManifests keeps one copy of a replica written by several ranks", "[manifest]") {
   ckptd::v1::NodeManifest a, b;
   for (auto* m : {&a, &b}) {
     m->set_format_version(ckpt::kFormatVersion);

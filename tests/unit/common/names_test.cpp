@@ -22,8 +22,8 @@ void RequireInvalid(const Status& s, const std::string& must_contain) {
 }
 
 TEST_CASE("ValidateJobName accepts safe path components", "[names]") {
-  for (std::string_view ok : {"a", "job-1", "llama_70b.run3", "A.B-C_D", "...", "..a", ".hidden",
-                              "0"}) {
+  for (std::string_view ok :
+       {"a", "job-1", "llama_70b.run3", "A.B-C_D", "...", "..a", ".hidden", "0"}) {
     INFO("job \"" << ok << "\"");
     CHECK_OK(ValidateJobName(ok));
   }
@@ -71,9 +71,9 @@ TEST_CASE("ValidateNodeId follows the job name rules", "[names]") {
 }
 
 TEST_CASE("ValidateTensorName accepts printable names including UTF-8 and slashes", "[names]") {
-  for (std::string_view ok : {"layers.0.attn.wq.weight", "a", "model/encoder/w", "..", "../etc",
-                              "with space", "\xe5\xb1\xa4.weight" /* 層 */, "emoji\xf0\x9f\x98\x80",
-                              "quote'and\"back\\slash"}) {
+  for (std::string_view ok :
+       {"layers.0.attn.wq.weight", "a", "model/encoder/w", "..", "../etc", "with space",
+        "\xe5\xb1\xa4.weight" /* 層 */, "emoji\xf0\x9f\x98\x80", "quote'and\"back\\slash"}) {
     INFO("tensor \"" << ok << "\"");
     CHECK_OK(ValidateTensorName(ok));
   }
@@ -146,8 +146,7 @@ TEST_CASE("EscapeForLog cuts long names to about 80 bytes and marks the cut", "[
 // Regression: the "..." marker is only added when the *input* is longer than 80 bytes. A
 // short input whose escaped form passes 80 bytes (e.g. 30 control bytes → 120 bytes escaped) is
 // cut after 20 input bytes with no marker, so the log shows a wrong, complete-looking name.
-TEST_CASE("EscapeForLog marks a cut even when the input is short but escapes long",
-          "[names]") {
+TEST_CASE("EscapeForLog marks a cut even when the input is short but escapes long", "[names]") {
   const std::string input(30, '\x01');
   const std::string out = EscapeForLog(input);
   std::string full;

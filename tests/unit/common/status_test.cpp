@@ -101,14 +101,12 @@ TEST_CASE("ErrnoStatus maps errno to a code", "[status]") {
     int err;
     StatusCode code;
   };
-  for (const Case& c : {Case{ENOSPC, StatusCode::kResourceExhausted},
-                        Case{EDQUOT, StatusCode::kResourceExhausted},
-                        Case{EMFILE, StatusCode::kResourceExhausted},
-                        Case{ENOENT, StatusCode::kNotFound},
-                        Case{EACCES, StatusCode::kPermissionDenied},
-                        Case{EPERM, StatusCode::kPermissionDenied},
-                        Case{EIO, StatusCode::kInternal}, Case{EBADF, StatusCode::kInternal},
-                        Case{EPIPE, StatusCode::kInternal}}) {
+  for (const Case& c :
+       {Case{ENOSPC, StatusCode::kResourceExhausted}, Case{EDQUOT, StatusCode::kResourceExhausted},
+        Case{EMFILE, StatusCode::kResourceExhausted}, Case{ENOENT, StatusCode::kNotFound},
+        Case{EACCES, StatusCode::kPermissionDenied}, Case{EPERM, StatusCode::kPermissionDenied},
+        Case{EIO, StatusCode::kInternal}, Case{EBADF, StatusCode::kInternal},
+        Case{EPIPE, StatusCode::kInternal}}) {
     INFO("errno " << c.err << " (" << std::strerror(c.err) << ")");
     const Status s = ErrnoStatus(c.err, "write /x");
     CHECK(s.code() == c.code);
@@ -226,8 +224,8 @@ TEST_CASE("RETURN_IF_ERROR without context passes OK through and returns errors 
   CHECK(g_calls == 1);  // the expression is evaluated once
 
   reached = 0;
-  const Status s = ReturnIfErrorPlain([] { return Fail(StatusCode::kUnavailable, "gone"); },
-                                      &reached);
+  const Status s =
+      ReturnIfErrorPlain([] { return Fail(StatusCode::kUnavailable, "gone"); }, &reached);
   CHECK(reached == 0);
   CHECK(s.code() == StatusCode::kUnavailable);
   CHECK(s.message() == "gone");

@@ -40,12 +40,26 @@ TEST_CASE("ParseStepDirName inverts StepDirName", "[step_layout]") {
 }
 
 TEST_CASE("ParseStepDirName accepts the canonical spelling only", "[step_layout]") {
-  for (std::string_view bad :
-       {"", "step-", "step-42", "step-000000042", "step-00000000042", "step-0000000042.tmp",
-        "step-0000000042 ", " step-0000000042", "Step-0000000042", "step_0000000042",
-        "step-+000000042", "step--000000042", "step-000000004a", "step-0x00000042",
-        "xstep-0000000042", "step-00000000000000000042", "step-18446744073709551616",
-        "MANIFEST", "LATEST", "step-0000000042/"}) {
+  for (std::string_view bad : {"",
+                               "step-",
+                               "step-42",
+                               "step-000000042",
+                               "step-00000000042",
+                               "step-0000000042.tmp",
+                               "step-0000000042 ",
+                               " step-0000000042",
+                               "Step-0000000042",
+                               "step_0000000042",
+                               "step-+000000042",
+                               "step--000000042",
+                               "step-000000004a",
+                               "step-0x00000042",
+                               "xstep-0000000042",
+                               "step-00000000000000000042",
+                               "step-18446744073709551616",
+                               "MANIFEST",
+                               "LATEST",
+                               "step-0000000042/"}) {
     INFO("name \"" << bad << "\"");
     CHECK_FALSE(ParseStepDirName(bad).has_value());
   }
@@ -60,10 +74,12 @@ class JobTree {
     REQUIRE_OK(PosixFileSystem()->CreateDirs(d));
     if (committed) Write(JoinPath(d, "MANIFEST"), "m");
   }
-  void Dir(const std::string& name) { REQUIRE_OK(PosixFileSystem()->CreateDirs(JoinPath(job_, name))); }
+  void Dir(const std::string& name) {
+    REQUIRE_OK(PosixFileSystem()->CreateDirs(JoinPath(job_, name)));
+  }
   void Write(const std::string& path, std::string_view data) {
-    auto f = PosixFileSystem()->Open(path, OpenOptions{.write = true, .create = true,
-                                                       .truncate = true});
+    auto f =
+        PosixFileSystem()->Open(path, OpenOptions{.write = true, .create = true, .truncate = true});
     REQUIRE_OK(f);
     REQUIRE_OK((*f)->PWriteAll(data.data(), data.size(), 0));
     REQUIRE_OK((*f)->Close());

@@ -90,7 +90,8 @@ TEST_CASE("BuildCapturePlan maps, validates and lays out a registration", "[capt
   // The shard memory reads the right bytes of the right object.
   std::vector<std::byte> out(24);
   REQUIRE_OK(p.tensors[2].memory->CopyOut(0, out.data(), 24));
-  for (size_t i = 0; i < 24; ++i) CHECK(static_cast<int>(out[i]) == static_cast<int>((8 + i + 2) & 0xff));
+  for (size_t i = 0; i < 24; ++i)
+    CHECK(static_cast<int>(out[i]) == static_cast<int>((8 + i + 2) & 0xff));
   REQUIRE_OK(p.tensors[1].memory->CopyOut(10, out.data(), 4));
   for (size_t i = 0; i < 4; ++i) {
     CHECK(static_cast<int>(out[i]) == static_cast<int>((4096 + 10 + i + 1) & 0xff));
@@ -139,39 +140,65 @@ struct Rejection {
 TEST_CASE("BuildCapturePlan rejects each invalid spec with a message naming the tensor",
           "[capture_plan]") {
   const std::vector<Rejection> cases = {
-      {"unknown dtype", [](auto& s) { s[0].set_dtype("float31"); }, StatusCode::kInvalidArgument,
+      {"unknown dtype",
+       [](auto& s) { s[0].set_dtype("float31"); },
+       StatusCode::kInvalidArgument,
        {"tensor 'a'", "'float31'"}},
-      {"length != numel × size", [](auto& s) { s[0].mutable_host()->set_length(1020); },
-       StatusCode::kInvalidArgument, {"tensor 'a'", "1020", "1024"}},
-      {"length of the wrong element size", [](auto& s) { s[1].set_dtype("float32"); },
-       StatusCode::kInvalidArgument, {"tensor 'b'", "400"}},
-      {"range past the end of the fd", [](auto& s) { s[2].mutable_host()->set_offset(4096 - 16); },
-       StatusCode::kOutOfRange, {"tensor 'c'", "4096 bytes"}},
-      {"offset past the end of the fd", [](auto& s) { s[2].mutable_host()->set_offset(1ull << 40); },
-       StatusCode::kOutOfRange, {"tensor 'c'"}},
-      {"offset + length wrapping around",
-       [](auto& s) { s[2].mutable_host()->set_offset(~uint64_t{0} - 8); }, StatusCode::kOutOfRange,
+      {"length != numel × size",
+       [](auto& s) { s[0].mutable_host()->set_length(1020); },
+       StatusCode::kInvalidArgument,
+       {"tensor 'a'", "1020", "1024"}},
+      {"length of the wrong element size",
+       [](auto& s) { s[1].set_dtype("float32"); },
+       StatusCode::kInvalidArgument,
+       {"tensor 'b'", "400"}},
+      {"range past the end of the fd",
+       [](auto& s) { s[2].mutable_host()->set_offset(4096 - 16); },
+       StatusCode::kOutOfRange,
+       {"tensor 'c'", "4096 bytes"}},
+      {"offset past the end of the fd",
+       [](auto& s) { s[2].mutable_host()->set_offset(1ull << 40); },
+       StatusCode::kOutOfRange,
        {"tensor 'c'"}},
-      {"duplicate name", [](auto& s) { s[2].set_name("a"); }, StatusCode::kInvalidArgument,
+      {"offset + length wrapping around",
+       [](auto& s) { s[2].mutable_host()->set_offset(~uint64_t{0} - 8); },
+       StatusCode::kOutOfRange,
+       {"tensor 'c'"}},
+      {"duplicate name",
+       [](auto& s) { s[2].set_name("a"); },
+       StatusCode::kInvalidArgument,
        {"tensor 'a'", "twice"}},
-      {"fd index past the descriptors", [](auto& s) { s[1].mutable_host()->set_fd_index(2); },
-       StatusCode::kInvalidArgument, {"tensor 'b'", "descriptor 2", "only 2"}},
+      {"fd index past the descriptors",
+       [](auto& s) { s[1].mutable_host()->set_fd_index(2); },
+       StatusCode::kInvalidArgument,
+       {"tensor 'b'", "descriptor 2", "only 2"}},
       {"box outside the shape",
        [](auto& s) { s[0].mutable_geometry()->mutable_box()->set_offsets(1, 1); },
-       StatusCode::kInvalidArgument, {"tensor 'a'"}},
+       StatusCode::kInvalidArgument,
+       {"tensor 'a'"}},
       {"box rank != shape rank",
        [](auto& s) { s[0].mutable_geometry()->mutable_box()->add_lengths(1); },
-       StatusCode::kInvalidArgument, {"tensor 'a'"}},
+       StatusCode::kInvalidArgument,
+       {"tensor 'a'"}},
       {"flat range outside the shape",
        [](auto& s) { s[1].mutable_geometry()->mutable_flat()->set_flat_offset(1); },
-       StatusCode::kInvalidArgument, {"tensor 'b'"}},
-      {"no geometry", [](auto& s) { s[2].clear_geometry(); }, StatusCode::kInvalidArgument,
+       StatusCode::kInvalidArgument,
+       {"tensor 'b'"}},
+      {"no geometry",
+       [](auto& s) { s[2].clear_geometry(); },
+       StatusCode::kInvalidArgument,
        {"tensor 'c'"}},
-      {"control character in the name", [](auto& s) { s[1].set_name("b\x01"); },
-       StatusCode::kInvalidArgument, {"'b\\x01'"}},
-      {"empty name", [](auto& s) { s[1].set_name(""); }, StatusCode::kInvalidArgument,
+      {"control character in the name",
+       [](auto& s) { s[1].set_name("b\x01"); },
+       StatusCode::kInvalidArgument,
+       {"'b\\x01'"}},
+      {"empty name",
+       [](auto& s) { s[1].set_name(""); },
+       StatusCode::kInvalidArgument,
        {"tensor name is empty"}},
-      {"no memory at all", [](auto& s) { s[2].clear_host(); }, StatusCode::kUnimplemented,
+      {"no memory at all",
+       [](auto& s) { s[2].clear_host(); },
+       StatusCode::kUnimplemented,
        {"tensor 'c'"}},
   };
   for (const Rejection& c : cases) {
@@ -225,8 +252,7 @@ TEST_CASE("BuildCapturePlan passes bad layout options on as an error", "[capture
 // float32 tensor of shape [2^62] needs 2^64 bytes, which wraps to 0, so a spec claiming a
 // 0-byte host range is accepted as a 2^62-element tensor (the manifest validator has the same
 // hole, so the step would even commit).
-TEST_CASE("BuildCapturePlan rejects a tensor whose byte size overflows 64 bits",
-          "[capture_plan]") {
+TEST_CASE("BuildCapturePlan rejects a tensor whose byte size overflows 64 bits", "[capture_plan]") {
   std::vector<UniqueFd> fds;
   fds.push_back(MemFd(4096));
   pb::TensorSpec s;

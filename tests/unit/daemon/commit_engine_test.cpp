@@ -274,9 +274,7 @@ TEST_CASE("CommitEngine: RemoveUncommitted removes step directories without MANI
   CommitEngine engine({f.root, 0, "test", {}}, PosixFileSystem());
   REQUIRE_OK(engine.Commit(f.WriteStep(1)));
   f.WriteStep(2);
-  {
-    std::ofstream(JobDir(f.root, kJob) + "/LATEST.tmp") << "2\n";
-  }
+  { std::ofstream(JobDir(f.root, kJob) + "/LATEST.tmp") << "2\n"; }
   std::ofstream(f.root + "/stray-file") << "not a job";
 
   auto removed = engine.RemoveUncommitted();
@@ -309,9 +307,10 @@ class FailingRenameFileSystem : public testing::NoSyncFileSystem {
   std::string target_;
 };
 
-TEST_CASE("CommitEngine: a failed MANIFEST fdatasync or rename leaves no visible step and the "
-          "earlier steps loadable",
-          "[daemon][commit_engine][storage]") {
+TEST_CASE(
+    "CommitEngine: a failed MANIFEST fdatasync or rename leaves no visible step and the "
+    "earlier steps loadable",
+    "[daemon][commit_engine][storage]") {
   Fixture f;
   FaultInjectingFileSystem faults(PosixFileSystem());
   FailingRenameFileSystem failing_rename("/" + std::string(kManifestFileName));

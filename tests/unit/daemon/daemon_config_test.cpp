@@ -28,11 +28,11 @@ using std::chrono::milliseconds;
 
 constexpr uint64_t kMiB = 1ull << 20, kGiB = 1ull << 30;
 
-const char* const kKeys[] = {"socket",        "socket-mode",     "admin",          "storage-root",
-                             "host-pool",     "node-id",         "coordinator",    "keep",
-                             "slot-size",     "checksum-chunk",  "capture-threads", "flush-threads",
-                             "step-timeout",  "shutdown-timeout", "capture-throttle",
-                             "allowed-uids",  "log-level"};
+const char* const kKeys[] = {
+    "socket",          "socket-mode",   "admin",        "storage-root",     "host-pool",
+    "node-id",         "coordinator",   "keep",         "slot-size",        "checksum-chunk",
+    "capture-threads", "flush-threads", "step-timeout", "shutdown-timeout", "capture-throttle",
+    "allowed-uids",    "log-level"};
 
 std::string EnvName(std::string key) {
   std::string out = "CKPTD_";
@@ -141,10 +141,10 @@ TEST_CASE("flags override env, env overrides the YAML file, the file overrides d
   env.Set("CKPTD_KEEP", "5");
 
   const DaemonConfig all = LoadOk({"--config", file, "--host-pool", "16GiB"});
-  CHECK(all.host_pool == 16 * kGiB);                   // flag
-  CHECK(all.keep == 5);                                // env
-  CHECK(all.log_level == "debug");                     // file
-  CHECK(all.step_timeout == milliseconds(90'000));     // file
+  CHECK(all.host_pool == 16 * kGiB);                     // flag
+  CHECK(all.keep == 5);                                  // env
+  CHECK(all.log_level == "debug");                       // file
+  CHECK(all.step_timeout == milliseconds(90'000));       // file
   CHECK(all.shutdown_timeout == milliseconds(300'000));  // default
 
   const DaemonConfig no_flag = LoadOk({"--config", file});
@@ -334,9 +334,8 @@ TEST_CASE("a uid past 2^32 is rejected, not truncated to root", "[daemon_config]
   ScopedEnv env;
   auto r = Load({"--allowed-uids", "4294967296"});
   if (r.ok() && r->has_value()) {
-    INFO("allowed_uids[0] = " << ((*r)->allowed_uids.empty()
-                                       ? int64_t{-1}
-                                       : int64_t{(*r)->allowed_uids[0]}));
+    INFO("allowed_uids[0] = " << ((*r)->allowed_uids.empty() ? int64_t{-1}
+                                                             : int64_t{(*r)->allowed_uids[0]}));
     CHECK(((*r)->allowed_uids.empty() || (*r)->allowed_uids[0] != 0));
   }
   CHECK_FALSE(r.ok());
@@ -344,12 +343,39 @@ TEST_CASE("a uid past 2^32 is rejected, not truncated to root", "[daemon_config]
 
 DaemonConfig NonDefaultConfig() {
   ScopedEnv env;
-  return LoadOk({"--socket", "/tmp/ckptd-test.sock", "--socket-mode", "0600", "--admin",
-                 "unix:/tmp/admin.sock", "--storage-root", "/pfs/ckpt root", "--host-pool", "3GiB",
-                 "--node-id", "node-7", "--coordinator", "coord:7461", "--keep", "4",
-                 "--slot-size", "8MiB", "--checksum-chunk", "512KiB", "--capture-threads", "3",
-                 "--flush-threads", "6", "--step-timeout", "1500ms", "--shutdown-timeout", "2m",
-                 "--capture-throttle", "2GiB", "--allowed-uids", "0,1000,65534", "--log-level",
+  return LoadOk({"--socket",
+                 "/tmp/ckptd-test.sock",
+                 "--socket-mode",
+                 "0600",
+                 "--admin",
+                 "unix:/tmp/admin.sock",
+                 "--storage-root",
+                 "/pfs/ckpt root",
+                 "--host-pool",
+                 "3GiB",
+                 "--node-id",
+                 "node-7",
+                 "--coordinator",
+                 "coord:7461",
+                 "--keep",
+                 "4",
+                 "--slot-size",
+                 "8MiB",
+                 "--checksum-chunk",
+                 "512KiB",
+                 "--capture-threads",
+                 "3",
+                 "--flush-threads",
+                 "6",
+                 "--step-timeout",
+                 "1500ms",
+                 "--shutdown-timeout",
+                 "2m",
+                 "--capture-throttle",
+                 "2GiB",
+                 "--allowed-uids",
+                 "0,1000,65534",
+                 "--log-level",
                  "warn"});
 }
 

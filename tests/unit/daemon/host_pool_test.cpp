@@ -92,8 +92,8 @@ TEST_CASE("HostPool::Create validates the slot size and rounds the size down", "
 
   for (uint64_t bad : {uint64_t{0}, uint64_t{1000}, uint64_t{4097}}) {
     INFO("slot size " << bad);
-    auto r = HostPool::Create(HostPool::Config{.size = 1 << 20, .slot_size = bad,
-                                               .lock_memory = false});
+    auto r =
+        HostPool::Create(HostPool::Config{.size = 1 << 20, .slot_size = bad, .lock_memory = false});
     REQUIRE_FALSE(r.ok());
     CHECK(r.status().code() == StatusCode::kInvalidArgument);
     CHECK_THAT(r.status().message(), Contains(std::to_string(bad)));
@@ -231,8 +231,7 @@ TEST_CASE("Acquire on an empty pool blocks until a Release and gets that slot", 
   CHECK(pool->free_slots() == 2);
 }
 
-TEST_CASE("cancelling a waiter and WakeAll return nullopt without taking a slot",
-          "[host_pool]") {
+TEST_CASE("cancelling a waiter and WakeAll return nullopt without taking a slot", "[host_pool]") {
   auto pool = MakePool(1);
   const auto held = *pool->Acquire(nullptr);
   Counter found_empty;
@@ -254,8 +253,7 @@ TEST_CASE("cancelling a waiter and WakeAll return nullopt without taking a slot"
   CHECK(pool->free_slots() == 1);
 }
 
-TEST_CASE("an already-cancelled acquirer on an empty pool returns nullopt at once",
-          "[host_pool]") {
+TEST_CASE("an already-cancelled acquirer on an empty pool returns nullopt at once", "[host_pool]") {
   auto pool = MakePool(1);
   const auto held = *pool->Acquire(nullptr);
   const std::atomic<bool> cancelled{true};

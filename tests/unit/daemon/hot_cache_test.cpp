@@ -73,8 +73,7 @@ TEST_CASE("Find returns adopted bytes inside the valid range only", "[hot_cache]
   CHECK(pool->free_slots() == 4);  // the destructor gave everything back
 }
 
-TEST_CASE("a newer step of a job drops the older one, other jobs are untouched",
-          "[hot_cache]") {
+TEST_CASE("a newer step of a job drops the older one, other jobs are untouched", "[hot_cache]") {
   auto pool = MakePool(6);
   HotCache cache(pool.get());
   cache.Adopt("a", 1, kFile, 0, kWindow, FilledSlot(*pool, 1));
@@ -172,9 +171,9 @@ TEST_CASE("Drop of a pinned step frees it on the last Unpin", "[hot_cache]") {
   const std::byte* p = cache.Find("job", 4, kFile, 0, kWindow);
   REQUIRE(p == pool->slot_data(s));
   cache.Drop("job", 4);
-  CHECK(pool->free_slots() == 1);                         // still pinned: not freed
+  CHECK(pool->free_slots() == 1);                             // still pinned: not freed
   CHECK(cache.Find("job", 4, kFile, 0, kWindow) == nullptr);  // but forgotten
-  CHECK(static_cast<int>(p[5]) == ((5 * 7 + 9) & 0xff));  // the pinned pointer is still intact
+  CHECK(static_cast<int>(p[5]) == ((5 * 7 + 9) & 0xff));      // the pinned pointer is still intact
   CHECK_FALSE(cache.ReclaimOne());
   cache.Unpin("job", 4);
   CHECK(pool->free_slots() == 1);
@@ -183,8 +182,7 @@ TEST_CASE("Drop of a pinned step frees it on the last Unpin", "[hot_cache]") {
   CHECK(cache.resident_bytes() == 0);
 }
 
-TEST_CASE("Drop of an unpinned step frees it at once, unknown steps are ignored",
-          "[hot_cache]") {
+TEST_CASE("Drop of an unpinned step frees it at once, unknown steps are ignored", "[hot_cache]") {
   auto pool = MakePool(2);
   HotCache cache(pool.get());
   cache.Adopt("job", 4, kFile, 0, kWindow, FilledSlot(*pool, 1));

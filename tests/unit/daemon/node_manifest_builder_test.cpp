@@ -37,8 +37,9 @@ TEST_CASE("node manifest: every persisted rank's shards, extras and skips",
   cut->tensors.erase(cut->tensors.begin() + 1, cut->tensors.end());
   cut->layout.shard_offsets.resize(1);
 
-  auto m = BuildNodeManifest("job", 42, 4, "node-a",
-                             {{0, Captured(0, whole), "extra-0"}, {1, Captured(1, cut), "extra-1"}});
+  auto m =
+      BuildNodeManifest("job", 42, 4, "node-a",
+                        {{0, Captured(0, whole), "extra-0"}, {1, Captured(1, cut), "extra-1"}});
   REQUIRE(m.ok());
   CHECK(m->job() == "job");
   CHECK(m->step() == 42);
@@ -79,8 +80,7 @@ TEST_CASE("node manifest: ranks disagreeing on a tensor's dtype fail it, naming 
                              {{0, Captured(0, plan0), ""}, {1, Captured(1, plan1), ""}});
   REQUIRE_FALSE(m.ok());
   CHECK(m.status().code() == StatusCode::kInvalidArgument);
-  CHECK_THAT(m.status().message(), Contains("'w'") && Contains("rank 0") &&
-                                       Contains("rank 1"));
+  CHECK_THAT(m.status().message(), Contains("'w'") && Contains("rank 0") && Contains("rank 1"));
 }
 
 }  // namespace

@@ -13,7 +13,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <chrono>
@@ -155,7 +154,7 @@ struct Daemon {
     flush->Start();
     capture->Start();
   }
-  ~Daemon() {  // daemon/main.cc's order
+  ~Daemon() {              // daemon/main.cc's order
     faults.ClearFaults();  // releases a stalled write
     node->CancelAll("the test is over");
     capture->Stop();
@@ -289,9 +288,10 @@ TEST_CASE("NodeState: a save of two ranks is captured, persisted and committed e
   CHECK_THAT(unknown.message(), Contains("step 7"));
 }
 
-TEST_CASE("NodeState: a rank whose session closes before its capture aborts the step, and the "
-          "step's directory is removed",
-          "[daemon][node_state]") {
+TEST_CASE(
+    "NodeState: a rank whose session closes before its capture aborts the step, and the "
+    "step's directory is removed",
+    "[daemon][node_state]") {
   TempDir dir;
   Daemon d(dir / "root");
   RankMemory rank0(d.mappings, 0, 2, 2);
@@ -309,7 +309,8 @@ TEST_CASE("NodeState: a rank whose session closes before its capture aborts the 
 
   Status st = d.Wait(2);
   CHECK(st.code() == StatusCode::kAborted);
-  CHECK_THAT(st.message(), Contains("rank 0 (pid 1000) disconnected before its snapshot of step 2"));
+  CHECK_THAT(st.message(),
+             Contains("rank 0 (pid 1000) disconnected before its snapshot of step 2"));
   CHECK(d.Snapshot(2)->state == pb::STEP_STATE_ABORTED);
   REQUIRE(d.WaitRemovedTwice(2));
   CHECK_FALSE(std::filesystem::exists(d.StepDirOf(2)));
@@ -416,9 +417,10 @@ TEST_CASE("NodeState: a save of a step not newer than a committed one is refused
   CHECK(StoredTensor(d.StepDirOf(5), {1, kCols}) == rank0.bytes);
 }
 
-TEST_CASE("NodeState: a save of a step an earlier daemon committed is never reported committed, "
-          "even before the job's storage lookup answered",
-          "[daemon][node_state]") {
+TEST_CASE(
+    "NodeState: a save of a step an earlier daemon committed is never reported committed, "
+    "even before the job's storage lookup answered",
+    "[daemon][node_state]") {
   TempDir dir;
   std::vector<std::byte> committed_bytes;
   {
@@ -451,9 +453,10 @@ TEST_CASE("NodeState: a save of a step an earlier daemon committed is never repo
   CHECK(StoredTensor(d.StepDirOf(4), {1, kCols}) == committed_bytes);
 }
 
-TEST_CASE("NodeState: beyond max_steps_in_flight a newer step is accepted but captured only "
-          "once an older one ended",
-          "[daemon][node_state]") {
+TEST_CASE(
+    "NodeState: beyond max_steps_in_flight a newer step is accepted but captured only "
+    "once an older one ended",
+    "[daemon][node_state]") {
   TempDir dir;
   Daemon d(dir / "root", /*max_steps_in_flight=*/1);
   RankMemory rank0(d.mappings, 0, 1, 7);

@@ -84,8 +84,10 @@ TEST_CASE("CudaDevices::Create returns no backend when the runtime sees no GPU",
   CHECK(*no_api == nullptr);
 }
 
-TEST_CASE("A GPU gets a context, a copy stream and the pool registration only when a client "
-          "names it", "[device]") {
+TEST_CASE(
+    "A GPU gets a context, a copy stream and the pool registration only when a client "
+    "names it",
+    "[device]") {
   Rig rig;
   const std::string h = rig.fake->NewIpcAllocation(1, 1 << 16);
   CudaBackend backend(rig.devices.get());
@@ -107,8 +109,10 @@ TEST_CASE("A GPU gets a context, a copy stream and the pool registration only wh
   CHECK(rig.fake->host_registers() == 1);
 }
 
-TEST_CASE("Mappings are opened once per handle, reused on re-registration and closed when no "
-          "tensor uses them", "[device]") {
+TEST_CASE(
+    "Mappings are opened once per handle, reused on re-registration and closed when no "
+    "tensor uses them",
+    "[device]") {
   Rig rig;
   const std::string a = rig.fake->NewIpcAllocation(0, 1 << 16);
   CudaBackend backend(rig.devices.get());
@@ -138,8 +142,10 @@ TEST_CASE("Mappings are opened once per handle, reused on re-registration and cl
   CHECK(backend.cached() == 1);
 }
 
-TEST_CASE("Disconnect clears the client's cache, a capture still holding a mapping keeps it open "
-          "until it finishes", "[device]") {
+TEST_CASE(
+    "Disconnect clears the client's cache, a capture still holding a mapping keeps it open "
+    "until it finishes",
+    "[device]") {
   Rig rig;
   const std::string a = rig.fake->NewIpcAllocation(0, 1 << 16);
   auto backend = std::make_unique<CudaBackend>(rig.devices.get());
@@ -209,9 +215,8 @@ TEST_CASE("CUDA registration errors are clear, per client and name the tensor", 
     CHECK_THAT(plan.status().message(), Contains("tensor 'gone'") && Contains("stale"));
   }
   SECTION("a GPU this daemon cannot see") {
-    auto plan = Build({CudaSpec("w", 1024, "GPU-ffffffff-0000-0000-0000-000000000000", a,
-                                1 << 16, 0)},
-                      backend);
+    auto plan = Build(
+        {CudaSpec("w", 1024, "GPU-ffffffff-0000-0000-0000-000000000000", a, 1 << 16, 0)}, backend);
     REQUIRE_FALSE(plan.ok());
     CHECK(plan.status().code() == StatusCode::kNotFound);
     CHECK_THAT(plan.status().message(),
@@ -261,8 +266,7 @@ TEST_CASE("CUDA registration errors are clear, per client and name the tensor", 
   CHECK(backend.cached() == 0);
 }
 
-TEST_CASE("CUDA memory is refused with UNIMPLEMENTED by a daemon without the backend",
-          "[device]") {
+TEST_CASE("CUDA memory is refused with UNIMPLEMENTED by a daemon without the backend", "[device]") {
   HostFdBackend host;
   auto plan = BuildCapturePlan(
       std::vector<pb::TensorSpec>{CudaSpec("w", 16, "GPU-x", std::string(64, 'h'), 64, 0)}, {},

@@ -122,16 +122,18 @@ struct Rig {
   }
 };
 
-TEST_CASE("Capture copies wait on the trainer's event: the checkpoint holds the bytes the "
-          "trainer's pending kernel wrote before save", "[device][cuda_capture]") {
+TEST_CASE(
+    "Capture copies wait on the trainer's event: the checkpoint holds the bytes the "
+    "trainer's pending kernel wrote before save",
+    "[device][cuda_capture]") {
   Rig rig(8);
   constexpr uint64_t kBytes = 3 * kSlot + 1000;
   const std::string handle = rig.fake->NewIpcAllocation(0, kBytes, std::byte{0xAA});
   auto alloc = rig.fake->ipc_allocation(handle);
   HostFdBackend host;
-  auto plan = BuildCapturePlan(std::vector<pb::TensorSpec>{CudaSpec("w", kBytes, rig.uuid(), handle,
-                                                                    kBytes, 0)},
-                               {}, MemoryBackends{&host, rig.backend.get()}, kLayout);
+  auto plan = BuildCapturePlan(
+      std::vector<pb::TensorSpec>{CudaSpec("w", kBytes, rig.uuid(), handle, kBytes, 0)}, {},
+      MemoryBackends{&host, rig.backend.get()}, kLayout);
   REQUIRE_OK(plan);
 
   // The trainer: a kernel (held behind a gate, i.e. still running on the GPU) writes the values
@@ -219,8 +221,10 @@ TEST_CASE("Host and GPU tensors in one registration are captured into one data f
   CHECK(std::memcmp(file.data() + offsets[1], gpu_bytes.data(), 8192) == 0);
 }
 
-TEST_CASE("A GPU lost during capture fails the rank's capture with a clear error and returns "
-          "every slot", "[device][cuda_capture]") {
+TEST_CASE(
+    "A GPU lost during capture fails the rank's capture with a clear error and returns "
+    "every slot",
+    "[device][cuda_capture]") {
   Rig rig(4);
   constexpr uint64_t kBytes = 3 * kSlot;
   const std::string handle = rig.fake->NewIpcAllocation(0, kBytes);
@@ -255,8 +259,8 @@ TEST_CASE("Load copies host bytes into GPU memory bit-exactly and signals the lo
   const std::string handle = rig.fake->NewIpcAllocation(0, kBytes + 100);
   HostFdBackend host;
   auto plan = BuildCapturePlan(
-      std::vector<pb::TensorSpec>{CudaSpec("w", kBytes, rig.uuid(), handle, kBytes + 100, 100)},
-      {}, MemoryBackends{&host, rig.backend.get()}, kLayout);
+      std::vector<pb::TensorSpec>{CudaSpec("w", kBytes, rig.uuid(), handle, kBytes + 100, 100)}, {},
+      MemoryBackends{&host, rig.backend.get()}, kLayout);
   REQUIRE_OK(plan);
   const auto src = Random(kBytes, 99);
   ShardMemory& memory = *(*plan)->tensors[0].memory;

@@ -142,9 +142,10 @@ class FakeCudaApi final : public CudaApi {
     });
   }
   // cudaEventCreate(interprocess) + record on the trainer stream + cudaIpcGetEventHandle.
-  std::string RecordTrainerEvent(int device, StreamHandle stream, EventHandle* event_out = nullptr) {
-    EventHandle e = event_out != nullptr && *event_out != nullptr ? *event_out
-                                                                  : *CreateEvent(device, true);
+  std::string RecordTrainerEvent(int device, StreamHandle stream,
+                                 EventHandle* event_out = nullptr) {
+    EventHandle e =
+        event_out != nullptr && *event_out != nullptr ? *event_out : *CreateEvent(device, true);
     if (event_out != nullptr) {
       *event_out = e;
     } else {  // the test has no handle to destroy it with: the fake frees it at the end
@@ -370,7 +371,7 @@ class FakeCudaApi final : public CudaApi {
   struct Event {
     std::mutex mu;
     std::condition_variable cv;
-    uint64_t recorded = 0;   // generations
+    uint64_t recorded = 0;  // generations
     uint64_t completed = 0;
     Event* opened_from = nullptr;  // an opened IPC handle refers to the exporter's event
   };

@@ -1,8 +1,8 @@
 // AdminServer + AdminService over a fake AdminProvider (what ckpt-coordinator will hand it):
 // replies and errors pass through unchanged, health follows SetServing, and a watch stream whose
 // client stops reading is ended with RESOURCE_EXHAUSTED instead of queueing without bound.
-#include <catch2/catch.hpp>
 #include <grpcpp/grpcpp.h>
+#include <catch2/catch.hpp>
 
 #include <thread>
 

@@ -23,8 +23,8 @@ TEST_CASE("checkpoint catalog: lists committed steps and describes one", "[admin
   layout.checksum_chunk = 4096;
   layout.slot_size = 16384;
   for (uint64_t step : {5, 1}) {
-    REQUIRE_OK(testing::WriteTestCheckpoint(fs, StepDir(root, "job", step), "job", step, 1, {t},
-                                            layout));
+    REQUIRE_OK(
+        testing::WriteTestCheckpoint(fs, StepDir(root, "job", step), "job", step, 1, {t}, layout));
   }
   REQUIRE_OK(fs->CreateDirs(StepDir(root, "job", 9)));  // uncommitted: no MANIFEST
 

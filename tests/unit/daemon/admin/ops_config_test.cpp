@@ -1,7 +1,7 @@
 // The operations keys of the daemon config: loopback defaults, validation that names the key,
 // and --print-config round trips.
-#include <catch2/catch.hpp>
 #include <yaml-cpp/yaml.h>
+#include <catch2/catch.hpp>
 
 #include <cstdlib>
 
@@ -11,9 +11,10 @@
 namespace ckpt {
 namespace {
 
-const char* const kOpsEnv[] = {"CKPTD_METRICS", "CKPTD_SOCKET_GROUP", "CKPTD_ADMIN_TLS_CERT",
-                               "CKPTD_ADMIN_TLS_KEY", "CKPTD_ADMIN_TLS_CLIENT_CA",
-                               "CKPTD_SHARED_JOBS", "CKPTD_ADMIN"};
+const char* const kOpsEnv[] = {
+    "CKPTD_METRICS",       "CKPTD_SOCKET_GROUP",        "CKPTD_ADMIN_TLS_CERT",
+    "CKPTD_ADMIN_TLS_KEY", "CKPTD_ADMIN_TLS_CLIENT_CA", "CKPTD_SHARED_JOBS",
+    "CKPTD_ADMIN"};
 
 Result<std::optional<DaemonConfig>> Load(std::vector<std::string> args) {
   for (const char* name : kOpsEnv) ::unsetenv(name);
@@ -41,7 +42,8 @@ TEST_CASE("ops config: TLS files must come together, errors name the keys",
   auto only_ca = Load({"--admin-tls-client-ca", "/etc/ca.pem"});
   REQUIRE_FALSE(only_ca.ok());
   CHECK_THAT(only_ca.status().message(), Catch::Contains("admin-tls-client-ca"));
-  REQUIRE_OK(Load({"--admin-tls-cert", "/c", "--admin-tls-key", "/k", "--admin-tls-client-ca", "/a"}));
+  REQUIRE_OK(
+      Load({"--admin-tls-cert", "/c", "--admin-tls-key", "/k", "--admin-tls-client-ca", "/a"}));
 }
 
 TEST_CASE("ops config: shared-jobs are validated job names and print back",

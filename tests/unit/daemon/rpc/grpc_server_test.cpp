@@ -25,9 +25,9 @@ TEST_CASE("grpc server: plaintext off loopback is refused unless allowed, naming
     auto refused = GrpcServer::Start(Endpoint("0.0.0.0:0"), {});
     REQUIRE_FALSE(refused.ok());
     CHECK(refused.status().code() == StatusCode::kFailedPrecondition);
-    CHECK_THAT(refused.status().message(),
-               Contains("--listen 0.0.0.0:0") && Contains("--tls-cert") &&
-                   Contains("--allow-plaintext"));
+    CHECK_THAT(refused.status().message(), Contains("--listen 0.0.0.0:0") &&
+                                               Contains("--tls-cert") &&
+                                               Contains("--allow-plaintext"));
   }
   SECTION("the daemon's admin keys") {
     GrpcServer::Options admin = Endpoint("0.0.0.0:0");

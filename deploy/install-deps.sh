@@ -11,7 +11,7 @@ packages=(
   libyaml-cpp-dev libxxhash-dev libcli11-dev prometheus-cpp-dev libsystemd-dev
   python3-torch python3-grpcio python3-yaml python3-numpy python3-matplotlib
   python3-pip python3-venv python3-wheel python3-setuptools
-  fio openssl clang libclang-rt-14-dev
+  fio openssl clang libclang-rt-14-dev clang-format
   # promtool (deploy/prometheus rule tests) ships only in the prometheus package, whose
   # postinst enables a Prometheus server on :9090 where systemd runs: stop it if unwanted.
   prometheus fuse3 python3-fusepy

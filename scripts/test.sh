@@ -31,7 +31,17 @@ configure() {  # build-dir, cmake args...
 sanitized_targets=(ckptd ckpt-coordinator ckptctl ckpt_example_trainer ckpt_chaos_trainer
                    ckpt_coordinator_rank ckpt_unit_tests ckpt_integration_tests)
 
+# Every C++ file as clang-format (.clang-format) writes it: reformat with
+#   git ls-files '*.cc' '*.h' '*.cpp' | xargs clang-format -i
+check_format() {
+  if [ -d .git ] && ! git ls-files '*.cc' '*.h' '*.cpp' | xargs clang-format --dry-run --Werror; then
+    echo "C++ files differ from clang-format's output (see above): run the command in scripts/test.sh"
+    exit 1
+  fi
+}
+
 stage_main() {
+  check_format
   local build=${CKPT_BUILD_DIR:-build}
   configure "$build" ${CKPT_CMAKE_ARGS:-}
   cmake --build "$build" -j "$jobs"

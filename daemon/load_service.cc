@@ -73,15 +73,16 @@ Result<LoadService::Outcome> LoadService::LoadNow(const Request& request) {
   uint64_t step;
   if (request.step) {
     step = *request.step;
+    commit_->Pin(request.job, step);
   } else {
-    ASSIGN_OR_RETURN(auto latest, commit_->Latest(request.job));
+    // Resolved and pinned at once: retention never removes the step between the two.
+    ASSIGN_OR_RETURN(auto latest, commit_->PinLatest(request.job));
     if (!latest) return NotFound("job '" + request.job + "' has no committed checkpoint");
     step = *latest;
   }
   const std::string ctx = "load of job '" + request.job + "' step " + std::to_string(step) +
                           " into rank " + std::to_string(request.rank);
 
-  commit_->Pin(request.job, step);
   hot_->Pin(request.job, step);
   struct Unpin {
     LoadService* self;

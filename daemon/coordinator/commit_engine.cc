@@ -92,13 +92,16 @@ Status CommitEngine::ApplyRetention(const std::string& job) {
   size_t excess = committed.size() - config_.keep;
   for (size_t i = 0; i + 1 < committed.size() && excess > 0; ++i) {  // never the newest
     const uint64_t step = committed[i];
+    const std::string dir = StepDir(config_.storage_root, job, step);
     {
+      // The pin check and the MANIFEST removal are one step for Pin/PinLatest: a load pins
+      // either before (the step stays) or after (it finds no MANIFEST and says so), never in
+      // between with the step's files going away under it.
       std::lock_guard lock(mu_);
       if (pins_.count({job, step}) != 0) continue;
+      // MANIFEST first: from then on the step is merely an uncommitted leftover.
+      RETURN_IF_ERROR(fs_->Remove(JoinPath(dir, std::string(kManifestFileName))));
     }
-    const std::string dir = StepDir(config_.storage_root, job, step);
-    // MANIFEST first: from then on the step is merely an uncommitted leftover.
-    RETURN_IF_ERROR(fs_->Remove(JoinPath(dir, std::string(kManifestFileName))));
     RETURN_IF_ERROR(fs_->SyncDir(dir));
     RETURN_IF_ERROR(fs_->RemoveAll(dir));
     spdlog::info("job '{}': retention removed step {} (keep {})", job, step, config_.keep);
@@ -123,6 +126,13 @@ Result<std::optional<uint64_t>> CommitEngine::Latest(const std::string& job) con
 
 Result<std::vector<uint64_t>> CommitEngine::List(const std::string& job) const {
   return ListCommittedSteps(fs_, JobDir(config_.storage_root, job));
+}
+
+Result<std::optional<uint64_t>> CommitEngine::PinLatest(const std::string& job) {
+  std::lock_guard lock(mu_);
+  ASSIGN_OR_RETURN(auto latest, ResolveReadableLatest(fs_, JobDir(config_.storage_root, job)));
+  if (latest) ++pins_[{job, *latest}];
+  return latest;
 }
 
 void CommitEngine::Pin(const std::string& job, uint64_t step) {

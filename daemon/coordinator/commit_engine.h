@@ -61,8 +61,12 @@ class CommitEngine {
   Result<std::optional<uint64_t>> Latest(const std::string& job) const;
   Result<std::vector<uint64_t>> List(const std::string& job) const;
 
-  // A pinned step is never deleted by retention (a load is reading it).
+  // A pinned step is never deleted by retention (a load is reading it). A step pinned after
+  // retention removed its MANIFEST stays uncommitted: the pinning load finds no MANIFEST.
   void Pin(const std::string& job, uint64_t step);
+  // Latest and Pin in one step, so retention cannot remove the step in between. The caller
+  // unpins a step it got.
+  Result<std::optional<uint64_t>> PinLatest(const std::string& job);
   void Unpin(const std::string& job, uint64_t step);
 
   const Config& config() const { return config_; }

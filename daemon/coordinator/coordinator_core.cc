@@ -561,6 +561,8 @@ void CoordinatorCore::TryCommit(const std::string& job) {
           st = Status::Ok();
         }
       }
+      // Before the decision goes out, so a step heard as committed has no leftovers below it.
+      if (st.ok()) RemoveUnreportedBelow(job, step);
       OnCommitted(job, step, st);
     });
     return;
@@ -584,6 +586,39 @@ void CoordinatorCore::OnCommitted(const std::string& job, uint64_t step, Status 
   }
   Prune(j->second);
   TryCommit(job);
+}
+
+void CoordinatorCore::RemoveUnreportedBelow(const std::string& job, uint64_t committed) {
+  auto uncommitted = ListUncommittedSteps(fs_, JobDir(config_.storage_root, job));
+  if (!uncommitted.ok()) {
+    spdlog::warn("job '{}': looking for unreported steps below step {}: {}", job, committed,
+                 uncommitted.status().ToString());
+    return;
+  }
+  std::vector<uint64_t> orphans;
+  {
+    std::lock_guard lock(mu_);
+    JobRecord& j = jobs_[job];
+    for (uint64_t step : *uncommitted) {
+      if (step >= committed) break;
+      auto known = j.steps.find(step);
+      if (known != j.steps.end() && !Terminal(known->second.state)) continue;  // a late report
+      // Recorded before the removal, so a report arriving meanwhile hears ABORTED instead of
+      // starting the step afresh in a directory being removed.
+      if (config_.refuse_recovered_steps) j.recovered_aborted.insert(step);
+      orphans.push_back(step);
+    }
+  }
+  for (uint64_t step : orphans) {
+    const Status removed = commit_->RemoveStep(job, step);
+    if (removed.ok()) {
+      spdlog::warn("{}: removed: no daemon reported it and step {} committed after it",
+                   StepName(job, step), committed);
+    } else {
+      spdlog::warn("{}: unreported step below committed step {}: {}", StepName(job, step),
+                   committed, removed.ToString());
+    }
+  }
 }
 
 void CoordinatorCore::Prune(JobRecord& j) {

@@ -12,6 +12,9 @@
 //     each step committed-and-complete or absent, and LATEST names a committed step. A daemon
 //     still writing a step during the scan can make its removal fail: the scan goes on (the
 //     step is aborted all the same) and that daemon removes the directory when told.
+//   * while serving, a commit first removes the step directories below it that no daemon
+//     reported (a daemon killed between creating a step's files and its first report), so
+//     such leftovers do not wait for the coordinator's next restart.
 //
 // Rules while serving:
 //   * a step commits when all world_size ranks reported PERSISTED and every earlier in-flight
@@ -176,6 +179,8 @@ class CoordinatorCore {
     bool plan_revoked = false;  // nodes were told to write everything
     uint64_t plan_version = 0;
     std::shared_ptr<const WriterAssignment> plan;  // null until every rank registered
+    // Steps removed without a record here (by the restart scan, or as unreported leftovers
+    // below a commit): a daemon that reports one later hears ABORTED.
     std::set<uint64_t> recovered_aborted;
   };
   struct NodeRecord {
@@ -195,6 +200,13 @@ class CoordinatorCore {
   void OnCommitted(const std::string& job, uint64_t step, Status st);
   void LoseNode(const std::string& node_id, const std::string& why);  // REQUIRES(mu_)
   std::string MissingRanks(const StepRecord& s) const;                // REQUIRES(mu_)
+  // On the commit thread, after `committed` committed and before that is announced: removes the
+  // step directories below it that no daemon reported (their daemon was killed between creating a
+  // step's files and its first report). Commits go in step order and every step below `committed`
+  // known here has ended, so such a directory has no writer left that will report it; nothing else
+  // would remove it before the coordinator's next restart scan. A later report of such a step hears
+  // ABORTED.
+  void RemoveUnreportedBelow(const std::string& job, uint64_t committed);
   void Prune(JobRecord& j);
   void TimerLoop();
   Result<std::vector<std::string>> RecoverJob(const std::string& job);

@@ -45,6 +45,10 @@ class WatchReactor final : public grpc::ServerWriteReactor<ckptd::v1::Coordinato
     Status st = core_->AttachNode(node_id_, channel_);
     if (!st.ok()) {
       attached_ = false;
+      // Under the lock and marked, like every Finish here: a cancellation arriving now must
+      // not finish the call a second time.
+      std::lock_guard lock(mu_);
+      finished_ = true;
       Finish(ToGrpcStatus(st));
     }
   }

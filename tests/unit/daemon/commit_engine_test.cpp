@@ -7,6 +7,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <future>
 #include <optional>
 #include <random>
 #include <string>
@@ -252,6 +254,50 @@ TEST_CASE("CommitEngine: retention keeps the newest N and skips steps pinned by 
   CHECK(f.Latest() == "5\n");
   f.CheckLoadable(4);
   f.CheckLoadable(5);
+}
+
+// Delegates to the real file system; the first open of a LATEST file after Arm runs `hook`
+// first, on the opening thread: the moment between a load resolving the latest step and pinning.
+class HookOnLatestFileSystem : public testing::NoSyncFileSystem {
+ public:
+  void Arm(std::function<void()> hook) { hook_ = std::move(hook); }
+  Result<std::unique_ptr<File>> Open(const std::string& path, const OpenOptions& options) override {
+    if (hook_ && path.ends_with("/" + std::string(kLatestFileName))) std::exchange(hook_, {})();
+    return NoSyncFileSystem::Open(path, options);
+  }
+  Status SyncDir(const std::string& path) override { return PosixFileSystem()->SyncDir(path); }
+
+ private:
+  std::function<void()> hook_;
+};
+
+TEST_CASE("CommitEngine: retention never removes the step PinLatest is resolving",
+          "[daemon][commit_engine]") {
+  // keep 1: committing step 2 retires step 1 unless a load pinned it. The commit of step 2 is
+  // started while PinLatest is between reading the job's steps and pinning one. With resolve
+  // and pin as one step, that commit's retention waits for the pin, so step 1 stays loadable;
+  // were they two steps, retention would remove step 1 before the pin (the load would then find
+  // no MANIFEST), which the 2-second wait below gives it every chance to do.
+  Fixture f;
+  HookOnLatestFileSystem fs;
+  CommitEngine engine({f.root, 1, "test", {}}, &fs);
+  REQUIRE_OK(engine.Commit(f.WriteStep(1)));
+  auto step2 = f.WriteStep(2);
+  std::future<Result<pb::Manifest>> commit2;
+  fs.Arm([&] {
+    commit2 = std::async(std::launch::async, [&] { return engine.Commit(step2); });
+    commit2.wait_for(std::chrono::seconds(2));
+  });
+  auto pinned = engine.PinLatest(kJob);
+  REQUIRE_OK(pinned);
+  REQUIRE(commit2.valid());
+  REQUIRE_OK(commit2.get());
+  REQUIRE(*pinned);
+  f.CheckLoadable(**pinned);
+  CHECK(Listed(engine) == std::vector<uint64_t>{1, 2});  // step 1 kept while pinned
+  engine.Unpin(kJob, **pinned);
+  REQUIRE_OK(engine.Commit(f.WriteStep(3)));
+  CHECK(Listed(engine) == std::vector<uint64_t>{3});
 }
 
 TEST_CASE("CommitEngine: retention of 1 never removes the newest step, nor one in flight",

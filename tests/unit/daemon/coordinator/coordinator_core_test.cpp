@@ -221,6 +221,36 @@ TEST_CASE("CoordinatorCore recovery commits fully persisted steps and removes th
   CHECK(f.Persisted("b", 5, 4, {2, 3}).decision().state() == pb::STEP_STATE_COMMITTED);
 }
 
+TEST_CASE("CoordinatorCore removes unreported step directories below a committed step",
+          "[coordinator_core]") {
+  // A daemon killed after creating step 4's files, before its first report left: the
+  // coordinator never heard of step 4, and no restart scan of its own is coming.
+  Fixture f;
+  f.Start({"a", "b"});
+  const std::string root = f.config.storage_root;
+  std::filesystem::create_directories(StepDir(root, "j", 4));
+  REQUIRE(WriteFileAtomically(PosixFileSystem(), JoinPath(StepDir(root, "j", 4), DataFileName(0)),
+                              "torn")
+              .ok());
+  std::filesystem::create_directories(StepDir(root, "j", 9));  // above: may still be reported
+  f.Saved("b", 3, 4, {2, 3});  // known and in flight below step 5 while it is reported
+  f.Persisted("a", 3, 4, {0, 1});
+  f.Persisted("b", 3, 4, {2, 3});
+  f.Persisted("a", 5, 4, {0, 1});
+  f.Persisted("b", 5, 4, {2, 3});
+  auto d = f.sinks["a"]->WaitTerminal("j", 5);
+  REQUIRE(d);
+  REQUIRE(d->state() == pb::STEP_STATE_COMMITTED);
+  f.core->WaitIdle();
+  CHECK_FALSE(std::filesystem::exists(StepDir(root, "j", 4)));
+  CHECK(std::filesystem::exists(StepDir(root, "j", 3) + "/MANIFEST"));
+  CHECK(std::filesystem::exists(StepDir(root, "j", 5) + "/MANIFEST"));
+  CHECK(std::filesystem::exists(StepDir(root, "j", 9)));
+  // The killed daemon's successor reporting step 4 after all hears it is gone.
+  auto late = f.Persisted("a", 4, 4, {0, 1});
+  CHECK(late.decision().state() == pb::STEP_STATE_ABORTED);
+}
+
 TEST_CASE("CoordinatorCore rejects reports naming ranks outside the world", "[coordinator_core]") {
   Fixture f;
   f.Start({"a"});

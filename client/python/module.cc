@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "ckpt/client.h"
+#include "ckpt/launch_env.h"
 #include "common/status.h"
 
 namespace py = pybind11;
@@ -287,6 +288,23 @@ PYBIND11_MODULE(_ckptd, m) {
       RaiseError(e.status());
     }
   });
+
+  m.def(
+      "launch_environment",
+      [] {
+        auto env = ckpt::ReadLaunchEnvironment();
+        ThrowIfError(env.status());
+        py::dict d;
+        d["launcher"] = env->launcher.empty() ? py::object(py::none()) : py::str(env->launcher);
+        d["rank"] = env->rank;
+        d["world_size"] = env->world_size;
+        d["local_rank"] = env->local_rank;
+        d["job"] = env->job;
+        d["looked_for"] = ckpt::LaunchVariablesLookedFor();
+        return d;
+      },
+      "Who this process is as its launcher (torchrun, Slurm, Open MPI) says: a dict of launcher, "
+      "rank, world_size, local_rank, job (None where unknown) and looked_for.");
 
   py::class_<PyClient>(m, "Client")
       .def(py::init<std::string, uint32_t, uint32_t, std::string, uint32_t, double,

@@ -36,8 +36,10 @@ c++ -std=c++20 -o "$work/trainer" "$source/tests/install/use_installed_client.cc
 "$prefix/bin/ckptd" --socket "$work/ckptd.sock" --storage-root "$work/root" --host-pool 32MiB \
   --slot-size 4MiB --admin "" --metrics "" --node-id install-check > "$work/ckptd.log" 2>&1 &
 daemon=$!
-# Client::Connect waits (up to its connect timeout) for the daemon to listen.
-if ! LD_LIBRARY_PATH=$prefix/lib "$work/trainer" "$work/ckptd.sock"; then
+# Client::Connect waits (up to its connect timeout) for the daemon to listen. The trainer is
+# who torchrun would say it is (ClientOptionsFromEnvironment).
+if ! env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 CKPTD_JOB=installed-client LD_LIBRARY_PATH=$prefix/lib \
+    "$work/trainer" "$work/ckptd.sock"; then
   echo "--- ckptd log"
   cat "$work/ckptd.log"
   exit 1

@@ -1,5 +1,6 @@
 // A trainer built outside the tree against an installed ckptd (cmake --install): only
-// <ckpt/client.h> and -lckpt_client. Saves one tensor, waits for the commit, overwrites the
+// <ckpt/client.h> and -lckpt_client, started as a launcher would (RANK, WORLD_SIZE, CKPTD_JOB in
+// its environment). Saves one tensor, waits for the commit, overwrites the
 // memory, restores it and checks every byte. Exit 0 and "restored" on success.
 //   use_installed_client SOCKET
 #include <ckpt/client.h>
@@ -24,10 +25,12 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < kBytes; ++i) bytes[i] = static_cast<unsigned char>(i * 7 + 3);
   const std::vector<unsigned char> saved(bytes, bytes + kBytes);
 
-  ckpt::ClientOptions options;
-  options.socket = argv[1];
-  options.job = "installed-client";
-  auto client = ckpt::Client::Connect(options);
+  auto options = ckpt::ClientOptionsFromEnvironment(argv[1]);  // job and rank from the launcher
+  if (!options.ok()) {
+    std::fprintf(stderr, "environment: %s\n", options.status().ToString().c_str());
+    return 1;
+  }
+  auto client = ckpt::Client::Connect(*options);
   if (!client.ok()) {
     std::fprintf(stderr, "connect: %s\n", client.status().ToString().c_str());
     return 1;

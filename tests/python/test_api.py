@@ -4,6 +4,7 @@ import os
 import threading
 import time
 import unittest
+import unittest.mock
 
 import torch
 
@@ -79,6 +80,41 @@ class ApiTest(unittest.TestCase):
                          {"t": ckptd.FlatShard(t, (2, 3), 4)}, contains=("outside",))
         with self.assertRaises(ValueError):
             c.wait_snapshot(timeout=-1)
+
+    def test_rank_and_job_from_the_launcher(self):
+        launch_vars = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "SLURM_PROCID",
+                       "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_ID", "OMPI_COMM_WORLD_RANK",
+                       "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "CKPTD_JOB")
+        clean = {k: v for k, v in os.environ.items() if k not in launch_vars}
+
+        def connect(env, **kwargs):
+            with unittest.mock.patch.dict(os.environ, env, clear=True):
+                c = ckptd.Client(socket=self.daemon.socket, **kwargs)
+            self.addCleanup(c.close)
+            return c
+
+        c = connect(dict(clean, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
+                         TORCHELASTIC_RUN_ID="launched"))
+        self.assertEqual((c.job, c.rank, c.world_size), ("launched", 0, 1))
+        c.save(1, {"t": torch.arange(8, dtype=torch.float32)})
+        c.wait(1)
+        self.assertEqual(c.latest(), 1)
+        c = connect(dict(clean, SLURM_PROCID="0", SLURM_NTASKS="1", SLURM_JOB_ID="4242",
+                         CKPTD_JOB="resumable"))
+        self.assertEqual((c.job, c.rank, c.world_size), ("resumable", 0, 1))
+        c = connect(dict(clean, OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_SIZE="1"), job="mpi")
+        self.assertEqual((c.job, c.rank, c.world_size), ("mpi", 0, 1))
+        with unittest.mock.patch.dict(os.environ, clean, clear=True):
+            self.assertError("INVALID_ARGUMENT", ckptd.Client, socket=self.daemon.socket,
+                             contains=("RANK/WORLD_SIZE (torchrun)", "SLURM_PROCID"))
+        with unittest.mock.patch.dict(os.environ, dict(clean, RANK="0", WORLD_SIZE="1",
+                                                        TORCHELASTIC_RUN_ID="none"), clear=True):
+            self.assertError("INVALID_ARGUMENT", ckptd.Client, socket=self.daemon.socket,
+                             contains=("CKPTD_JOB",))
+        with unittest.mock.patch.dict(os.environ, dict(clean, RANK="one", WORLD_SIZE="1"),
+                                      clear=True):
+            self.assertError("INVALID_ARGUMENT", ckptd.Client, "j", socket=self.daemon.socket,
+                             contains=("RANK='one'",))
 
     def test_save_must_increase(self):
         c = self.client("monotonic")

@@ -75,6 +75,12 @@ struct ClientOptions {
   std::chrono::milliseconds call_timeout{0};
 };
 
+// Options for this process as its launcher (torchrun, Slurm, Open MPI) describes it: job, rank,
+// world size and local rank (the rank when the launcher gives none) from the environment
+// (launch_env.h says which variables); the socket as given. kInvalidArgument naming the
+// variables it looked for when no launcher is found or no job name (set CKPTD_JOB) is known.
+Result<ClientOptions> ClientOptionsFromEnvironment(std::string socket = "/run/ckptd/ckptd.sock");
+
 // One shard of a tensor living in host memory reachable through a file descriptor (a memfd,
 // a POSIX shm fd — what PyTorch's share_memory_() uses — or any mmap-able fd).
 //

@@ -344,24 +344,53 @@ def _quick_key(name, value):
         return None  # not a tensor: _describe reports it
 
 
+def _from_launcher(job, rank, world_size, local_rank):
+    """(job, rank, world_size, local_rank) with what the caller left as None filled in from the
+    launcher's environment: torchrun, Slurm or Open MPI (client/include/ckpt/launch_env.h lists
+    the variables); $CKPTD_JOB names the job whatever the launcher."""
+    if job is not None and rank is not None and world_size is not None and local_rank is not None:
+        return job, rank, world_size, local_rank
+    env = _ckptd.launch_environment()
+    if rank is None or world_size is None:
+        if env["launcher"] is None:
+            raise _error("rank and world_size were not given and no launcher set them: looked "
+                         "for %s" % env["looked_for"])
+        rank = env["rank"] if rank is None else rank
+        world_size = env["world_size"] if world_size is None else world_size
+    if job is None:
+        job = env["job"]
+        if job is None:
+            raise _error("job was not given and the launcher named none: pass job= or set "
+                         "CKPTD_JOB (torchrun's TORCHELASTIC_RUN_ID is 'none' without "
+                         "--rdzv-id)")
+    if local_rank is None:
+        local_rank = env["local_rank"]
+        if local_rank is None:
+            local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    return job, rank, world_size, local_rank
+
+
 class Client:
     """One trainer rank's connection to its node's ckptd (see the module docstring).
 
-    ``local_rank`` defaults to $LOCAL_RANK, else ``rank``. ``connect_timeout`` (seconds) is how
+    ``job``, ``rank``, ``world_size`` and ``local_rank`` left out (None) come from the launcher:
+    torchrun (RANK, WORLD_SIZE, LOCAL_RANK, TORCHELASTIC_RUN_ID), Slurm (SLURM_PROCID,
+    SLURM_NTASKS, SLURM_LOCALID, SLURM_JOB_ID) or Open MPI (OMPI_COMM_WORLD_RANK, ..._SIZE,
+    ..._LOCAL_RANK); $CKPTD_JOB names the job whatever the launcher (set it for a job that
+    resumes across allocations). ``local_rank`` otherwise defaults to $LOCAL_RANK, else ``rank``. ``connect_timeout`` (seconds) is how
     long the constructor keeps retrying while the daemon is not listening yet. ``call_timeout``
     (seconds; None: $CKPTD_CALL_TIMEOUT, else 10) bounds every prompt call and how long a wait
     tolerates a daemon that answers nothing (``self.call_timeout``).
     Thread-safe: calls may come from several threads (the GIL is released while waiting).
     """
 
-    def __init__(self, job, rank, world_size, socket=DEFAULT_SOCKET, local_rank=None,
-                 connect_timeout=10.0, call_timeout=None):
+    def __init__(self, job=None, rank=None, world_size=None, socket=DEFAULT_SOCKET,
+                 local_rank=None, connect_timeout=10.0, call_timeout=None):
+        job, rank, world_size, local_rank = _from_launcher(job, rank, world_size, local_rank)
         if not isinstance(job, str):
             raise _error("job must be a string, not %r" % (job,))
         rank = _as_uint(rank, "rank")
         world_size = _as_uint(world_size, "world_size")
-        if local_rank is None:
-            local_rank = int(os.environ.get("LOCAL_RANK", rank))
         local_rank = _as_uint(local_rank, "local_rank")
         connect_timeout = _as_timeout(connect_timeout, "connect_timeout")
         if call_timeout is not None:

@@ -7,28 +7,20 @@
 #include <thread>
 
 #include "common/logging.h"
-#include "daemon/thread_priority.h"
 
 namespace ckpt {
 
 CaptureEngine::CaptureEngine(const Config& config, HostPool* pool, FlushEngine* flush)
-    : config_(config), pool_(pool), flush_(flush) {}
+    : config_(config),
+      pool_(pool),
+      flush_(flush),
+      copiers_("capture", config.threads, config.nice) {}
 
 CaptureEngine::~CaptureEngine() { Stop(); }
 
-void CaptureEngine::Start() {
-  for (int i = 0; i < std::max(1, config_.threads); ++i) threads_.emplace_back([this] { Run(); });
-}
+void CaptureEngine::Start() { copiers_.Start(); }
 
-void CaptureEngine::Stop() {
-  {
-    std::lock_guard lock(mu_);
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  for (auto& t : threads_) t.join();
-  threads_.clear();
-}
+void CaptureEngine::Stop() { copiers_.Stop(); }
 
 std::string CaptureEngine::StorageStalled() const {
   if (config_.storage_stall_timeout.count() == 0) return {};
@@ -42,26 +34,20 @@ std::string CaptureEngine::StorageStalled() const {
 }
 
 void CaptureEngine::Submit(std::shared_ptr<CaptureJob> job) {
-  {
-    std::lock_guard lock(mu_);
-    queue_.push_back(std::move(job));
-  }
-  cv_.notify_one();
+  if (copiers_.Post([this, job] { Capture(job); })) return;
+  Refuse(job);
 }
 
-void CaptureEngine::Run() {
-  SetThisThreadNice(config_.nice);
-  while (true) {
-    std::shared_ptr<CaptureJob> job;
-    {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      job = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    Capture(job);
-  }
+void CaptureEngine::Refuse(const std::shared_ptr<CaptureJob>& job) {
+  // As a capture that failed before its first slot: the slots reserved for it go back, it
+  // reports captured with the error, and its capture token goes to the flush engine, which
+  // reports it persisted (with the same error, whether or not its writers still run).
+  job->Fail(Unavailable("job '" + job->job + "' step " + std::to_string(job->step) + " rank " +
+                        std::to_string(job->rank) +
+                        ": the daemon is stopping (its copy threads have stopped)"));
+  for (HostPool::SlotId slot : job->reserved_slots) pool_->Release(slot);
+  job->on_captured(job->first_error());
+  flush_->ReleaseCaptureToken(job);
 }
 
 Status CaptureEngine::CaptureSlot(CaptureJob& job, const Slot& slot, std::byte* dst,

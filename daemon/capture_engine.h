@@ -20,21 +20,23 @@
 // slot is never released or flushed before its fences completed — not even on failure — because
 // the DMA may still be writing into it.
 //
+// The copy threads are a WorkerPool of their own (worker_pool.h), apart from the writer threads:
+// a filesystem that hangs never holds a copy. A job submitted after Stop is never copied: it
+// fails ("the daemon is stopping"), its reserved slots go back, and it reports captured and
+// persisted with that error, so nothing waits for it forever.
+//
 // Thread safety: Submit from any thread.
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "daemon/capture_job.h"
 #include "daemon/flush_engine.h"
 #include "daemon/host_pool.h"
+#include "daemon/worker_pool.h"
 
 namespace ckpt {
 
@@ -56,13 +58,15 @@ class CaptureEngine {
   void Start();
   // Cancels nothing: lets queued jobs run (callers cancel jobs first if they want), then joins.
   void Stop();
+  // After Stop the job fails at once (its callbacks are called from here).
   void Submit(std::shared_ptr<CaptureJob> job);
 
   // Why storage counts as stalled now ("storage stalled: ..."), or empty when it does not.
   std::string StorageStalled() const;
 
  private:
-  void Run();
+  // A job the stopped copy threads will never take (see the essay).
+  void Refuse(const std::shared_ptr<CaptureJob>& job);
   void Capture(const std::shared_ptr<CaptureJob>& job);
   // A captured slot goes to the flush engine (counted in bytes_captured, one pending token).
   void Handoff(const std::shared_ptr<CaptureJob>& job, uint32_t index, HostPool::SlotId slot);
@@ -74,11 +78,7 @@ class CaptureEngine {
   Config config_;
   HostPool* pool_;
   FlushEngine* flush_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::shared_ptr<CaptureJob>> queue_;  // guarded by mu_
-  bool stopping_ = false;                          // guarded by mu_
-  std::vector<std::thread> threads_;
+  WorkerPool copiers_;  // last: stopped (its jobs drained) before the members above go
 };
 
 }  // namespace ckpt

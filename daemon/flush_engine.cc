@@ -5,7 +5,6 @@
 
 #include "common/checksum.h"
 #include "common/logging.h"
-#include "daemon/thread_priority.h"
 
 namespace ckpt {
 
@@ -14,32 +13,36 @@ FlushEngine::FlushEngine(const Config& config, HostPool* pool, HotCache* hot)
       pool_(pool),
       hot_(hot),
       busy_since_(new std::atomic<int64_t>[static_cast<size_t>(std::max(1, config.threads))]),
-      busy_slots_(static_cast<size_t>(std::max(1, config.threads))) {
+      busy_slots_(static_cast<size_t>(std::max(1, config.threads))),
+      writers_("flush", static_cast<int>(busy_slots_), config.nice) {
   for (size_t i = 0; i < busy_slots_; ++i) busy_since_[i] = 0;
 }
 
 FlushEngine::~FlushEngine() { Stop(); }
 
-void FlushEngine::Start() {
-  for (size_t i = 0; i < busy_slots_; ++i) threads_.emplace_back([this, i] { Run(i); });
-}
+void FlushEngine::Start() { writers_.Start(); }
 
-void FlushEngine::Stop() {
-  {
-    std::lock_guard lock(mu_);
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  for (auto& t : threads_) t.join();
-  threads_.clear();
-}
+void FlushEngine::Stop() { writers_.Stop(); }
 
 void FlushEngine::Submit(Item item) {
-  {
-    std::lock_guard lock(mu_);
-    queue_.push_back(std::move(item));
+  if (writers_.Post([this, item](size_t thread) { Process(item, thread); })) return;
+  Refuse(item);
+}
+
+void FlushEngine::Refuse(const Item& item) {
+  CaptureJob& job = *item.job;
+  job.Fail(Unavailable("job '" + job.job + "' step " + std::to_string(job.step) + " rank " +
+                       std::to_string(job.rank) +
+                       ": the daemon is stopping (its writer threads have stopped)"));
+  pool_->WakeAll();                    // its capture may be waiting for space it no longer needs
+  if (item.slot_index == kFinalize) {  // the last token was dropped already
+    job.on_persisted(job.first_error());
+    return;
   }
-  cv_.notify_one();
+  if (item.slot_index != kPrepare) pool_->Release(item.pool_slot);
+  // The last token reports at once: no storage call on this (capture or loop) thread, and the
+  // failed step's files are removed anyway (a DataFileWriter closes its file when destroyed).
+  if (job.pending.fetch_sub(1) == 1) job.on_persisted(job.first_error());
 }
 
 template <typename F>
@@ -100,63 +103,52 @@ void FlushEngine::Finalize(const std::shared_ptr<CaptureJob>& job, size_t thread
   job->on_persisted(std::move(status));
 }
 
-void FlushEngine::Run(size_t thread) {
-  SetThisThreadNice(config_.nice);
-  while (true) {
-    Item item;
-    {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping and drained
-      item = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    if (item.slot_index == kFinalize) {
-      Finalize(item.job, thread);
-      continue;
-    }
-    if (item.slot_index == kPrepare) {
-      if (!item.job->cancelled.load()) {
-        Status made = Timed(thread, [&] { return item.job->EnsureWriter(); });
-        if (!made.ok()) {
-          item.job->Fail(std::move(made));
-          pool_->WakeAll();  // its capture may be waiting for space it no longer needs
-        }
-      }
-      ReleaseToken(item.job, thread);
-      continue;
-    }
-    CaptureJob& job = *item.job;
-    bool adopted = false;
-    if (!job.cancelled.load()) {
-      const Slot& slot = job.plan->layout.slots[item.slot_index];
-      const std::byte* data = pool_->slot_data(item.pool_slot);
-      // Write first, checksum after (see flush_engine.h): the slot stays ours and immutable
-      // until it is released or adopted below, so the checksum still covers the stored bytes.
-      Status s = Timed(thread, [&] {
-        Status made = job.EnsureWriter();
-        return made.ok() ? job.writer->WriteAt(slot.file_offset, data, slot.length) : made;
-      });
-      if (s.ok()) {
-        for (const SlotPiece& piece : slot.pieces) {
-          job.checksums[piece.shard][piece.chunk_index] =
-              Xxh3(data + piece.slot_offset, piece.length);
-        }
-        job.bytes_written.fetch_add(slot.length, std::memory_order_relaxed);
-        if (hot_ != nullptr && !job.cancelled.load()) {
-          hot_->Adopt(job.job, job.step, job.data_file, slot.file_offset, slot.length,
-                      item.pool_slot);
-          adopted = true;
-        }
-      } else {
-        spdlog::warn("job {} step {} rank {}: {}", job.job, job.step, job.rank, s.ToString());
-        job.Fail(std::move(s));
-        pool_->WakeAll();  // the capture pass may be waiting for space it no longer needs
-      }
-    }
-    if (!adopted) pool_->Release(item.pool_slot);
-    ReleaseToken(item.job, thread);
+void FlushEngine::Process(const Item& item, size_t thread) {
+  if (item.slot_index == kFinalize) {
+    Finalize(item.job, thread);
+    return;
   }
+  if (item.slot_index == kPrepare) {
+    if (!item.job->cancelled.load()) {
+      Status made = Timed(thread, [&] { return item.job->EnsureWriter(); });
+      if (!made.ok()) {
+        item.job->Fail(std::move(made));
+        pool_->WakeAll();  // its capture may be waiting for space it no longer needs
+      }
+    }
+    ReleaseToken(item.job, thread);
+    return;
+  }
+  CaptureJob& job = *item.job;
+  bool adopted = false;
+  if (!job.cancelled.load()) {
+    const Slot& slot = job.plan->layout.slots[item.slot_index];
+    const std::byte* data = pool_->slot_data(item.pool_slot);
+    // Write first, checksum after (see flush_engine.h): the slot stays ours and immutable
+    // until it is released or adopted below, so the checksum still covers the stored bytes.
+    Status s = Timed(thread, [&] {
+      Status made = job.EnsureWriter();
+      return made.ok() ? job.writer->WriteAt(slot.file_offset, data, slot.length) : made;
+    });
+    if (s.ok()) {
+      for (const SlotPiece& piece : slot.pieces) {
+        job.checksums[piece.shard][piece.chunk_index] =
+            Xxh3(data + piece.slot_offset, piece.length);
+      }
+      job.bytes_written.fetch_add(slot.length, std::memory_order_relaxed);
+      if (hot_ != nullptr && !job.cancelled.load()) {
+        hot_->Adopt(job.job, job.step, job.data_file, slot.file_offset, slot.length,
+                    item.pool_slot);
+        adopted = true;
+      }
+    } else {
+      spdlog::warn("job {} step {} rank {}: {}", job.job, job.step, job.rank, s.ToString());
+      job.Fail(std::move(s));
+      pool_->WakeAll();  // the capture pass may be waiting for space it no longer needs
+    }
+  }
+  if (!adopted) pool_->Release(item.pool_slot);
+  ReleaseToken(item.job, thread);
 }
 
 }  // namespace ckpt

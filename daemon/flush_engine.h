@@ -9,6 +9,11 @@
 // storage for captured data: the capture threads never do, so captures go on into the pool while a
 // filesystem hangs.
 //
+// The writer threads are a WorkerPool of their own (worker_pool.h): a hung filesystem holds only
+// them. An item submitted after Stop cannot be written: its job fails ("the daemon is
+// stopping"), its pool slot goes back and its token is dropped, so the job still reports
+// persisted (with that error) and nothing waits for it forever.
+//
 // Stall watch. Each writer thread stamps when its current storage call began (0 while idle);
 // Activity() reports how many calls are in flight and how long the oldest has been. The node
 // state uses it to tell a hung filesystem (a call in flight for longer than the stall timeout)
@@ -28,17 +33,13 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <memory>
-#include <mutex>
-#include <thread>
-#include <vector>
 
 #include "daemon/capture_job.h"
 #include "daemon/host_pool.h"
 #include "daemon/hot_cache.h"
+#include "daemon/worker_pool.h"
 
 namespace ckpt {
 
@@ -53,7 +54,7 @@ class FlushEngine {
   ~FlushEngine();  // Stop()
 
   void Start();
-  // Lets queued items finish, then joins the threads.
+  // Lets queued items finish, then joins the threads. Items submitted later fail their job.
   void Stop();
 
   struct Item {
@@ -61,7 +62,8 @@ class FlushEngine {
     uint32_t slot_index;  // into job->plan->layout.slots
     HostPool::SlotId pool_slot;
   };
-  // The item's job must hold a pending token for it (the capture engine adds it).
+  // The item's job must hold a pending token for it (the capture engine adds it). After Stop
+  // the item is refused: its job fails, and the token and slot are given back here.
   void Submit(Item item);
 
   // The capture of `job` starts: a writer thread creates its step directory and data file now,
@@ -82,7 +84,10 @@ class FlushEngine {
  private:
   static constexpr uint32_t kFinalize = UINT32_MAX;     // Item::slot_index: finish the file
   static constexpr uint32_t kPrepare = UINT32_MAX - 1;  // Item::slot_index: create the file
-  void Run(size_t thread);
+  // One item, on writer thread `thread`.
+  void Process(const Item& item, size_t thread);
+  // An item the stopped writer threads will never take (see the essay).
+  void Refuse(const Item& item);
   // Drops one token; the caller that brings it to zero finalizes.
   void ReleaseToken(const std::shared_ptr<CaptureJob>& job, size_t thread);
   // fdatasync and on_persisted, on writer thread `thread`.
@@ -94,14 +99,10 @@ class FlushEngine {
   Config config_;
   HostPool* pool_;
   HotCache* hot_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Item> queue_;  // guarded by mu_
-  bool stopping_ = false;   // guarded by mu_
-  std::vector<std::thread> threads_;
   // Per writer thread: steady_clock nanoseconds at which its current storage call began; 0 idle.
   std::unique_ptr<std::atomic<int64_t>[]> busy_since_;
   size_t busy_slots_ = 0;
+  WorkerPool writers_;  // last: stopped (its tasks drained) before the members above go
 };
 
 }  // namespace ckpt

@@ -19,7 +19,7 @@ LoadService::LoadService(boost::asio::io_context& io, Config config, FileSystem*
       fs_(fs),
       commit_(commit),
       hot_(hot),
-      pool_(config_.threads) {}
+      pool_(config_.threads, 0, "load") {}
 
 LoadService::~LoadService() {
   *alive_ = false;
@@ -58,11 +58,19 @@ Result<std::shared_ptr<CheckpointReader>> LoadService::ReaderFor(const std::stri
 }
 
 void LoadService::Load(Request request, std::function<void(Result<Outcome>)> done) {
-  pool_.Post([this, alive = alive_, request = std::move(request), done = std::move(done)] {
-    auto outcome = LoadNow(request);
-    boost::asio::post(io_, [alive, done, outcome = std::move(outcome)]() mutable {
-      if (*alive) done(std::move(outcome));
-    });
+  const std::string what =
+      "load of job '" + request.job + "' into rank " + std::to_string(request.rank);
+  if (pool_.Post([this, alive = alive_, request = std::move(request), done] {
+        auto outcome = LoadNow(request);
+        boost::asio::post(io_, [alive, done, outcome = std::move(outcome)]() mutable {
+          if (*alive) done(std::move(outcome));
+        });
+      })) {
+    return;
+  }
+  // The load threads have stopped: the caller is told so, on the loop, instead of never.
+  boost::asio::post(io_, [alive = alive_, done = std::move(done), what] {
+    if (*alive) done(Unavailable(what + ": the daemon is stopping"));
   });
 }
 

@@ -6,6 +6,11 @@
 // The owner's state is touched only on the loop: `work` must not read it (pass what it needs by
 // value), `then` may. The pool runs tasks in order when it has one thread (the storage thread),
 // so outcomes arrive in the order the work was posted.
+//
+// Once the pool has stopped (the daemon is shutting down) it refuses work. Run then still
+// answers on the loop, with the result the caller named for that case (`if_stopped()`, e.g. an
+// UNAVAILABLE status "the daemon is stopping"): a waiter is told, never forgotten. Background
+// says whether the work was taken.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -26,28 +31,40 @@ class LoopTasks {
   LoopTasks(const LoopTasks&) = delete;
   LoopTasks& operator=(const LoopTasks&) = delete;
 
-  // `work()` on the pool, then `then(result)` — or `then()` for void work — on the loop.
-  template <class Work, class Then>
-  void Run(Work work, Then then) {
-    pool_->Post(
-        [io = &io_, alive = alive_, work = std::move(work), then = std::move(then)]() mutable {
+  // `work()` on the pool, then `then(result)` — or `then()` for void work — on the loop. If the
+  // pool has stopped, `work` never runs and `then(if_stopped())` (`then()` after
+  // `if_stopped()` for void work) runs on the loop instead.
+  template <class Work, class Then, class IfStopped>
+  void Run(Work work, Then then, IfStopped if_stopped) {
+    auto shared_then = std::make_shared<Then>(std::move(then));
+    const bool posted = pool_->Post(
+        [io = &io_, alive = alive_, work = std::move(work), then = shared_then]() mutable {
           if constexpr (std::is_void_v<std::invoke_result_t<Work&>>) {
             work();
             boost::asio::post(*io, [alive, then = std::move(then)]() mutable {
-              if (*alive) then();
+              if (*alive) (*then)();
             });
           } else {
             auto result = work();
             boost::asio::post(
                 *io, [alive, then = std::move(then), result = std::move(result)]() mutable {
-                  if (*alive) then(std::move(result));
+                  if (*alive) (*then)(std::move(result));
                 });
           }
         });
+    if (posted) return;
+    Later([then = std::move(shared_then), if_stopped = std::move(if_stopped)]() mutable {
+      if constexpr (std::is_void_v<std::invoke_result_t<Work&>>) {
+        if_stopped();
+        (*then)();
+      } else {
+        (*then)(if_stopped());
+      }
+    });
   }
 
-  // `work()` on the pool, nothing back.
-  void Background(std::function<void()> work) { pool_->Post(std::move(work)); }
+  // `work()` on the pool, nothing back. false: the pool has stopped; `work` was destroyed unrun.
+  [[nodiscard]] bool Background(std::function<void()> work) { return pool_->Post(std::move(work)); }
 
   // `f()` on the loop after the running handler returns, unless the owner is gone by then.
   void Later(std::function<void()> f) {

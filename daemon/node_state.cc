@@ -13,6 +13,13 @@ namespace ckpt {
 
 using ckptd::v1::StepState;
 
+namespace {
+// What storage work answers once the storage thread has stopped (loop_tasks.h).
+Status DaemonStopping(const std::string& what) {
+  return Unavailable(what + ": the daemon is stopping");
+}
+}  // namespace
+
 std::string_view StepStateName(StepState s) {
   switch (s) {
     case ckptd::v1::STEP_STATE_PENDING:
@@ -331,7 +338,13 @@ void NodeState::MaybeCleanup(Step& s) {
         if (!st.ok()) spdlog::warn("job '{}' step {}: cleanup: {}", job, step, st.ToString());
         hot->Drop(job, step);  // anything adopted after the failure
       },
-      [this] { CheckDrained(); });
+      [this] { CheckDrained(); },
+      [job = s.job, step = s.step] {
+        spdlog::warn(
+            "job '{}' step {}: cleanup: the daemon is stopping; its directory is left "
+            "to the next recovery scan",
+            job, step);
+      });
   for (auto& [r, rs] : s.ranks) rs.capture.reset();  // drop plans and mappings
 }
 
@@ -392,7 +405,8 @@ void NodeState::WaitState(const std::string& job, uint64_t step, StepState state
         }
         return Status::Ok();
       },
-      [done = std::move(done)](Status st) { done(st); });
+      [done = std::move(done)](Status st) { done(st); },
+      [job, step] { return DaemonStopping("job '" + job + "' step " + std::to_string(step)); });
 }
 
 void NodeState::Latest(const std::string& job,
@@ -406,7 +420,10 @@ void NodeState::Latest(const std::string& job,
           return;
         }
         spdlog::warn("{}; reading LATEST from the storage root instead", r.status().message());
-        tasks_.Run([commit = commit_, job] { return commit->Latest(job); }, done);
+        tasks_.Run([commit = commit_, job] { return commit->Latest(job); }, done,
+                   [job]() -> Result<std::optional<uint64_t>> {
+                     return DaemonStopping("LATEST of job '" + job + "'");
+                   });
       }));
 }
 
@@ -441,7 +458,9 @@ void NodeState::AddSink(const std::string& job, std::weak_ptr<EventSink> sink) {
           if (!newest) return;
           Job& j = JobNamed(job);
           j.newest_on_storage = std::max(j.newest_on_storage.value_or(0), *newest);
-        });
+        },
+        // Stopping: no saves are taken any more, so nothing needs the answer.
+        [] { return std::optional<uint64_t>(); });
   }
 }
 
@@ -518,7 +537,11 @@ void NodeState::ReleaseCaptures(Step& s) {
   for (auto& [r, rs] : s.ranks) {
     if (rs.capture) done.push_back(std::move(rs.capture));
   }
-  if (!done.empty()) tasks_.Background([done = std::move(done)] {});
+  if (done.empty()) return;
+  const bool posted = tasks_.Background([done = std::move(done)] {});
+  // Refused once the storage thread has stopped: the captures were freed here on the loop
+  // instead, which is all the work was.
+  static_cast<void>(posted);
 }
 
 void NodeState::Prune(Job& j) {
@@ -667,6 +690,10 @@ void NodeState::ReportNodeManifest(Step& s) {
         if (!s->node_manifest || s->node_manifest->ranks_size() < manifest->ranks_size()) {
           s->node_manifest = manifest;
         }
+      },
+      // Stopping: the manifest is never written, so the step fails here (the handler above).
+      [job = s.job, step = s.step]() -> Written {
+        return {DaemonStopping("job '" + job + "' step " + std::to_string(step)), nullptr};
       });
 }
 

@@ -65,8 +65,7 @@ void NodeAdminProvider::Close() {
 bool NodeAdminProvider::PostToStorage(std::function<void()> f) {
   std::lock_guard lock(mu_);
   if (closed_) return false;
-  sources_.storage->Post(std::move(f));
-  return true;
+  return sources_.storage->Post(std::move(f));
 }
 
 void NodeAdminProvider::GetStatus(Reply<ckptd::v1::GetStatusResponse> reply) {

@@ -58,8 +58,7 @@ void CoordinatorAdminProvider::Close() {
 bool CoordinatorAdminProvider::Post(std::function<void()> f) {
   std::lock_guard lock(mu_);
   if (closed_) return false;
-  worker_.Post(std::move(f));
-  return true;
+  return worker_.Post(std::move(f));
 }
 
 void CoordinatorAdminProvider::OnStepState(const std::string& job, uint64_t step,

@@ -279,13 +279,19 @@ void CoordinatorCore::Decide(const std::string& job, uint64_t step, StepRecord& 
   if (state == ckptd::v1::STEP_STATE_ABORTED || state == ckptd::v1::STEP_STATE_FAILED) {
     s.manifests.clear();
     ++commits_in_flight_;
-    commit_thread_.Post([this, job, step] {
+    const bool posted = commit_thread_.Post([this, job, step] {
       Status st = commit_->RemoveStep(job, step);
       if (!st.ok()) spdlog::warn("{}: removing its data: {}", StepName(job, step), st.ToString());
       std::lock_guard lock(mu_);
       --commits_in_flight_;
       cv_.notify_all();
     });
+    if (!posted) {  // stopping: the next start's recovery scan removes the directory
+      --commits_in_flight_;
+      cv_.notify_all();
+      spdlog::warn("{}: the coordinator is stopping; its data is left to the next recovery scan",
+                   StepName(job, step));
+    }
     TryCommit(job);  // a later step may have waited behind this one
   }
 }
@@ -550,7 +556,7 @@ void CoordinatorCore::TryCommit(const std::string& job) {
     for (auto& [node, m] : s.manifests) nodes.push_back(std::move(m));
     s.manifests.clear();
     ++commits_in_flight_;
-    commit_thread_.Post([this, job, step = n, nodes = std::move(nodes)] {
+    const bool posted = commit_thread_.Post([this, job, step = n, nodes = std::move(nodes)] {
       const std::string step_dir = StepDir(config_.storage_root, job, step);
       Status st = commit_->Commit(nodes).status();
       if (!st.ok()) {
@@ -565,6 +571,14 @@ void CoordinatorCore::TryCommit(const std::string& job) {
       if (st.ok()) RemoveUnreportedBelow(job, step);
       OnCommitted(job, step, st);
     });
+    if (!posted) {
+      // Stopping: no commit now. The node manifests are on storage, so the next start's
+      // recovery scan commits the step; until then it stays `committing` (not tried again).
+      --commits_in_flight_;
+      cv_.notify_all();
+      spdlog::warn("{}: the coordinator is stopping; the commit is left to the next recovery scan",
+                   StepName(job, n));
+    }
     return;
   }
 }

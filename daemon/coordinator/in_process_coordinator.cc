@@ -54,7 +54,9 @@ void InProcessCoordinator::PostToLoop(std::function<void()> f) {
 
 void InProcessCoordinator::ReportRanks(ckptd::v1::ReportRanksRequest request) {
   request.set_node_id(node_id_);
-  worker_.Post([this, request = std::move(request)] {
+  const std::string job = request.job();
+  const uint64_t step = request.step();
+  const bool posted = worker_.Post([this, request = std::move(request)] {
     auto resp = core_.ReportRanks(request);
     if (!resp.ok()) {
       spdlog::warn("embedded coordinator: report of job '{}' step {}: {}", request.job(),
@@ -68,28 +70,47 @@ void InProcessCoordinator::ReportRanks(ckptd::v1::ReportRanksRequest request) {
       PostToLoop([this, e] { handler_->OnCoordinatorEvent(e); });
     }
   });
+  // Stopped: the core has stopped too, and the next start's recovery scan decides the step.
+  if (!posted) {
+    spdlog::warn("embedded coordinator: report of job '{}' step {} after it stopped: dropped", job,
+                 step);
+  }
 }
 
 void InProcessCoordinator::ReportRegistration(ckptd::v1::ReportRegistrationRequest request) {
   request.set_node_id(node_id_);
-  worker_.Post([this, request = std::move(request)] {
+  const std::string job = request.job();
+  const uint32_t rank = request.rank();
+  const bool posted = worker_.Post([this, request = std::move(request)] {
     if (Status st = core_.ReportRegistration(request); !st.ok()) {
       spdlog::warn("embedded coordinator: registration of job '{}' rank {}: {}", request.job(),
                    request.rank(), st.ToString());
     }
   });
+  // Stopped: registrations live in memory only, and this memory goes with the process.
+  if (!posted) {
+    spdlog::warn("embedded coordinator: registration of job '{}' rank {} after it stopped: dropped",
+                 job, rank);
+  }
 }
 
 void InProcessCoordinator::Latest(const std::string& job, std::optional<RestoreQuery> restore_point,
                                   LatestDone done) {
-  worker_.Post([this, job, restore_point, done = std::move(done)]() mutable {
-    auto latest = restore_point
-                      ? core_.RestorePoint(job, restore_point->rank, restore_point->world_size,
-                                           restore_point->session)
-                      : core_.Latest(job);
-    PostToLoop([done = std::move(done), latest = std::move(latest)]() mutable {
-      done(std::move(latest));
-    });
+  if (worker_.Post([this, job, restore_point, done]() mutable {
+        auto latest = restore_point
+                          ? core_.RestorePoint(job, restore_point->rank, restore_point->world_size,
+                                               restore_point->session)
+                          : core_.Latest(job);
+        PostToLoop([done = std::move(done), latest = std::move(latest)]() mutable {
+          done(std::move(latest));
+        });
+      })) {
+    return;
+  }
+  // Stopped: the caller still hears, on the loop (not through PostToLoop: it drops everything
+  // after Stop, and `done` does not reach the handler).
+  boost::asio::post(io_, [done = std::move(done), job] {
+    done(Unavailable("LATEST of job '" + job + "': the daemon is stopping"));
   });
 }
 

@@ -7,7 +7,6 @@
 #include <grp.h>
 #include <sys/resource.h>
 #include <unistd.h>
-#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <boost/asio/io_context.hpp>
@@ -112,17 +111,6 @@ Result<int64_t> ResolveSocketGroup(const std::string& group) {
   if (rc != 0) return ErrnoStatus(rc, "socket-group: looking up group '" + group + "'");
   if (found == nullptr) return NotFound("socket-group: no group named '" + group + "'");
   return static_cast<int64_t>(found->gr_gid);
-}
-
-// The effective configuration as key/value pairs, for the admin status page.
-std::vector<std::pair<std::string, std::string>> ConfigSummary(const DaemonConfig& config) {
-  std::vector<std::pair<std::string, std::string>> out;
-  YAML::Node root = YAML::Load(config.ToYaml());
-  for (const auto& kv : root) {
-    out.emplace_back(kv.first.as<std::string>(),
-                     kv.second.IsNull() ? "" : kv.second.as<std::string>());
-  }
-  return out;
 }
 
 int RunDaemon(const DaemonConfig& config) {
@@ -261,7 +249,7 @@ int RunDaemon(const DaemonConfig& config) {
       std::chrono::duration<double>(config.storage_stall_timeout).count();
   admin_sources.node_id = config.node_id;
   admin_sources.version = kVersion;
-  admin_sources.config = ConfigSummary(config);
+  admin_sources.config = config.Summary();
   NodeAdminProvider admin_provider(io, std::move(admin_sources));
   SystemdStatus systemd_status;
   observers.Add(&metrics);

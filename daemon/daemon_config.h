@@ -1,13 +1,16 @@
 // The daemon's configuration, assembled in one place: flags > environment (CKPTD_<KEY>, e.g.
 // CKPTD_HOST_POOL) > YAML file (--config; keys are the flag names without dashes, e.g.
 // `host-pool: 8GiB`) > defaults in code. Each component keeps its own small Config; this file
-// maps the user-facing keys onto them and validates everything before anything starts.
+// maps the user-facing keys onto them and validates everything before anything starts. The keys
+// are one table (daemon_config.cc, on the machinery of daemon/config_table.h) that parsing,
+// --help and --print-config all read.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -55,6 +58,8 @@ struct DaemonConfig {
 
   // YAML of the effective configuration (what --print-config prints).
   std::string ToYaml() const;
+  // Every key and its value as --print-config prints them, for the admin status page.
+  std::vector<std::pair<std::string, std::string>> Summary() const;
 };
 
 // Parses argv (and the environment and --config file). On --help, prints usage and returns

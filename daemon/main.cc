@@ -1,11 +1,12 @@
 // ckptd: the node checkpoint daemon. Builds its components in dependency order, serves until
 // SIGTERM/SIGINT, then drains: stops accepting, lets in-flight steps persist and commit within
-// --shutdown-timeout, stops components in reverse order, exits 0.
+// --shutdown-timeout, stops components in reverse order, exits 0. The start order is written
+// once, as the pushes onto two ComponentStacks (daemon/component_stack.h) in RunDaemon: the same
+// list undoes a start that fails halfway and the shutdown, with a log line per stop.
 #include <fcntl.h>
 #include <grp.h>
 #include <sys/resource.h>
 #include <unistd.h>
-#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <boost/asio/io_context.hpp>
@@ -26,6 +27,7 @@
 #include "daemon/admin/systemd_status.h"
 #include "daemon/admin/systemd_watchdog.h"
 #include "daemon/capture_engine.h"
+#include "daemon/component_stack.h"
 #include "daemon/coordinator/commit_engine.h"
 #include "daemon/coordinator/in_process_coordinator.h"
 #include "daemon/daemon_config.h"
@@ -109,17 +111,6 @@ Result<int64_t> ResolveSocketGroup(const std::string& group) {
   if (rc != 0) return ErrnoStatus(rc, "socket-group: looking up group '" + group + "'");
   if (found == nullptr) return NotFound("socket-group: no group named '" + group + "'");
   return static_cast<int64_t>(found->gr_gid);
-}
-
-// The effective configuration as key/value pairs, for the admin status page.
-std::vector<std::pair<std::string, std::string>> ConfigSummary(const DaemonConfig& config) {
-  std::vector<std::pair<std::string, std::string>> out;
-  YAML::Node root = YAML::Load(config.ToYaml());
-  for (const auto& kv : root) {
-    out.emplace_back(kv.first.as<std::string>(),
-                     kv.second.IsNull() ? "" : kv.second.as<std::string>());
-  }
-  return out;
 }
 
 int RunDaemon(const DaemonConfig& config) {
@@ -258,7 +249,7 @@ int RunDaemon(const DaemonConfig& config) {
       std::chrono::duration<double>(config.storage_stall_timeout).count();
   admin_sources.node_id = config.node_id;
   admin_sources.version = kVersion;
-  admin_sources.config = ConfigSummary(config);
+  admin_sources.config = config.Summary();
   NodeAdminProvider admin_provider(io, std::move(admin_sources));
   SystemdStatus systemd_status;
   observers.Add(&metrics);
@@ -277,61 +268,83 @@ int RunDaemon(const DaemonConfig& config) {
   AdminServer admin({config.admin, config.admin_tls_cert, config.admin_tls_key,
                      config.admin_tls_client_ca, config.admin_allow_plaintext},
                     &admin_provider);
-  if (!config.admin.empty()) {
-    if (Status st = admin.Start(); !st.ok()) {
-      spdlog::error("{}", st.ToString());
-      return 1;
-    }
-    admin_provider.AddConfig("admin-bound", admin.bound_address());
-  }
   SystemdWatchdog watchdog(io);
+  LocalServer server(io, server_config, &services);  // binds nothing until started
   // ---- end of operations setup ----
+
+  // ---- start and stop order ----
+  // Two stacks, because the admin endpoint is not nested inside what it reports on: it comes up
+  // first (probes see NOT_SERVING while the pool pins) and goes down first (once the loop has
+  // stopped, its calls are answered and its streams ended before the engines go away). Each
+  // stack stops newest first; `operations` is declared last, so on an early return its
+  // destructor runs first too, the order the shutdown below spells out.
+  ComponentStack service("service");
+  ComponentStack operations("operations");
+
+  if (Status st = operations.Start(
+          "admin endpoint",
+          [&] {
+            if (config.admin.empty()) return Status::Ok();
+            RETURN_IF_ERROR(admin.Start());
+            admin_provider.AddConfig("admin-bound", admin.bound_address());
+            return Status::Ok();
+          },
+          [&] {
+            admin_provider.Close();  // answer status calls the loop will never run
+            admin.Stop();
+          });
+      !st.ok()) {
+    spdlog::error("{}", st.ToString());
+    return 1;
+  }
 
   HoldBeforePinForTests();
   if (Status st = (*pool)->Pin(); !st.ok()) {
     spdlog::error("host pool: {}", st.ToString());
-    admin_provider.Close();
-    admin.Stop();
     return 1;
   }
   spdlog::info("host pool: {} in {} slots of {} ({})", FormatBytes((*pool)->size_bytes()),
                (*pool)->slot_count(), FormatBytes(config.slot_size),
                (*pool)->locked() ? "pinned" : "not pinned");
 
-  LocalServer server(io, server_config, &services);
-
-  storage.Start();
-  loads.Start();
-  flush.Start();
-  capture.Start();
-  {
-    Status st = *coordinator_link ? (*coordinator_link)->Start(&node) : embedded->Start(&node);
-    if (!st.ok()) {
-      spdlog::error("{}", st.ToString());
-      admin_provider.Close();
-      admin.Stop();
-      capture.Stop();
-      flush.Stop();
-      loads.Stop();
-      storage.Stop();
-      return 2;
-    }
-  }
-  if (Status st = server.Start(); !st.ok()) {
+  // Bottom to top: the storage thread, loads and writers, the coordinator that commits what they
+  // write, the copy threads that feed the writers, and last the socket that feeds it all. The
+  // engines' threads idle until the socket brings work.
+  service.StartInfallible(
+      "storage thread", [&] { storage.Start(); }, [&] { storage.Stop(); });
+  service.StartInfallible(
+      "load service", [&] { loads.Start(); }, [&] { loads.Stop(); });
+  service.StartInfallible(
+      "flush engine", [&] { flush.Start(); }, [&] { flush.Stop(); });
+  if (Status st = *coordinator_link
+                      ? service.Start(
+                            "coordinator link", [&] { return (*coordinator_link)->Start(&node); },
+                            [&] { (*coordinator_link)->Stop(); })
+                      : service.Start(
+                            "embedded coordinator", [&] { return embedded->Start(&node); },
+                            [&] { embedded->Stop(); });
+      !st.ok()) {
     spdlog::error("{}", st.ToString());
-    admin_provider.Close();  // ops: answer status calls the loop will never run
-    admin.Stop();
-    capture.Stop();
-    flush.Stop();
-    loads.Stop();
-    storage.Stop();
+    return 2;
+  }
+  service.StartInfallible(
+      "capture engine", [&] { capture.Start(); }, [&] { capture.Stop(); });
+  if (Status st = service.Start(
+          "trainer socket and sessions", [&] { return server.Start(); },
+          [&] {
+            server.Stop(true);
+            node.CancelAll("the daemon is stopping");
+          });
+      !st.ok()) {
+    spdlog::error("{}", st.ToString());
     return 1;
   }
   spdlog::info("ready");
   admin.SetServing(true);  // ops: pool pinned, socket bound
   admin_provider.SetServing(true);
   admin_provider.Start();
-  watchdog.Start();
+  operations.StartInfallible(
+      "systemd watchdog", [&] { watchdog.Start(); }, [&] { watchdog.Stop(); });
   NotifySystemd("READY=1\nSTATUS=serving on " + config.socket);
 
   boost::asio::signal_set signals(io, SIGTERM, SIGINT);
@@ -365,20 +378,10 @@ int RunDaemon(const DaemonConfig& config) {
   });
   io.run();
 
-  // ops: the loop no longer runs; answer what waits for it, then end admin calls and streams.
-  watchdog.Stop();
-  admin_provider.Close();
-  admin.Stop();
-
-  // Reverse order: no new work, then the engines drain what they hold.
-  server.Stop(true);
-  node.CancelAll("the daemon is stopping");
-  capture.Stop();
-  if (*coordinator_link) (*coordinator_link)->Stop();
-  if (embedded) embedded->Stop();
-  flush.Stop();
-  loads.Stop();
-  storage.Stop();
+  // The loop no longer runs. Operations first (watchdog, then the admin endpoint), then the
+  // service from the top: no new work, sessions closed, then the engines drain what they hold.
+  operations.StopAll();
+  service.StopAll();
   spdlog::info("stopped{}", stopping ? "" : " (loop ended)");
   return 0;
 }

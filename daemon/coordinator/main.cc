@@ -7,20 +7,20 @@
 //
 //   ckpt-coordinator --listen ADDR --storage-root DIR [--keep N] [--step-timeout 10m]
 //                    [--lease 10s] [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]
-//                    [--allow-plaintext] [--log-level info]
+//                    [--allow-plaintext] [--log-level info] [--config FILE] [--print-config]
+// Every flag is also a key of the --config YAML file (coordinator_config.h).
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <csignal>
 #include <iostream>
 #include <random>
 
 #include "common/file_system.h"
 #include "common/logging.h"
-#include "common/units.h"
 #include "daemon/admin/admin_service.h"
 #include "daemon/admin/systemd_notify.h"
 #include "daemon/coordinator/coordinator_admin_provider.h"
+#include "daemon/coordinator/coordinator_config.h"
 #include "daemon/coordinator/coordinator_core.h"
 #include "daemon/rpc/coordinator_service.h"
 #include "daemon/rpc/grpc_server.h"
@@ -40,55 +40,35 @@ std::string RandomHex() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"ckpt-coordinator: global commit of multi-node checkpoints for ckptd daemons"};
-  std::string listen = "127.0.0.1:7470";
-  std::string root;
-  uint32_t keep = 0;
-  std::string step_timeout = "10m";
-  std::string lease = "10s";
-  ckpt::TlsFiles tls;
-  bool allow_plaintext = false;
-  std::string log_level = "info";
-  app.add_option("--listen", listen, "gRPC address to serve on (host:port or unix:PATH)");
-  app.add_option("--storage-root", root, "the storage root every daemon writes under")->required();
-  app.add_option("--keep", keep, "committed checkpoints kept per job (0 = all)");
-  app.add_option("--step-timeout", step_timeout,
-                 "abort a step not persisted by every rank within this of its first report");
-  app.add_option("--lease", lease, "a node whose event stream stays closed this long is lost");
-  app.add_option("--tls-cert", tls.cert, "PEM certificate chain (enables TLS)");
-  app.add_option("--tls-key", tls.key, "PEM private key of --tls-cert");
-  app.add_option("--tls-client-ca", tls.ca, "PEM CA; daemons must present a certificate it signed");
-  app.add_flag("--allow-plaintext", allow_plaintext, "serve without TLS on a non-loopback address");
-  app.add_option("--log-level", log_level, "trace, debug, info, warn or error");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
-  ckpt::InitLogging("ckpt-coordinator", log_level);
-  auto timeout = ckpt::ParseDuration(step_timeout);
-  auto lease_ms = ckpt::ParseDuration(lease);
-  if (!timeout.ok() || !lease_ms.ok() || timeout->count() <= 0 || lease_ms->count() <= 0) {
-    spdlog::error("--step-timeout '{}' / --lease '{}': not a positive duration", step_timeout,
-                  lease);
+  auto loaded = ckpt::LoadCoordinatorConfig(argc, argv);
+  if (!loaded.ok()) {
+    std::cerr << "ckpt-coordinator: " << loaded.status().message() << "\n";
     return 2;
   }
+  if (!loaded->has_value()) return 0;  // --help
+  const ckpt::CoordinatorConfig& flags = **loaded;
+  if (flags.print_config) {
+    std::cout << flags.ToYaml();
+    return 0;
+  }
+  ckpt::InitLogging("ckpt-coordinator", flags.log_level);
+  ckpt::TlsFiles tls;
+  tls.cert = flags.tls_cert;
+  tls.key = flags.tls_key;
+  tls.ca = flags.tls_client_ca;
   ckpt::CoordinatorCore::Config config;
-  config.storage_root = root;
-  config.keep = keep;
-  config.step_timeout = *timeout;
-  config.lease = *lease_ms;
+  config.storage_root = flags.storage_root;
+  config.keep = flags.keep;
+  config.step_timeout = flags.step_timeout;
+  config.lease = flags.lease;
   config.writer = std::string("ckpt-coordinator ") + ckpt::kVersion;
   ckpt::CoordinatorAdminProvider::Sources admin_sources;
   admin_sources.fs = ckpt::PosixFileSystem();
-  admin_sources.storage_root = root;
+  admin_sources.storage_root = flags.storage_root;
   admin_sources.version = ckpt::kVersion;
-  admin_sources.config = {{"listen", listen},
-                          {"storage-root", root},
-                          {"keep", std::to_string(keep)},
-                          {"step-timeout", step_timeout},
-                          {"lease", lease},
-                          {"tls", tls.enabled() ? (tls.ca.empty() ? "server" : "mutual") : "off"}};
+  admin_sources.config = flags.Summary();
+  admin_sources.config.emplace_back("tls",
+                                    tls.enabled() ? (tls.ca.empty() ? "server" : "mutual") : "off");
   ckpt::CoordinatorAdminProvider admin(std::move(admin_sources));
   config.on_step_state = [&admin](const std::string& job, uint64_t step, ckptd::v1::StepState state,
                                   const std::string& reason) {
@@ -116,10 +96,11 @@ int main(int argc, char** argv) {
   spdlog::info(
       "ckpt-coordinator {} starting: storage root {}, keep {}, step timeout {} ms, "
       "lease {} ms",
-      ckpt::kVersion, root, keep, timeout->count(), lease_ms->count());
+      ckpt::kVersion, flags.storage_root, flags.keep, flags.step_timeout.count(),
+      flags.lease.count());
   auto recovered = core.Start();
   if (!recovered.ok()) {
-    spdlog::error("recovery scan of {}: {}", root, recovered.status().ToString());
+    spdlog::error("recovery scan of {}: {}", flags.storage_root, recovered.status().ToString());
     return 1;
   }
   for (const auto& line : *recovered) spdlog::warn("recovery: {}", line);
@@ -136,9 +117,9 @@ int main(int argc, char** argv) {
   ckpt::AdminService admin_service(&admin);
   ckpt::GrpcServer::Options endpoint;
   endpoint.what = "coordinator";
-  endpoint.address = listen;
+  endpoint.address = flags.listen;
   endpoint.tls = tls;
-  endpoint.allow_plaintext = allow_plaintext;
+  endpoint.allow_plaintext = flags.allow_plaintext;
   endpoint.keepalive = true;  // notice a node that vanished even when no reset arrives
   endpoint.max_message_bytes = 1 << 30;
   auto server = ckpt::GrpcServer::Start(std::move(endpoint), {&service, &admin_service});
@@ -150,7 +131,7 @@ int main(int argc, char** argv) {
   (*server)->SetServing(true);
   spdlog::info("ready: serving ckptd.v1.Coordinator and ckptd.v1.Admin on {}",
                (*server)->bound_address());
-  ckpt::NotifySystemd("READY=1\nSTATUS=serving on " + listen);
+  ckpt::NotifySystemd("READY=1\nSTATUS=serving on " + flags.listen);
 
   int signo = 0;
   sigwait(&stop, &signo);

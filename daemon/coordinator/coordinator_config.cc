@@ -1,0 +1,62 @@
+// The coordinator's option table (daemon/config_table.h). Its keys keep the names, defaults and
+// help ckpt-coordinator always had; those it shares with ckptd come from daemon/config_keys.h.
+#include "daemon/coordinator/coordinator_config.h"
+
+#include "daemon/config_keys.h"
+#include "daemon/config_table.h"
+
+namespace ckpt {
+namespace {
+
+const OptionTable<CoordinatorConfig>& Table() {
+  using C = CoordinatorConfig;
+  const config_keys::EndpointMembers<C> endpoint{&C::listen, &C::tls_cert, &C::tls_key,
+                                                 &C::tls_client_ca, &C::allow_plaintext};
+  const std::string serves = "the coordinator and admin APIs";
+  Option<C> storage_root = config_keys::StorageRoot(&C::storage_root);
+  storage_root.help += " (required)";
+  static const OptionTable<C> table(
+      {"ckpt-coordinator", "global commit of multi-node checkpoints for ckptd daemons",
+       /*env_prefix=*/""},
+      Concat<C>({
+          {
+              config_keys::EndpointAddress("listen", serves, endpoint),
+              storage_root,
+              config_keys::Keep(&C::keep),
+              config_keys::StepTimeout(&C::step_timeout),
+              {"lease", "a node whose event stream stays closed this long is lost, e.g. 10s",
+               Duration(&C::lease)},
+          },
+          config_keys::EndpointTls("", serves, "daemons", endpoint),
+          {config_keys::LogLevel(&C::log_level)},
+      }));
+  return table;
+}
+
+Status Validate(const CoordinatorConfig& c) {
+  if (c.storage_root.empty()) {
+    return InvalidArgument("storage-root is required (--storage-root DIR or the config file)");
+  }
+  if (c.step_timeout.count() <= 0) return InvalidArgument("step-timeout must be positive");
+  if (c.lease.count() <= 0) return InvalidArgument("lease must be positive");
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string CoordinatorConfig::ToYaml() const { return Table().ToYaml(*this); }
+
+std::vector<std::pair<std::string, std::string>> CoordinatorConfig::Summary() const {
+  return Table().Print(*this);
+}
+
+Result<std::optional<CoordinatorConfig>> LoadCoordinatorConfig(int argc, char** argv) {
+  ASSIGN_OR_RETURN(auto loaded, Table().Load(argc, argv));
+  if (!loaded) return std::optional<CoordinatorConfig>();  // --help
+  CoordinatorConfig config = std::move(loaded->config);
+  config.print_config = loaded->print_config;
+  RETURN_IF_ERROR(Validate(config));
+  return std::optional<CoordinatorConfig>(std::move(config));
+}
+
+}  // namespace ckpt

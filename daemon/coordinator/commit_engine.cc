@@ -93,7 +93,7 @@ Status CommitEngine::ApplyRetention(const std::string& job) {
   for (size_t i = 0; i + 1 < committed.size() && excess > 0; ++i) {  // never the newest
     const uint64_t step = committed[i];
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (pins_.count({job, step}) != 0) continue;
     }
     const std::string dir = StepDir(config_.storage_root, job, step);
@@ -126,12 +126,12 @@ Result<std::vector<uint64_t>> CommitEngine::List(const std::string& job) const {
 }
 
 void CommitEngine::Pin(const std::string& job, uint64_t step) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   ++pins_[{job, step}];
 }
 
 void CommitEngine::Unpin(const std::string& job, uint64_t step) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = pins_.find({job, step});
   if (it != pins_.end() && --it->second == 0) pins_.erase(it);
 }

@@ -21,7 +21,6 @@
 #include <cstring>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <new>
 #include <system_error>
 #include <thread>
@@ -32,6 +31,7 @@
 #include "common/data_layout.h"
 #include "common/dtype.h"
 #include "common/manifest_io.h"
+#include "common/mutex.h"
 #include "common/names.h"
 
 namespace ckpt {
@@ -112,8 +112,10 @@ Status ParallelFor(size_t n, int threads, Work work) {
   if (n == 0) return Status::Ok();
   std::atomic<size_t> next{0};
   std::atomic<bool> stop{false};
-  std::mutex mu;
-  Status first_error;  // guarded by mu
+  struct {
+    Mutex mu;
+    Status first GUARDED_BY(mu);
+  } error;
   auto worker = [&] {
     State state;
     while (!stop.load(std::memory_order_relaxed)) {
@@ -121,8 +123,8 @@ Status ParallelFor(size_t n, int threads, Work work) {
       if (i >= n) return;
       Status s = work(state, i);
       if (!s.ok()) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (first_error.ok()) first_error = std::move(s);
+        MutexLock lock(error.mu);
+        if (error.first.ok()) error.first = std::move(s);
         stop.store(true, std::memory_order_relaxed);
       }
     }
@@ -140,8 +142,8 @@ Status ParallelFor(size_t n, int threads, Work work) {
     }
     worker();
   }  // joins
-  std::lock_guard<std::mutex> lock(mu);
-  return first_error;
+  MutexLock lock(error.mu);
+  return error.first;
 }
 
 // Cuts each file's pieces into aligned reads of up to max_read_bytes (a single piece larger than
@@ -182,7 +184,7 @@ class ReadBufferCache {
   // A retained buffer of at least `size` bytes, or a new (zero-filled) one.
   AlignedBuffer Take(size_t size) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       for (auto it = free_.begin(); it != free_.end(); ++it) {
         if (it->size() >= size) {
           AlignedBuffer b = std::move(*it);
@@ -195,15 +197,15 @@ class ReadBufferCache {
   }
   void Give(AlignedBuffer b) {
     if (b.size() == 0 || b.size() > kMaxRetainedBytes) return;
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (free_.size() < kMaxRetained) free_.push_back(std::move(b));
   }
 
  private:
   static constexpr size_t kMaxRetained = 8;
   static constexpr size_t kMaxRetainedBytes = 16ull << 20;
-  std::mutex mu_;
-  std::vector<AlignedBuffer> free_;  // guarded by mu_
+  Mutex mu_;
+  std::vector<AlignedBuffer> free_ GUARDED_BY(mu_);
 };
 
 // One I/O thread's buffer for the length of a call, borrowed from and returned to the cache.
@@ -664,11 +666,13 @@ Result<std::vector<std::string>> CheckpointReader::Verify() {
     handles[f] = std::move(file).value();
   }
 
-  std::mutex mu;
-  std::vector<Problem> found;  // guarded by mu
+  struct {
+    Mutex mu;
+    std::vector<Problem> list GUARDED_BY(mu);
+  } found;
   auto note = [&](Problem p) {
-    std::lock_guard<std::mutex> lock(mu);
-    found.push_back(std::move(p));
+    MutexLock lock(found.mu);
+    found.list.push_back(std::move(p));
   };
   auto describe = [&](const FilePieces& f, const Piece& p) {
     return DescribePiece(JoinPath(step_dir_, f.name), manifest_.tensors(static_cast<int>(p.tensor)),
@@ -699,8 +703,11 @@ Result<std::vector<std::string>> CheckpointReader::Verify() {
   PieceReader reader(options_, &bytes_read_);
   RETURN_IF_ERROR(reader.Run(files, handles, sink), "verifying " + step_dir_);
 
-  problems.insert(problems.end(), std::make_move_iterator(found.begin()),
-                  std::make_move_iterator(found.end()));
+  {
+    MutexLock lock(found.mu);  // the readers are done; taken for the analysis, never contended
+    problems.insert(problems.end(), std::make_move_iterator(found.list.begin()),
+                    std::make_move_iterator(found.list.end()));
+  }
   std::sort(problems.begin(), problems.end());
   std::vector<std::string> lines;
   lines.reserve(problems.size());

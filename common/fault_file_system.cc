@@ -27,7 +27,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <condition_variable>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -36,6 +35,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "common/units.h"
 
 namespace ckpt {
@@ -61,44 +61,48 @@ std::string AtOffset(std::string_view call, const std::string& path, uint64_t of
 }  // namespace
 
 struct FaultInjectingFileSystem::State {
-  mutable std::mutex mu;
+  mutable Mutex mu;
 
-  // ---- faults; all guarded by mu ----
-  std::string limit_to;                // faults apply to paths containing this ("" = all)
-  std::optional<uint64_t> space_left;  // bytes writable before ENOSPC
-  uint64_t writes_until_eio = 0;       // 0 = off; 1 = the next write fails
-  bool fail_data_sync = false;
-  bool short_writes = false;
-  uint64_t writes_until_stall = 0;  // 0 = off; 1 = the next write stalls
-  std::string stall_release_fifo;   // "" = released by ReleaseStalls
-  uint64_t stall_generation = 0;    // bumped by ReleaseStalls; a stalled write waits for a bump
-  std::condition_variable stall_cv;
-  uint64_t stalled_writes = 0;
+  // ---- faults ----
+  // Faults apply to paths containing this ("" = all).
+  std::string limit_to GUARDED_BY(mu);
+  std::optional<uint64_t> space_left GUARDED_BY(mu);  // bytes writable before ENOSPC
+  uint64_t writes_until_eio GUARDED_BY(mu) = 0;       // 0 = off; 1 = the next write fails
+  bool fail_data_sync GUARDED_BY(mu) = false;
+  bool short_writes GUARDED_BY(mu) = false;
+  uint64_t writes_until_stall GUARDED_BY(mu) = 0;  // 0 = off; 1 = the next write stalls
+  std::string stall_release_fifo GUARDED_BY(mu);   // "" = released by ReleaseStalls
+  // Bumped by ReleaseStalls; a stalled write waits for a bump.
+  uint64_t stall_generation GUARDED_BY(mu) = 0;
+  CondVar stall_cv;
+  uint64_t stalled_writes GUARDED_BY(mu) = 0;
 
-  // ---- control file ("control=FILE"); guarded by mu ----
-  std::string control_path;
-  std::string control_seen;  // identity (inode, size, mtime) of the version last applied
-  std::mutex reload_mu;      // one reload at a time; taken before mu
+  // ---- control file ("control=FILE") ----
+  std::string control_path GUARDED_BY(mu);
+  // Identity (inode, size, mtime) of the version last applied.
+  std::string control_seen GUARDED_BY(mu);
+  Mutex reload_mu ACQUIRED_BEFORE(mu);  // one reload at a time
 
-  uint64_t bytes_written = 0;  // every byte written through this filesystem
+  uint64_t bytes_written GUARDED_BY(mu) = 0;  // every byte written through this filesystem
 
-  // ---- crash model; keys normalized; guarded by mu ----
-  uint64_t epoch = 0;                                     // bumped by SimulateCrash
-  std::unordered_map<std::string, uint64_t> synced_size;  // files written through us
-  std::set<std::string> unsynced_entries;                 // names not yet dir-synced
+  // ---- crash model; keys normalized ----
+  uint64_t epoch GUARDED_BY(mu) = 0;  // bumped by SimulateCrash
+  // Files written through us.
+  std::unordered_map<std::string, uint64_t> synced_size GUARDED_BY(mu);
+  std::set<std::string> unsynced_entries GUARDED_BY(mu);  // names not yet dir-synced
 
-  bool Applies(const std::string& path) const {
+  bool Applies(const std::string& path) const REQUIRES(mu) {
     return limit_to.empty() || path.find(limit_to) != std::string::npos;
   }
 
   // Drops all bookkeeping of `path` and anything below it.
-  void Forget(const std::string& path) {
+  void Forget(const std::string& path) REQUIRES(mu) {
     std::erase_if(synced_size, [&](const auto& kv) { return IsSameOrUnder(kv.first, path); });
     std::erase_if(unsynced_entries, [&](const auto& p) { return IsSameOrUnder(p, path); });
   }
 
   // Bookkeeping of a rename: `to` (and below) is replaced by `from` (and below).
-  void Rename(const std::string& from, const std::string& to) {
+  void Rename(const std::string& from, const std::string& to) REQUIRES(mu) {
     auto moved = [&](const std::string& key) { return to + key.substr(from.size()); };
     std::vector<std::pair<std::string, uint64_t>> sizes;
     std::vector<std::string> entries;
@@ -134,7 +138,7 @@ class FaultFile final : public File {
     RETURN_IF_ERROR(MaybeStall(offset));
     size_t n = size;
     {
-      std::lock_guard lock(state_->mu);
+      MutexLock lock(state_->mu);
       if (DeadLocked()) return ErrnoStatus(EIO, AtOffset("pwrite", path(), offset));
       if (state_->Applies(path())) {
         if (state_->writes_until_eio > 0 && --state_->writes_until_eio == 0) {
@@ -155,7 +159,7 @@ class FaultFile final : public File {
       }
     }
     Result<size_t> written = base_->PWrite(data, n, offset);
-    std::lock_guard lock(state_->mu);
+    MutexLock lock(state_->mu);
     const size_t done = written.ok() ? *written : 0;
     if (state_->space_left && state_->Applies(path())) *state_->space_left += n - done;
     state_->bytes_written += done;
@@ -169,7 +173,7 @@ class FaultFile final : public File {
 
   Status DataSync() override {
     {
-      std::lock_guard lock(state_->mu);
+      MutexLock lock(state_->mu);
       if (DeadLocked()) return ErrnoStatus(EIO, "fdatasync " + path());
       if (state_->fail_data_sync && state_->Applies(path())) {
         return ErrnoStatus(EIO, "fdatasync " + path());
@@ -177,7 +181,7 @@ class FaultFile final : public File {
     }
     RETURN_IF_ERROR(base_->DataSync());
     ASSIGN_OR_RETURN(const uint64_t size, base_->Size());
-    std::lock_guard lock(state_->mu);
+    MutexLock lock(state_->mu);
     if (!DeadLocked()) state_->synced_size[key_] = size;
     return Status::Ok();
   }
@@ -190,7 +194,7 @@ class FaultFile final : public File {
   Status Truncate(uint64_t size) override {
     if (Dead()) return ErrnoStatus(EIO, "ftruncate " + path());
     RETURN_IF_ERROR(base_->Truncate(size));
-    std::lock_guard lock(state_->mu);
+    MutexLock lock(state_->mu);
     auto it = state_->synced_size.find(key_);
     if (it != state_->synced_size.end()) it->second = std::min(it->second, size);
     return Status::Ok();
@@ -216,7 +220,7 @@ class FaultFile final : public File {
   // Blocks this write when it is the one chosen to stall (see StallWriteNumber). The lock is
   // not held while blocked: other writes, and ReleaseStalls, go on meanwhile.
   Status MaybeStall(uint64_t offset) {
-    std::unique_lock lock(state_->mu);
+    MutexLock lock(state_->mu);
     if (state_->writes_until_stall == 0 || !state_->Applies(path()) ||
         --state_->writes_until_stall != 0) {
       return Status::Ok();
@@ -227,10 +231,12 @@ class FaultFile final : public File {
     spdlog::warn("fault injection: {} stalls until released{}", AtOffset("pwrite", path(), offset),
                  fifo.empty() ? std::string() : " (a writer opening " + fifo + ")");
     if (fifo.empty()) {
-      state_->stall_cv.wait(lock, [&] { return state_->stall_generation != generation; });
+      state_->stall_cv.Wait(state_->mu, [&]() REQUIRES(state_->mu) {
+        return state_->stall_generation != generation;
+      });
       return Status::Ok();
     }
-    lock.unlock();
+    lock.Unlock();
     int fd;
     do {
       fd = ::open(fifo.c_str(), O_RDONLY | O_CLOEXEC);  // blocks until a writer opens it
@@ -241,9 +247,9 @@ class FaultFile final : public File {
     return Status::Ok();
   }
 
-  bool DeadLocked() const { return state_->epoch != epoch_; }
+  bool DeadLocked() const REQUIRES(state_->mu) { return state_->epoch != epoch_; }
   bool Dead() const {
-    std::lock_guard lock(state_->mu);
+    MutexLock lock(state_->mu);
     return DeadLocked();
   }
 
@@ -261,39 +267,39 @@ FaultInjectingFileSystem::FaultInjectingFileSystem(FileSystem* base)
 FaultInjectingFileSystem::~FaultInjectingFileSystem() = default;
 
 void FaultInjectingFileSystem::FailWithNoSpaceAfter(uint64_t bytes) {
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(state_->mu);
   state_->space_left = bytes;
 }
 
 void FaultInjectingFileSystem::FailWriteNumber(uint64_t n) {
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(state_->mu);
   state_->writes_until_eio = n;
 }
 
 void FaultInjectingFileSystem::FailDataSync(bool on) {
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(state_->mu);
   state_->fail_data_sync = on;
 }
 
 void FaultInjectingFileSystem::ShortWrites(bool on) {
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(state_->mu);
   state_->short_writes = on;
 }
 
 void FaultInjectingFileSystem::StallWriteNumber(uint64_t n, std::string release_fifo) {
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(state_->mu);
   state_->writes_until_stall = n;
   state_->stall_release_fifo = std::move(release_fifo);
 }
 
 void FaultInjectingFileSystem::ReleaseStalls() {
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(state_->mu);
   ++state_->stall_generation;
-  state_->stall_cv.notify_all();
+  state_->stall_cv.NotifyAll();
 }
 
 uint64_t FaultInjectingFileSystem::stalled_writes() const {
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(state_->mu);
   return state_->stalled_writes;
 }
 
@@ -329,7 +335,7 @@ Status FaultInjectingFileSystem::ApplySpec(std::string_view spec) {
       LimitFaultsTo(value);
     } else if (key == "control") {
       if (value.empty()) return InvalidArgument(where + ": control needs a file name");
-      std::lock_guard lock(state_->mu);
+      MutexLock lock(state_->mu);
       state_->control_path = value;
       state_->control_seen.clear();
     } else {
@@ -343,11 +349,11 @@ Status FaultInjectingFileSystem::ApplySpec(std::string_view spec) {
 void FaultInjectingFileSystem::ReloadControlFile() {
   std::string path;
   {
-    std::lock_guard lock(state_->mu);
+    MutexLock lock(state_->mu);
     if (state_->control_path.empty()) return;
     path = state_->control_path;
   }
-  std::lock_guard reload(state_->reload_mu);
+  MutexLock reload(state_->reload_mu);
   struct stat st = {};
   std::string identity = "absent";
   if (::stat(path.c_str(), &st) == 0) {
@@ -355,7 +361,7 @@ void FaultInjectingFileSystem::ReloadControlFile() {
                std::to_string(st.st_mtim.tv_sec) + "." + std::to_string(st.st_mtim.tv_nsec);
   }
   {
-    std::lock_guard lock(state_->mu);
+    MutexLock lock(state_->mu);
     if (identity == state_->control_seen) return;
     state_->control_seen = identity;
   }
@@ -378,12 +384,12 @@ void FaultInjectingFileSystem::ReloadControlFile() {
 }
 
 void FaultInjectingFileSystem::LimitFaultsTo(std::string path_substring) {
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(state_->mu);
   state_->limit_to = std::move(path_substring);
 }
 
 void FaultInjectingFileSystem::ClearFaults() {
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(state_->mu);
   state_->limit_to.clear();
   state_->space_left.reset();
   state_->writes_until_eio = 0;
@@ -392,17 +398,17 @@ void FaultInjectingFileSystem::ClearFaults() {
   state_->writes_until_stall = 0;
   state_->stall_release_fifo.clear();
   ++state_->stall_generation;
-  state_->stall_cv.notify_all();
+  state_->stall_cv.NotifyAll();
 }
 
 uint64_t FaultInjectingFileSystem::bytes_written() const {
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(state_->mu);
   return state_->bytes_written;
 }
 
 Status FaultInjectingFileSystem::SimulateCrash() {
   // Held throughout: a crash is one instant, nothing may interleave with it.
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(state_->mu);
   ++state_->epoch;
   Status first_error;
   auto note = [&](Status s) {
@@ -446,12 +452,12 @@ Result<std::unique_ptr<File>> FaultInjectingFileSystem::Open(const std::string& 
   if (options.write) ReloadControlFile();
   if (!options.write) {
     ASSIGN_OR_RETURN(std::unique_ptr<File> file, base_->Open(path, options));
-    std::lock_guard lock(state_->mu);
+    MutexLock lock(state_->mu);
     return std::unique_ptr<File>(
         std::make_unique<FaultFile>(std::move(file), state_, state_->epoch));
   }
   // Held across the open so the existence check and the open are one step for other threads.
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(state_->mu);
   bool existed = true;
   if (options.create) {
     ASSIGN_OR_RETURN(existed, base_->Exists(path));
@@ -472,7 +478,7 @@ Status FaultInjectingFileSystem::CreateDirs(const std::string& path) {
 
 Status FaultInjectingFileSystem::Rename(const std::string& from, const std::string& to) {
   RETURN_IF_ERROR(base_->Rename(from, to));
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(state_->mu);
   state_->Rename(Normalize(from), Normalize(to));
   return Status::Ok();
 }
@@ -480,7 +486,7 @@ Status FaultInjectingFileSystem::Rename(const std::string& from, const std::stri
 Status FaultInjectingFileSystem::SyncDir(const std::string& path) {
   RETURN_IF_ERROR(base_->SyncDir(path));
   const std::string dir = Normalize(path);
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(state_->mu);
   std::erase_if(state_->unsynced_entries,
                 [&](const std::string& p) { return Normalize(DirName(p)) == dir; });
   return Status::Ok();
@@ -488,14 +494,14 @@ Status FaultInjectingFileSystem::SyncDir(const std::string& path) {
 
 Status FaultInjectingFileSystem::Remove(const std::string& path) {
   RETURN_IF_ERROR(base_->Remove(path));
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(state_->mu);
   state_->Forget(Normalize(path));
   return Status::Ok();
 }
 
 Status FaultInjectingFileSystem::RemoveAll(const std::string& path) {
   RETURN_IF_ERROR(base_->RemoveAll(path));
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(state_->mu);
   state_->Forget(Normalize(path));
   return Status::Ok();
 }

@@ -19,11 +19,11 @@
 #include <chrono>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "common/data_writer.h"
+#include "common/mutex.h"
 #include "common/step_layout.h"
 #include "daemon/capture_plan.h"
 #include "daemon/host_pool.h"
@@ -62,7 +62,7 @@ struct CaptureJob {
   // share its outcome. Runs on flush threads only: storage calls may block for as long as the
   // filesystem hangs.
   Status EnsureWriter() {
-    std::lock_guard lock(writer_mu);
+    MutexLock lock(writer_mu);
     if (writer != nullptr) return Status::Ok();
     if (!writer_error.ok()) return writer_error;
     // Never into a committed step (a restarted trainer saving a step number again): its data
@@ -89,19 +89,19 @@ struct CaptureJob {
 
   // First error wins; it also cancels the job.
   void Fail(Status s) {
-    std::lock_guard lock(error_mu);
+    MutexLock lock(error_mu);
     if (error.ok()) error = std::move(s);
     cancelled.store(true);
   }
   Status first_error() const {
-    std::lock_guard lock(error_mu);
+    MutexLock lock(error_mu);
     return error;
   }
 
-  mutable std::mutex error_mu;
-  Status error;  // guarded by error_mu
-  std::mutex writer_mu;
-  Status writer_error;  // guarded by writer_mu
+  mutable Mutex error_mu;
+  Status error GUARDED_BY(error_mu);
+  Mutex writer_mu;
+  Status writer_error GUARDED_BY(writer_mu);
 };
 
 }  // namespace ckpt

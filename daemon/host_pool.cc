@@ -109,7 +109,7 @@ std::optional<HostPool::SlotId> HostPool::AcquireFor(const std::atomic<bool>* ca
 std::optional<HostPool::SlotId> HostPool::AcquireUntil(
     const std::atomic<bool>* cancelled,
     std::optional<std::chrono::steady_clock::time_point> deadline) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   while (true) {
     if (cancelled != nullptr && cancelled->load()) return std::nullopt;
     if (!free_.empty()) {
@@ -120,17 +120,17 @@ std::optional<HostPool::SlotId> HostPool::AcquireUntil(
     uint64_t seen = generation_;
     if (reclaimer_) {
       // The reclaimer takes its own lock and calls Release: never call it under ours.
-      lock.unlock();
+      lock.Unlock();
       const bool freed = reclaimer_();
-      lock.lock();
+      lock.Lock();
       if (freed || generation_ != seen) continue;
     }
-    auto woken = [&] {
+    auto woken = [&]() REQUIRES(mu_) {
       return generation_ != seen || !free_.empty() || (cancelled != nullptr && cancelled->load());
     };
     if (!deadline) {
-      freed_.wait(lock, woken);
-    } else if (!freed_.wait_until(lock, *deadline, woken)) {
+      freed_.Wait(mu_, woken);
+    } else if (!freed_.WaitUntil(mu_, *deadline, woken)) {
       return std::nullopt;
     }
   }
@@ -138,12 +138,12 @@ std::optional<HostPool::SlotId> HostPool::AcquireUntil(
 
 std::optional<std::vector<HostPool::SlotId>> HostPool::TryAcquireMany(uint32_t count,
                                                                       bool reclaim) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   while (free_.size() < count) {
     if (!reclaim || !reclaimer_) return std::nullopt;
-    lock.unlock();
+    lock.Unlock();
     const bool freed = reclaimer_();
-    lock.lock();
+    lock.Lock();
     if (!freed) {
       if (free_.size() >= count) break;
       return std::nullopt;
@@ -156,23 +156,23 @@ std::optional<std::vector<HostPool::SlotId>> HostPool::TryAcquireMany(uint32_t c
 
 void HostPool::Release(SlotId slot) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     free_.push_back(slot);
     ++generation_;
   }
-  freed_.notify_all();
+  freed_.NotifyAll();
 }
 
 void HostPool::WakeAll() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     ++generation_;
   }
-  freed_.notify_all();
+  freed_.NotifyAll();
 }
 
 uint32_t HostPool::free_slots() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return static_cast<uint32_t>(free_.size());
 }
 

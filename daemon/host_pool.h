@@ -13,14 +13,13 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace ckpt {
@@ -82,10 +81,10 @@ class HostPool {
   const uint32_t slot_count_;
   const bool lock_memory_;
   std::atomic<bool> locked_{false};
-  mutable std::mutex mu_;
-  std::condition_variable freed_;
-  std::vector<SlotId> free_;  // guarded by mu_
-  uint64_t generation_ = 0;   // guarded by mu_; bumped by Release and WakeAll
+  mutable Mutex mu_;
+  CondVar freed_;
+  std::vector<SlotId> free_ GUARDED_BY(mu_);
+  uint64_t generation_ GUARDED_BY(mu_) = 0;  // bumped by Release and WakeAll
   std::function<bool()> reclaimer_;
 };
 

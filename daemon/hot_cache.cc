@@ -6,7 +6,7 @@
 namespace ckpt {
 
 HotCache::~HotCache() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   while (!steps_.empty()) FreeLocked(steps_.begin());
 }
 
@@ -48,7 +48,7 @@ void HotCache::AddValid(Window& w, uint64_t begin, uint64_t end) {
 
 void HotCache::Adopt(const std::string& job, uint64_t step, const std::string& file,
                      uint64_t file_offset, uint64_t length, HostPool::SlotId slot) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   // A newer step of this job is already cached: this one is stale on arrival.
   auto newer = steps_.upper_bound({job, step});
   if (newer != steps_.end() && newer->first.first == job) {
@@ -76,7 +76,7 @@ void HotCache::InsertRead(const std::string& job, uint64_t step, const std::stri
   const uint64_t window_size = pool_->slot_size();
   const uint64_t start = offset / window_size * window_size;
   if (length == 0 || offset + length > start + window_size) return;  // straddles: not cached
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto newer = steps_.upper_bound({job, step});
   if (newer != steps_.end() && newer->first.first == job) return;
   Window* window = nullptr;
@@ -108,7 +108,7 @@ const std::byte* HotCache::Find(const std::string& job, uint64_t step, const std
   const uint64_t window_size = pool_->slot_size();
   const uint64_t start = offset / window_size * window_size;
   if (offset + length > start + window_size) return nullptr;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto e = steps_.find({job, step});
   if (e == steps_.end() || e->second.dropped) return nullptr;
   auto f = e->second.files.find(file);
@@ -126,12 +126,12 @@ const std::byte* HotCache::Find(const std::string& job, uint64_t step, const std
 }
 
 void HotCache::Pin(const std::string& job, uint64_t step) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   ++steps_[{job, step}].pins;
 }
 
 void HotCache::Unpin(const std::string& job, uint64_t step) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = steps_.find({job, step});
   if (it == steps_.end()) return;
   if (--it->second.pins == 0) {
@@ -141,7 +141,7 @@ void HotCache::Unpin(const std::string& job, uint64_t step) {
 }
 
 void HotCache::Drop(const std::string& job, uint64_t step) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = steps_.find({job, step});
   if (it == steps_.end()) return;
   if (it->second.pins == 0)
@@ -151,7 +151,7 @@ void HotCache::Drop(const std::string& job, uint64_t step) {
 }
 
 bool HotCache::ReclaimOne() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto victim = steps_.end();
   for (auto it = steps_.begin(); it != steps_.end(); ++it) {
     if (it->second.pins != 0 || it->second.files.empty()) continue;
@@ -163,7 +163,7 @@ bool HotCache::ReclaimOne() {
 }
 
 uint64_t HotCache::resident_bytes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return resident_slots_ * pool_->slot_size();
 }
 

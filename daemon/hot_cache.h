@@ -17,11 +17,11 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/mutex.h"
 #include "daemon/host_pool.h"
 
 namespace ckpt {
@@ -70,17 +70,17 @@ class HotCache {
   };
   using Key = std::pair<std::string, uint64_t>;
 
-  // Releases every slot of the entry; mu_ held.
-  void FreeLocked(std::map<Key, StepEntry>::iterator it);
-  // Drops unpinned steps of `job` older than `step`; mu_ held.
-  void DropOlderLocked(const std::string& job, uint64_t step);
+  // Releases every slot of the entry.
+  void FreeLocked(std::map<Key, StepEntry>::iterator it) REQUIRES(mu_);
+  // Drops unpinned steps of `job` older than `step`.
+  void DropOlderLocked(const std::string& job, uint64_t step) REQUIRES(mu_);
   static void AddValid(Window& w, uint64_t begin, uint64_t end);
 
   HostPool* pool_;
-  mutable std::mutex mu_;
-  std::map<Key, StepEntry> steps_;  // guarded by mu_
-  uint64_t clock_ = 0;              // guarded by mu_
-  uint64_t resident_slots_ = 0;     // guarded by mu_
+  mutable Mutex mu_;
+  std::map<Key, StepEntry> steps_ GUARDED_BY(mu_);
+  uint64_t clock_ GUARDED_BY(mu_) = 0;
+  uint64_t resident_slots_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ckpt

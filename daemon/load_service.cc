@@ -29,12 +29,12 @@ LoadService::~LoadService() {
 void LoadService::Start() { pool_.Start(); }
 void LoadService::Stop() { pool_.Stop(); }
 
-std::shared_ptr<std::mutex> LoadService::StepLock(const std::string& job, uint64_t step) {
-  std::lock_guard lock(mu_);
+std::shared_ptr<Mutex> LoadService::StepLock(const std::string& job, uint64_t step) {
+  MutexLock lock(mu_);
   auto& weak = step_locks_[{job, step}];
   auto strong = weak.lock();
   if (!strong) {
-    strong = std::make_shared<std::mutex>();
+    strong = std::make_shared<Mutex>();
     weak = strong;
   }
   std::erase_if(step_locks_, [](const auto& kv) { return kv.second.expired(); });
@@ -44,14 +44,14 @@ std::shared_ptr<std::mutex> LoadService::StepLock(const std::string& job, uint64
 Result<std::shared_ptr<CheckpointReader>> LoadService::ReaderFor(const std::string& job,
                                                                  uint64_t step) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = readers_.find({job, step});
     if (it != readers_.end()) return it->second;
   }
   ASSIGN_OR_RETURN(auto opened, CheckpointReader::Open(
                                     fs_, StepDir(config_.storage_root, job, step), config_.reader));
   std::shared_ptr<CheckpointReader> reader = std::move(opened);
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (readers_.size() >= kReadersKept) readers_.erase(readers_.begin());
   readers_[{job, step}] = reader;
   return reader;
@@ -147,7 +147,7 @@ Result<LoadService::Outcome> LoadService::LoadNow(const Request& request) {
   CheckpointReader::ReadStats stats;
   {
     auto lock = StepLock(request.job, step);
-    std::lock_guard guard(*lock);
+    MutexLock guard(*lock);
     RETURN_IF_ERROR((*reader)->Read(requests, &hooks, &stats), ctx);
   }
   out.bytes_from_memory = stats.bytes_from_memory;

@@ -17,12 +17,12 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "common/checkpoint_reader.h"
+#include "common/mutex.h"
 #include "daemon/capture_plan.h"
 #include "daemon/coordinator/commit_engine.h"
 #include "daemon/hot_cache.h"
@@ -68,7 +68,7 @@ class LoadService {
 
  private:
   Result<std::shared_ptr<CheckpointReader>> ReaderFor(const std::string& job, uint64_t step);
-  std::shared_ptr<std::mutex> StepLock(const std::string& job, uint64_t step);
+  std::shared_ptr<Mutex> StepLock(const std::string& job, uint64_t step);
 
   boost::asio::io_context& io_;
   Config config_;
@@ -76,10 +76,12 @@ class LoadService {
   CommitEngine* commit_;
   HotCache* hot_;
   TaskPool pool_;
-  std::mutex mu_;
+  Mutex mu_;
   // Recently opened steps (manifest parsed once); bounded.
-  std::map<std::pair<std::string, uint64_t>, std::shared_ptr<CheckpointReader>> readers_;
-  std::map<std::pair<std::string, uint64_t>, std::weak_ptr<std::mutex>> step_locks_;
+  std::map<std::pair<std::string, uint64_t>, std::shared_ptr<CheckpointReader>> readers_
+      GUARDED_BY(mu_);
+  // One per step being loaded: loads of one step take turns (read-once per node).
+  std::map<std::pair<std::string, uint64_t>, std::weak_ptr<Mutex>> step_locks_ GUARDED_BY(mu_);
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

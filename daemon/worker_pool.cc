@@ -14,7 +14,7 @@ WorkerPool::WorkerPool(std::string name, int threads, int nice)
 WorkerPool::~WorkerPool() { Stop(); }
 
 void WorkerPool::Start() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (stopping_) return;
   StartLocked();
 }
@@ -27,7 +27,7 @@ void WorkerPool::StartLocked() {
 }
 
 void WorkerPool::Stop() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   if (joined_) return;
   stopping_ = true;
   if (!started_) {
@@ -38,18 +38,18 @@ void WorkerPool::Stop() {
     }
     StartLocked();  // what was posted before Start still runs
   }
-  work_cv_.notify_all();
+  work_cv_.NotifyAll();
   if (joining_) {  // another Stop joins; return once it has
-    stopped_cv_.wait(lock, [&] { return joined_; });
+    stopped_cv_.Wait(mu_, [&]() REQUIRES(mu_) { return joined_; });
     return;
   }
   joining_ = true;
   std::vector<std::thread> threads = std::move(threads_);
-  lock.unlock();
+  lock.Unlock();
   for (auto& t : threads) t.join();
-  lock.lock();
+  lock.Lock();
   joined_ = true;
-  stopped_cv_.notify_all();
+  stopped_cv_.NotifyAll();
 }
 
 bool WorkerPool::Post(std::function<void()> task) {
@@ -58,11 +58,11 @@ bool WorkerPool::Post(std::function<void()> task) {
 
 bool WorkerPool::Post(IndexedTask task) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (closed_) return false;  // `task` is destroyed on return, outside the lock
     tasks_.push_back(std::move(task));
   }
-  work_cv_.notify_one();
+  work_cv_.NotifyOne();
   return true;
 }
 
@@ -70,24 +70,26 @@ void WorkerPool::Run(size_t worker) {
   const std::string thread_name = (name_ + "-" + std::to_string(worker)).substr(0, 15);
   ::pthread_setname_np(::pthread_self(), thread_name.c_str());
   SetThisThreadNice(nice_);
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   while (true) {
-    work_cv_.wait(lock, [&] { return !tasks_.empty() || closed_ || (stopping_ && running_ == 0); });
+    work_cv_.Wait(mu_, [&]() REQUIRES(mu_) {
+      return !tasks_.empty() || closed_ || (stopping_ && running_ == 0);
+    });
     if (!tasks_.empty()) {
       IndexedTask task = std::move(tasks_.front());
       tasks_.pop_front();
       ++running_;
-      lock.unlock();
+      lock.Unlock();
       task(worker);
       task = nullptr;  // what it holds is released outside the lock too
-      lock.lock();
+      lock.Lock();
       --running_;
       continue;
     }
     // Stopping, nothing queued, and no task running that could still post: the pool is done.
     // Wake the idle workers (they exit too) and refuse posts from now on.
     closed_ = true;
-    work_cv_.notify_all();
+    work_cv_.NotifyAll();
     return;
   }
 }

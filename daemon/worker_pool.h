@@ -32,14 +32,14 @@
 // for itself).
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "common/mutex.h"
 
 namespace ckpt {
 
@@ -69,23 +69,23 @@ class WorkerPool {
   const std::string& name() const { return name_; }
 
  private:
-  void StartLocked();  // mu_ held
+  void StartLocked() REQUIRES(mu_);
   void Run(size_t worker);
 
   const std::string name_;
   const size_t size_;
   const int nice_;
-  std::mutex mu_;
-  std::condition_variable work_cv_;     // a task was queued, or the pool closed
-  std::condition_variable stopped_cv_;  // the threads were joined
-  std::deque<IndexedTask> tasks_;       // guarded by mu_
-  size_t running_ = 0;                  // guarded by mu_: tasks being run now
-  bool started_ = false;                // guarded by mu_
-  bool stopping_ = false;               // guarded by mu_: Stop was called
-  bool closed_ = false;                 // guarded by mu_: stopping, drained; Post refuses
-  bool joining_ = false;                // guarded by mu_: one Stop is joining the threads
-  bool joined_ = false;                 // guarded by mu_: the threads are gone
-  std::vector<std::thread> threads_;    // guarded by mu_
+  Mutex mu_;
+  CondVar work_cv_;     // a task was queued, or the pool closed
+  CondVar stopped_cv_;  // the threads were joined
+  std::deque<IndexedTask> tasks_ GUARDED_BY(mu_);
+  size_t running_ GUARDED_BY(mu_) = 0;  // tasks being run now
+  bool started_ GUARDED_BY(mu_) = false;
+  bool stopping_ GUARDED_BY(mu_) = false;  // Stop was called
+  bool closed_ GUARDED_BY(mu_) = false;    // stopping, drained; Post refuses
+  bool joining_ GUARDED_BY(mu_) = false;   // one Stop is joining the threads
+  bool joined_ GUARDED_BY(mu_) = false;    // the threads are gone
+  std::vector<std::thread> threads_ GUARDED_BY(mu_);
 };
 
 }  // namespace ckpt

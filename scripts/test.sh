@@ -2,7 +2,9 @@
 # Installs what is missing, builds everything (warnings are errors) and runs every test; then
 # the reliability stages: the libFuzzer harnesses for a bounded time, the unit and integration
 # suites under AddressSanitizer + UndefinedBehaviorSanitizer, and the concurrency tests under
-# ThreadSanitizer. This is the README's test command and what CI runs (.ci/run).
+# ThreadSanitizer, built with clang so that its thread-safety analysis (-Wthread-safety, an
+# error here) checks every lock annotation (common/mutex.h) of what that stage builds. This is
+# the README's test command and what CI runs (.ci/run).
 #   CKPT_TEST_STAGES  which stages, in order (default "main asan tsan fuzz"; "main" alone is the
 #                     quick check while developing)
 #   CKPT_BUILD_DIR    build directory of the main stage (default build); the others use
@@ -63,7 +65,13 @@ stage_asan() {
 }
 
 stage_tsan() {
-  configure build-tsan -DCKPT_SANITIZE=thread -DCKPT_BUILD_BENCH=OFF -DCKPT_BUILD_PYTHON=OFF
+  # clang, not gcc: the same build is also the static check of the lock annotations
+  # (GUARDED_BY, REQUIRES, ...: common/thread_annotations.h). cmake/Warnings.cmake adds
+  # -Wthread-safety for clang and CKPT_WERROR makes it an error, so every target built here is
+  # checked at no extra build cost. No CUDA kernel is built in this stage (no benchmarks); where
+  # one is, CMake leaves nvcc on its default host compiler (g++) even when CXX is clang.
+  configure build-tsan -DCKPT_SANITIZE=thread -DCKPT_BUILD_BENCH=OFF -DCKPT_BUILD_PYTHON=OFF \
+    -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
   cmake --build build-tsan -j "$jobs" --target "${sanitized_targets[@]}"
   # The concurrency tests: the unit tests (the daemon's threaded components: host pool, hot cache,
   # task pool, fault filesystem, PWriteAll from many threads) and the integration tests that

@@ -17,7 +17,6 @@ using ckptd::v1::Admin;
 
 constexpr int kExitOk = 0;
 constexpr int kExitProblem = 1;
-constexpr int kExitUsage = 2;
 
 namespace {
 

@@ -51,11 +51,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <system_error>
 #include <thread>
 #include <unordered_map>
@@ -65,6 +63,7 @@
 #include "client/src/cuda_export.h"
 #include "common/dtype.h"
 #include "common/frame_io.h"
+#include "common/mutex.h"
 #include "common/names.h"
 
 #ifndef CKPT_CLIENT_VERSION
@@ -258,23 +257,23 @@ struct Connection {
   class SendGate {
    public:
     bool TryAcquireUntil(Clock::time_point deadline) {
-      std::unique_lock lock(mu_);
-      if (!cv_.wait_until(lock, deadline, [&] { return !busy_; })) return false;
+      MutexLock lock(mu_);
+      if (!cv_.WaitUntil(mu_, deadline, [&]() REQUIRES(mu_) { return !busy_; })) return false;
       busy_ = true;
       return true;
     }
     void Release() {
       {
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         busy_ = false;
       }
-      cv_.notify_one();
+      cv_.NotifyOne();
     }
 
    private:
-    std::mutex mu_;
-    std::condition_variable cv_;
-    bool busy_ = false;  // guarded by mu_
+    Mutex mu_;
+    CondVar cv_;
+    bool busy_ GUARDED_BY(mu_) = false;
   };
   // Holds the gate for a scope once acquired.
   class SendHold {
@@ -348,14 +347,14 @@ class Client::Impl {
   // The usable connection, making one first when the last broke (re-attach). `deadline` bounds
   // the re-attach.
   Result<ConnectionPtr> Attached(Clock::time_point deadline);
-  // Requires register_mu_. Makes a new connection: connect, hello, re-register.
-  Status ReattachLocked(Clock::time_point deadline, bool first);
+  // Makes a new connection: connect, hello, re-register.
+  Status ReattachLocked(Clock::time_point deadline, bool first) REQUIRES(register_mu_);
   Status HelloOn(const ConnectionPtr& conn, Clock::time_point deadline, bool first);
-  // Requires register_mu_. `must_match`: a re-attach's re-registration, which must describe
-  // the same memory as before (else kFailedPrecondition and nothing is sent).
+  // `must_match`: a re-attach's re-registration, which must describe the same memory as before
+  // (else kFailedPrecondition and nothing is sent).
   Status RegisterLocked(const ConnectionPtr& conn, std::span<const HostTensor> tensors,
                         std::span<const CudaTensor> cuda, Clock::time_point deadline,
-                        const std::vector<RegisteredTensor>* must_match);
+                        const std::vector<RegisteredTensor>* must_match) REQUIRES(register_mu_);
   // Sends `frames` on `conn` and waits for the reply to any of their ids. Returns the reply when
   // its body is `expected`; the daemon's Error as a Status; kDeadlineExceeded "<what> timed out
   // after ..." when the deadline passes or the daemon stops answering probes; kUnavailable when
@@ -378,8 +377,8 @@ class Client::Impl {
   void OnEvent(const pb::Event& event);
   // Marks `conn` broken (the first reason wins) and wakes every waiter.
   void Break(Connection* conn, Status why);
-  void ForgetLocked(const PendingCall& call);        // requires mu_
-  std::string LastStateLocked(uint64_t step) const;  // requires mu_
+  void ForgetLocked(const PendingCall& call) REQUIRES(mu_);
+  std::string LastStateLocked(uint64_t step) const REQUIRES(mu_);
   std::string Lost(std::string_view why) const {
     return "connection to ckptd at " + options_.socket + " lost: " + std::string(why);
   }
@@ -389,56 +388,57 @@ class Client::Impl {
   milliseconds call_timeout_;
   std::string node_id_;  // from the first hello; immutable afterwards
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  ConnectionPtr conn_;  // guarded by mu_: the newest connection (null before the first)
-  Status connection_ = Unavailable("not connected yet");  // guarded by mu_: why conn_ is unusable
-  bool closed_ = false;                                   // guarded by mu_
-  uint64_t next_request_id_ = 1;                          // guarded by mu_
-  std::unordered_map<uint64_t, std::shared_ptr<PendingCall>> pending_;  // guarded by mu_
-  std::map<uint64_t, StepEvent> events_;  // guarded by mu_: newest kTrackedSteps steps
+  mutable Mutex mu_;
+  CondVar cv_;
+  ConnectionPtr conn_ GUARDED_BY(mu_);  // the newest connection (null before the first)
+  Status connection_ GUARDED_BY(mu_) = Unavailable("not connected yet");  // why conn_ is unusable
+  bool closed_ GUARDED_BY(mu_) = false;
+  uint64_t next_request_id_ GUARDED_BY(mu_) = 1;
+  std::unordered_map<uint64_t, std::shared_ptr<PendingCall>> pending_ GUARDED_BY(mu_);
+  std::map<uint64_t, StepEvent> events_ GUARDED_BY(mu_);  // newest kTrackedSteps steps
   // This rank's most recent accepted Save, and the connection generation it went out on.
-  std::optional<uint64_t> last_saved_step_;  // guarded by mu_
-  uint64_t last_saved_generation_ = 0;       // guarded by mu_
+  std::optional<uint64_t> last_saved_step_ GUARDED_BY(mu_);
+  uint64_t last_saved_generation_ GUARDED_BY(mu_) = 0;
   // The newest step this rank tried to save, accepted or not, and the connection it went out on
   // (0: none), until a re-attach's hello reports it (Hello.lost_step).
-  std::optional<std::pair<uint64_t, uint64_t>> unconfirmed_save_;  // (step, generation); mu_
+  // (step, generation).
+  std::optional<std::pair<uint64_t, uint64_t>> unconfirmed_save_ GUARDED_BY(mu_);
   // GPUs (ordinal → UUID) holding the registered CUDA tensors; Save records an event on each.
-  std::map<int, std::string> cuda_devices_;  // guarded by mu_
+  std::map<int, std::string> cuda_devices_ GUARDED_BY(mu_);
 
-  std::mutex register_mu_;                                   // serializes Register and re-attach
-  std::optional<std::vector<RegisteredTensor>> registered_;  // guarded by register_mu_
-  std::vector<HostTensor> registered_host_;   // guarded by register_mu_: re-sent on re-attach
-  std::vector<CudaTensor> registered_cuda_;   // guarded by register_mu_
-  bool has_registration_ = false;             // guarded by register_mu_
-  uint64_t generation_ = 0;                   // guarded by register_mu_
-  Clock::time_point next_attempt_{};          // guarded by register_mu_: re-attach backoff
-  milliseconds backoff_{0};                   // guarded by register_mu_
+  Mutex register_mu_ ACQUIRED_BEFORE(mu_);  // serializes Register and re-attach
+  std::optional<std::vector<RegisteredTensor>> registered_ GUARDED_BY(register_mu_);
+  std::vector<HostTensor> registered_host_ GUARDED_BY(register_mu_);  // re-sent on re-attach
+  std::vector<CudaTensor> registered_cuda_ GUARDED_BY(register_mu_);
+  bool has_registration_ GUARDED_BY(register_mu_) = false;
+  uint64_t generation_ GUARDED_BY(register_mu_) = 0;
+  Clock::time_point next_attempt_ GUARDED_BY(register_mu_){};  // re-attach backoff
+  milliseconds backoff_ GUARDED_BY(register_mu_){0};
   std::atomic<bool> registered_flag_{false};  // the daemon holds the registration
   std::atomic<uint32_t> reattaches_{0};
 
-  std::mutex close_mu_;
+  Mutex close_mu_;
 };
 
 Status Client::Impl::Connect() {
-  std::lock_guard register_lock(register_mu_);
+  MutexLock register_lock(register_mu_);
   return ReattachLocked(Clock::now() + options_.connect_timeout, /*first=*/true);
 }
 
 Result<Client::Impl::ConnectionPtr> Client::Impl::Attached(Clock::time_point deadline) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (closed_) return connection_;
     if (connection_.ok()) return conn_;
   }
-  std::lock_guard register_lock(register_mu_);
+  MutexLock register_lock(register_mu_);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (closed_) return connection_;
     if (connection_.ok()) return conn_;  // another thread re-attached meanwhile
   }
   RETURN_IF_ERROR(ReattachLocked(deadline, /*first=*/false));
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (!connection_.ok()) return connection_;
   return conn_;
 }
@@ -448,7 +448,7 @@ Status Client::Impl::ReattachLocked(Clock::time_point deadline, bool first) {
   Status why;
   ConnectionPtr old;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     why = connection_;
     old = conn_;
   }
@@ -459,11 +459,11 @@ Status Client::Impl::ReattachLocked(Clock::time_point deadline, bool first) {
   if (old != nullptr) {
     old->Shutdown();  // the reader ends (EOF) and is joined when `old` is destroyed
   }
-  auto fail = [&](Status st) {
+  auto fail = [&](Status st) REQUIRES(register_mu_) {
     if (!first) {
       backoff_ = std::min(kMaxBackoff, std::max(kFirstBackoff, backoff_ * 2));
       next_attempt_ = Clock::now() + backoff_;
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (!closed_) connection_ = Unavailable(st.message());
     }
     return st;
@@ -478,7 +478,7 @@ Status Client::Impl::ReattachLocked(Clock::time_point deadline, bool first) {
   // joins its reader), the thread object is never written again.
   conn->reader = std::thread([this, raw = conn.get()] { ReaderLoop(raw); });
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (closed_) return connection_;  // `conn` shuts its reader down as it goes
     conn_ = conn;
     // Calls of other threads keep failing (or waiting for register_mu_) until `ready`.
@@ -503,7 +503,7 @@ Status Client::Impl::ReattachLocked(Clock::time_point deadline, bool first) {
     Status st = RegisterLocked(conn, host, cuda, deadline, &previous);
     bool broken;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       broken = conn->broken;
     }
     if (!st.ok()) {
@@ -525,7 +525,7 @@ Status Client::Impl::ReattachLocked(Clock::time_point deadline, bool first) {
     }
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (closed_) return connection_;
     conn->ready = true;
     connection_ = Status::Ok();
@@ -542,7 +542,7 @@ Status Client::Impl::ReattachLocked(Clock::time_point deadline, bool first) {
 bool Client::Impl::SendOneWay(const ConnectionPtr& conn, pb::ClientMessage message,
                               Clock::time_point deadline) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     message.set_request_id(next_request_id_++);  // its reply finds no caller and is dropped
   }
   const std::string payload = message.SerializeAsString();
@@ -584,7 +584,7 @@ Result<pb::DaemonMessage> Client::Impl::Call(const ConnectionPtr& conn,
   if (unsent != nullptr) *unsent = false;
   auto call = std::make_shared<PendingCall>();
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (closed_) return connection_;
     if (conn->broken) {
       if (unsent != nullptr) *unsent = true;
@@ -598,7 +598,7 @@ Result<pb::DaemonMessage> Client::Impl::Call(const ConnectionPtr& conn,
     }
   }
   auto forget = [&] {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     ForgetLocked(*call);
   };
   // Serialize everything first: nothing is sent when one frame is over the limit.
@@ -647,7 +647,7 @@ Result<pb::DaemonMessage> Client::Impl::Call(const ConnectionPtr& conn,
     }
   }
   const auto probe_every = std::max(milliseconds(10), call_timeout_ / 4);
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   while (!call->done && !conn->broken && !closed_) {
     const auto now = Clock::now();
     if (limits.deadline && now >= *limits.deadline) {
@@ -670,19 +670,19 @@ Result<pb::DaemonMessage> Client::Impl::Call(const ConnectionPtr& conn,
       const auto pinged = Clock::time_point(Clock::duration(conn->last_ping_ns));
       if (now - std::max(heard, pinged) >= probe_every && conn->ready) {
         conn->last_ping_ns = NowNs();
-        lock.unlock();
+        lock.Unlock();
         pb::ClientMessage ping;
         ping.mutable_ping();
         SendOneWay(conn, std::move(ping), Clock::now() + probe_every);
-        lock.lock();
+        lock.Lock();
         continue;
       }
       wake = std::min({wake, heard + call_timeout_, std::max(heard, pinged) + probe_every});
     }
     if (wake == Clock::time_point::max()) {
-      cv_.wait(lock);
+      cv_.Wait(mu_);
     } else {
-      cv_.wait_until(lock, wake);
+      cv_.WaitUntil(mu_, wake);
     }
   }
   if (!call->done) {
@@ -692,7 +692,7 @@ Result<pb::DaemonMessage> Client::Impl::Call(const ConnectionPtr& conn,
                                               : Unavailable(Lost("the connection broke"));
   }
   pb::DaemonMessage reply = std::move(call->reply);
-  lock.unlock();
+  lock.Unlock();
   if (reply.has_error()) return FromDaemonError(reply.error());
   if (reply.body_case() != expected) {
     return Internal(std::string(what) + ": ckptd answered with message body " +
@@ -708,7 +708,7 @@ void Client::Impl::ForgetLocked(const PendingCall& call) {
 
 void Client::Impl::Break(Connection* conn, Status why) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (conn->broken) return;
     conn->broken = true;
     if (conn_.get() == conn && !closed_) {
@@ -716,7 +716,7 @@ void Client::Impl::Break(Connection* conn, Status why) {
       connection_ = std::move(why);
     }
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 void Client::Impl::ReaderLoop(Connection* conn) {
@@ -756,7 +756,7 @@ void Client::Impl::ReaderLoop(Connection* conn) {
     }
     bool delivered = false;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       auto it = pending_.find(message.request_id());
       if (it != pending_.end()) {
         std::shared_ptr<PendingCall> call = it->second;
@@ -767,7 +767,7 @@ void Client::Impl::ReaderLoop(Connection* conn) {
       }
     }
     // Woken also when nothing was delivered: a prober waits for any sign of life.
-    cv_.notify_all();
+    cv_.NotifyAll();
     if (!delivered && !message.has_pong() && !message.has_abandon()) {
       spdlog::debug("ckpt client: dropped a reply to request {} (timed out or unknown)",
                     message.request_id());
@@ -778,7 +778,7 @@ void Client::Impl::ReaderLoop(Connection* conn) {
 void Client::Impl::OnEvent(const pb::Event& event) {
   spdlog::debug("ckpt client: ckptd event: job {} step {} {}{}{}", event.job(), event.step(),
                 StateName(event.state()), event.reason().empty() ? "" : ": ", event.reason());
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   events_[event.step()] = StepEvent{event.state(), event.reason()};
   while (events_.size() > kTrackedSteps) events_.erase(events_.begin());
 }
@@ -803,7 +803,7 @@ Status Client::Impl::HelloOn(const ConnectionPtr& conn, Clock::time_point deadli
   hello->set_reattach(first ? 0 : reattaches_.load() + 1);
   std::optional<uint64_t> lost_step;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (unconfirmed_save_ && unconfirmed_save_->second != conn->generation) {
       lost_step = unconfirmed_save_->first;
       hello->set_lost_step(*lost_step);
@@ -840,12 +840,12 @@ Status Client::Impl::HelloOn(const ConnectionPtr& conn, Clock::time_point deadli
                               std::to_string(kProtocolVersion));
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     conn->protocol = hr.protocol_version();
   }
   if (first) node_id_ = hr.node_id();
   if (lost_step) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (unconfirmed_save_ && unconfirmed_save_->first == *lost_step) unconfirmed_save_.reset();
   }
   spdlog::debug("ckpt client: {} connected to ckptd {} on node {} (session {}, protocol {})", who,
@@ -856,10 +856,10 @@ Status Client::Impl::HelloOn(const ConnectionPtr& conn, Clock::time_point deadli
 Status Client::Impl::Register(std::span<const HostTensor> tensors,
                               std::span<const CudaTensor> cuda) {
   const auto deadline = PromptDeadline();
-  std::lock_guard register_lock(register_mu_);
+  MutexLock register_lock(register_mu_);
   ConnectionPtr conn;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (closed_) return connection_;
     if (connection_.ok()) conn = conn_;
   }
@@ -868,7 +868,7 @@ Status Client::Impl::Register(std::span<const HostTensor> tensors,
     // replaces anyway.
     Status st = ReattachLocked(deadline, /*first=*/false);
     if (!st.ok() && st.code() != StatusCode::kFailedPrecondition) return st;
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!connection_.ok()) return connection_;
     conn = conn_;
   }
@@ -1081,7 +1081,7 @@ Status Client::Impl::RegisterLocked(const ConnectionPtr& conn, std::span<const H
   registered_ = std::move(identity);
   registered_flag_ = true;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     cuda_devices_ = std::move(devices);
   }
   spdlog::debug("ckpt client: registered {} tensors ({} bytes) in {} frames{}",
@@ -1100,7 +1100,7 @@ Status Client::Impl::Save(uint64_t step, std::string_view extra, OnFull on_full,
   save->set_step(step);
   std::map<int, std::string> devices;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     devices = cuda_devices_;
   }
   if (!devices.empty()) {
@@ -1119,7 +1119,7 @@ Status Client::Impl::Save(uint64_t step, std::string_view extra, OnFull on_full,
   {
     // From here on, what is known of this step number comes from this save (WaitSnapshot
     // trusts the step's events); an older save's record would be stale.
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     events_.erase(step);
   }
   std::vector<OutgoingFrame> frames;
@@ -1130,7 +1130,7 @@ Status Client::Impl::Save(uint64_t step, std::string_view extra, OnFull on_full,
   {
     // Whatever became of it, this rank does not save the step again: if the connection breaks,
     // the next re-attach says so (Hello.lost_step).
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     unconfirmed_save_.emplace(step, conn != nullptr ? conn->generation : 0);
   }
   if (!reply.ok()) {
@@ -1142,7 +1142,7 @@ Status Client::Impl::Save(uint64_t step, std::string_view extra, OnFull on_full,
       abandon.mutable_abandon()->set_reason("its save timed out in the client");
       bool v1;
       {
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         v1 = conn->protocol < 2;
       }
       if (v1 || !SendOneWay(conn, std::move(abandon), Clock::now() + milliseconds(100))) {
@@ -1156,7 +1156,7 @@ Status Client::Impl::Save(uint64_t step, std::string_view extra, OnFull on_full,
     // on_full = skip and the pool had no room: nothing of this step is saved.
     return Status(StatusCode::kResourceExhausted, what + " " + reply->save().reason());
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   last_saved_step_ = step;
   last_saved_generation_ = conn->generation;
   return Status::Ok();
@@ -1166,7 +1166,7 @@ Status Client::Impl::Abandon(std::optional<uint64_t> step, std::string_view reas
   ConnectionPtr conn;
   uint32_t protocol = 0;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!step) step = last_saved_step_;
     if (!step) return Status::Ok();
     if (last_saved_step_ == step) last_saved_step_.reset();
@@ -1196,7 +1196,7 @@ Status Client::Impl::WaitSnapshot(std::optional<milliseconds> timeout) {
   std::optional<uint64_t> step;
   ConnectionPtr conn;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     step = last_saved_step_;
     if (closed_) return connection_;
     if (!step && !connection_.ok()) return Status::Ok();  // nothing saved here: memory is free
@@ -1240,14 +1240,14 @@ Status Client::Impl::WaitSnapshot(std::optional<milliseconds> timeout) {
   auto reply = Call(conn, std::move(frames), pb::DaemonMessage::kWait, limits, what);
   if (!reply.ok()) {
     if (reply.status().code() == StatusCode::kDeadlineExceeded && step) {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       return DeadlineExceeded(reply.status().message() + LastStateLocked(*step));
     }
     return reply.status();
   }
   const pb::StepState state = reply->wait().state();
   if (state == pb::STEP_STATE_ABORTED || state == pb::STEP_STATE_FAILED) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return Aborted("step " + std::to_string(reply->wait().step()) + " of job " + options_.job +
                    " is " + StateName(state) + LastStateLocked(reply->wait().step()));
   }
@@ -1285,14 +1285,14 @@ Status Client::Impl::Wait(uint64_t step, WaitState state, std::optional<millisec
       CallAttached(std::move(frames), pb::DaemonMessage::kWait, limits, attach_deadline, what);
   if (!reply.ok()) {
     if (reply.status().code() == StatusCode::kDeadlineExceeded) {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       return DeadlineExceeded(reply.status().message() + LastStateLocked(step));
     }
     return reply.status();
   }
   const pb::StepState reached = reply->wait().state();
   if (reached == pb::STEP_STATE_ABORTED || reached == pb::STEP_STATE_FAILED) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return Aborted("step " + std::to_string(step) + " of job " + options_.job + " is " +
                    StateName(reached) + LastStateLocked(step));
   }
@@ -1352,17 +1352,17 @@ Result<LoadResult> Client::Impl::Load(const LoadOptions& options) {
 }
 
 void Client::Impl::Close() {
-  std::lock_guard close_lock(close_mu_);
+  MutexLock close_lock(close_mu_);
   ConnectionPtr conn;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (closed_) return;
     closed_ = true;
     connection_ = Status(StatusCode::kCancelled, "connection to ckptd at " + options_.socket +
                                                      " was closed by Client::Close()");
     conn = std::move(conn_);
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   // A sender may be blocked in sendmsg holding send_mu; the shutdown wakes it (EPIPE) as well as
   // the reader (EOF). The reader is joined when the last reference to the connection goes.
   if (conn != nullptr) {

@@ -11,6 +11,8 @@
 #include <memory>
 #include <mutex>
 #include <type_traits>
+
+#include "common/mutex.h"
 #endif
 
 namespace ckpt::detail {
@@ -172,7 +174,7 @@ class DriverExporter final : public CudaExporter {
     ASSIGN_OR_RETURN(Device * dev, DeviceFor(device));
     ContextScope scope(this, dev->ctx);
     RETURN_IF_ERROR(scope.status);
-    std::lock_guard lock(dev->mu);
+    MutexLock lock(dev->mu);
     if (dev->save_event == nullptr) {
       CUevent e = nullptr;
       if (CUresult r = d_.event_create(&e, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING);
@@ -209,7 +211,7 @@ class DriverExporter final : public CudaExporter {
     }
     ContextScope scope(this, dev->ctx);
     RETURN_IF_ERROR(scope.status);
-    std::lock_guard lock(dev->mu);
+    MutexLock lock(dev->mu);
     auto it = dev->loaded_events.find(handle);
     if (it == dev->loaded_events.end()) {
       CUipcEventHandle h;
@@ -230,10 +232,10 @@ class DriverExporter final : public CudaExporter {
   struct Device {
     CUcontext ctx = nullptr;
     std::string uuid;
-    std::mutex mu;
-    CUevent save_event = nullptr;                  // guarded by mu
-    std::string save_handle;                       // guarded by mu
-    std::map<std::string, CUevent> loaded_events;  // guarded by mu
+    Mutex mu;
+    CUevent save_event GUARDED_BY(mu) = nullptr;
+    std::string save_handle GUARDED_BY(mu);
+    std::map<std::string, CUevent> loaded_events GUARDED_BY(mu);
   };
   // Pushes a context for the scope of one call.
   struct ContextScope {
@@ -254,7 +256,7 @@ class DriverExporter final : public CudaExporter {
   };
 
   Result<Device*> DeviceFor(int ordinal) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = devices_.find(ordinal);
     if (it != devices_.end()) return it->second.get();
     CUdevice dev;
@@ -302,8 +304,8 @@ class DriverExporter final : public CudaExporter {
   }
 
   Driver d_;
-  std::mutex mu_;
-  std::map<int, std::unique_ptr<Device>> devices_;  // guarded by mu_
+  Mutex mu_;
+  std::map<int, std::unique_ptr<Device>> devices_ GUARDED_BY(mu_);
 };
 
 }  // namespace

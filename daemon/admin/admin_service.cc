@@ -3,9 +3,9 @@
 #include <chrono>
 #include <deque>
 #include <map>
-#include <mutex>
 
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "daemon/rpc/grpc_status.h"
 
 namespace ckpt {
@@ -35,13 +35,13 @@ class WatchReactor final : public grpc::ServerWriteReactor<ckptd::v1::WatchEvent
     id_ = hub_.Subscribe(
         request.job(), [this](const ckptd::v1::WatchEventsResponse& e) { Deliver(e); },
         [this] {
-          std::lock_guard lock(mu_);
+          MutexLock lock(mu_);
           FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down"));
         });
     // After subscribing: a client whose WaitForInitialMetadata returned is sure to get every
     // later event (tests and scripts use it as "subscribed"). Events that arrived meanwhile
     // waited in the queue; writes start only now, after the metadata.
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (finished_) return;
     StartSendInitialMetadata();
     subscribed_ = true;
@@ -49,7 +49,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<ckptd::v1::WatchEvent
   }
 
   void OnWriteDone(bool ok) override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     writing_ = false;
     if (!ok) {  // the client went away; OnCancel or OnDone follows
       FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
@@ -59,7 +59,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<ckptd::v1::WatchEvent
     WriteNextLocked();
   }
   void OnCancel() override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     FinishLocked(grpc::Status::CANCELLED);
   }
   void OnDone() override {
@@ -69,7 +69,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<ckptd::v1::WatchEvent
 
  private:
   void Deliver(const ckptd::v1::WatchEventsResponse& e) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (finished_) return;
     if (e.has_progress()) {
       const auto key = std::make_pair(e.progress().job(), e.progress().step());
@@ -88,12 +88,12 @@ class WatchReactor final : public grpc::ServerWriteReactor<ckptd::v1::WatchEvent
     queue_.push_back(e);
     WriteNextLocked();
   }
-  void WriteNextLocked() {
+  void WriteNextLocked() REQUIRES(mu_) {
     if (!subscribed_ || writing_ || finished_ || queue_.empty()) return;
     writing_ = true;
     StartWrite(&queue_.front());
   }
-  void FinishLocked(const grpc::Status& status) {
+  void FinishLocked(const grpc::Status& status) REQUIRES(mu_) {
     if (finished_) return;
     finished_ = true;
     Finish(status);
@@ -102,13 +102,13 @@ class WatchReactor final : public grpc::ServerWriteReactor<ckptd::v1::WatchEvent
   WatchHub& hub_;
   std::chrono::milliseconds interval_;
   uint64_t id_ = 0;
-  std::mutex mu_;
-  std::deque<ckptd::v1::WatchEventsResponse> queue_;  // guarded by mu_; front is being written
-  bool writing_ = false;                              // guarded by mu_
-  bool subscribed_ = false;                           // guarded by mu_
-  bool finished_ = false;                             // guarded by mu_
-  std::map<std::pair<std::string, uint64_t>, std::chrono::steady_clock::time_point>
-      last_progress_;  // guarded by mu_
+  Mutex mu_;
+  std::deque<ckptd::v1::WatchEventsResponse> queue_ GUARDED_BY(mu_);  // front is being written
+  bool writing_ GUARDED_BY(mu_) = false;
+  bool subscribed_ GUARDED_BY(mu_) = false;
+  bool finished_ GUARDED_BY(mu_) = false;
+  std::map<std::pair<std::string, uint64_t>, std::chrono::steady_clock::time_point> last_progress_
+      GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -53,7 +53,7 @@ void NodeAdminProvider::Start() { ArmTick(); }
 void NodeAdminProvider::Close() {
   std::map<uint64_t, Reply<ckptd::v1::GetStatusResponse>> pending;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     closed_ = true;
     pending.swap(pending_status_);
   }
@@ -63,7 +63,7 @@ void NodeAdminProvider::Close() {
 }
 
 bool NodeAdminProvider::PostToStorage(std::function<void()> f) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (closed_) return false;
   return sources_.storage->Post(std::move(f));
 }
@@ -71,7 +71,7 @@ bool NodeAdminProvider::PostToStorage(std::function<void()> f) {
 void NodeAdminProvider::GetStatus(Reply<ckptd::v1::GetStatusResponse> reply) {
   uint64_t id = 0;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!closed_) {
       id = next_status_id_++;
       pending_status_.emplace(id, std::move(reply));
@@ -87,7 +87,7 @@ void NodeAdminProvider::GetStatus(Reply<ckptd::v1::GetStatusResponse> reply) {
     if (!*alive) return;
     Reply<ckptd::v1::GetStatusResponse> r;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       auto it = pending_status_.find(id);
       if (it == pending_status_.end()) return;  // answered by Close()
       r = std::move(it->second);
@@ -196,7 +196,7 @@ void NodeAdminProvider::ArmTick() {
 void NodeAdminProvider::Tick() {
   if (hub_.subscribers() == 0) return;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (closed_) return;
   }
   const auto now = std::chrono::steady_clock::now();

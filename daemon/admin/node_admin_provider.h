@@ -17,11 +17,11 @@
 #include <chrono>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/mutex.h"
 #include "daemon/admin/admin_provider.h"
 #include "daemon/daemon_observer.h"
 #include "daemon/host_pool.h"
@@ -91,10 +91,10 @@ class NodeAdminProvider final : public AdminProvider, public DaemonObserver {
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   WatchHub hub_;
   std::atomic<bool> serving_{false};
-  std::mutex mu_;
-  bool closed_ = false;                                                     // guarded by mu_
-  uint64_t next_status_id_ = 1;                                             // guarded by mu_
-  std::map<uint64_t, Reply<ckptd::v1::GetStatusResponse>> pending_status_;  // guarded by mu_
+  Mutex mu_;
+  bool closed_ GUARDED_BY(mu_) = false;
+  uint64_t next_status_id_ GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, Reply<ckptd::v1::GetStatusResponse>> pending_status_ GUARDED_BY(mu_);
   // Loop-owned:
   struct Client {
     ClientDescription description;

@@ -5,7 +5,7 @@
 namespace ckpt {
 
 uint64_t WatchHub::Subscribe(std::string job, Deliver deliver, Closed closed) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const uint64_t id = next_id_++;
   if (closed_) {
     closed();
@@ -16,19 +16,19 @@ uint64_t WatchHub::Subscribe(std::string job, Deliver deliver, Closed closed) {
 }
 
 void WatchHub::CloseAll() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   closed_ = true;
   for (const auto& [id, s] : subscribers_) s.closed();
   subscribers_.clear();
 }
 
 void WatchHub::Unsubscribe(uint64_t id) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   subscribers_.erase(id);
 }
 
 size_t WatchHub::subscribers() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return subscribers_.size();
 }
 
@@ -36,7 +36,7 @@ void WatchHub::Publish(const std::string& job, ckptd::v1::WatchEventsResponse ev
   event.set_unix_time_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
                              std::chrono::system_clock::now().time_since_epoch())
                              .count());
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (const auto& [id, s] : subscribers_) {
     if (s.job.empty() || s.job == job) s.deliver(event);
   }

@@ -10,10 +10,10 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <string>
 
 #include "ckptd/v1/admin.pb.h"
+#include "common/mutex.h"
 
 namespace ckpt {
 
@@ -42,10 +42,10 @@ class WatchHub {
     Deliver deliver;
     Closed closed;
   };
-  mutable std::mutex mu_;
-  std::map<uint64_t, Subscriber> subscribers_;  // guarded by mu_
-  uint64_t next_id_ = 1;                        // guarded by mu_
-  bool closed_ = false;                         // guarded by mu_
+  mutable Mutex mu_;
+  std::map<uint64_t, Subscriber> subscribers_ GUARDED_BY(mu_);
+  uint64_t next_id_ GUARDED_BY(mu_) = 1;
+  bool closed_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace ckpt

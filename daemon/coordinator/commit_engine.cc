@@ -97,7 +97,7 @@ Status CommitEngine::ApplyRetention(const std::string& job) {
       // The pin check and the MANIFEST removal are one step for Pin/PinLatest: a load pins
       // either before (the step stays) or after (it finds no MANIFEST and says so), never in
       // between with the step's files going away under it.
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (pins_.count({job, step}) != 0) continue;
       // MANIFEST first: from then on the step is merely an uncommitted leftover.
       RETURN_IF_ERROR(fs_->Remove(JoinPath(dir, std::string(kManifestFileName))));
@@ -129,19 +129,19 @@ Result<std::vector<uint64_t>> CommitEngine::List(const std::string& job) const {
 }
 
 Result<std::optional<uint64_t>> CommitEngine::PinLatest(const std::string& job) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   ASSIGN_OR_RETURN(auto latest, ResolveReadableLatest(fs_, JobDir(config_.storage_root, job)));
   if (latest) ++pins_[{job, *latest}];
   return latest;
 }
 
 void CommitEngine::Pin(const std::string& job, uint64_t step) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   ++pins_[{job, step}];
 }
 
 void CommitEngine::Unpin(const std::string& job, uint64_t step) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = pins_.find({job, step});
   if (it != pins_.end() && --it->second == 0) pins_.erase(it);
 }

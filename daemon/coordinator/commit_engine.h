@@ -18,7 +18,6 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <span>
@@ -28,6 +27,7 @@
 
 #include "ckptd/v1/manifest.pb.h"
 #include "common/file_system.h"
+#include "common/mutex.h"
 
 namespace ckpt {
 
@@ -77,8 +77,8 @@ class CommitEngine {
 
   Config config_;
   FileSystem* fs_;
-  mutable std::mutex mu_;
-  std::map<std::pair<std::string, uint64_t>, int> pins_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::map<std::pair<std::string, uint64_t>, int> pins_ GUARDED_BY(mu_);
 };
 
 }  // namespace ckpt

@@ -47,16 +47,16 @@ CoordinatorAdminProvider::~CoordinatorAdminProvider() {
 
 void CoordinatorAdminProvider::Close() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     closed_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (sampler_.joinable()) sampler_.join();
   hub_.CloseAll();
 }
 
 bool CoordinatorAdminProvider::Post(std::function<void()> f) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (closed_) return false;
   return worker_.Post(std::move(f));
 }
@@ -64,7 +64,7 @@ bool CoordinatorAdminProvider::Post(std::function<void()> f) {
 void CoordinatorAdminProvider::OnStepState(const std::string& job, uint64_t step,
                                            ckptd::v1::StepState state, const std::string& reason) {
   if (state == ckptd::v1::STEP_STATE_ABORTED || state == ckptd::v1::STEP_STATE_FAILED) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     failures_.push_back(MakeFailure(job, step, state, reason));
     while (failures_.size() > kFailuresKept) failures_.pop_front();
   }
@@ -112,7 +112,7 @@ ckptd::v1::GetStatusResponse CoordinatorAdminProvider::CollectStatus() {
     ps->set_registered_bytes(p.registered_bytes);
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (const auto& f : failures_) *out.add_recent_failures() = f;
   }
   out.set_watch_streams(static_cast<uint32_t>(hub_.subscribers()));
@@ -140,10 +140,10 @@ void CoordinatorAdminProvider::DescribeCheckpoint(
 }
 
 void CoordinatorAdminProvider::SampleLoop() {
-  std::unique_lock lock(mu_);
-  while (!cv_.wait_for(lock, kProgressTick, [this] { return closed_; })) {
+  MutexLock lock(mu_);
+  while (!cv_.WaitFor(mu_, kProgressTick, [this]() REQUIRES(mu_) { return closed_; })) {
     if (hub_.subscribers() == 0) continue;
-    lock.unlock();
+    lock.Unlock();
     const CoordinatorCore::Snapshot snap = core_->TakeSnapshot();
     const auto now = Clock::now();
     for (const auto& s : snap.steps) {
@@ -151,7 +151,7 @@ void CoordinatorAdminProvider::SampleLoop() {
       *e.mutable_progress() = ToStepStatus(s, now);
       hub_.Publish(s.job, std::move(e));
     }
-    lock.lock();
+    lock.Lock();
   }
 }
 

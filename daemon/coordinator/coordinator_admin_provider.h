@@ -21,14 +21,13 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "common/mutex.h"
 #include "daemon/admin/admin_provider.h"
 #include "daemon/coordinator/coordinator_core.h"
 #include "daemon/task_pool.h"
@@ -82,10 +81,10 @@ class CoordinatorAdminProvider final : public AdminProvider {
   WatchHub hub_;
   std::atomic<bool> serving_{false};
   TaskPool worker_{1};
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool closed_ = false;                      // guarded by mu_
-  std::deque<ckptd::v1::Failure> failures_;  // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  bool closed_ GUARDED_BY(mu_) = false;
+  std::deque<ckptd::v1::Failure> failures_ GUARDED_BY(mu_);
   std::thread sampler_;
 };
 

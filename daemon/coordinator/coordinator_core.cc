@@ -127,7 +127,7 @@ Result<std::vector<std::string>> CoordinatorCore::RecoverJob(const std::string& 
     // directory once its writers have let go.
     const Status removed = commit_->RemoveStep(job, step);
     if (config_.refuse_recovered_steps) {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       jobs_[job].recovered_aborted.insert(step);
     }
     report.push_back(StepName(job, step) + ": removed (" + committed.message() + ")" +
@@ -140,14 +140,14 @@ Result<std::vector<std::string>> CoordinatorCore::RecoverJob(const std::string& 
 
 void CoordinatorCore::Stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_) return;
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (timer_.joinable()) timer_.join();
   commit_thread_.Stop();
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   nodes_.clear();
 }
 
@@ -158,7 +158,7 @@ Result<ckptd::v1::RegisterNodeResponse> CoordinatorCore::RegisterNode(
     return InvalidArgument("node id '" + EscapeForLog(req.node_id()) +
                            "' is empty, too long or holds '/', '\\', NUL or space");
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   NodeRecord& n = nodes_[req.node_id()];
   if (!n.instance.empty() && n.instance != req.instance()) {
     // The daemon restarted: whatever its previous process had in flight is gone.
@@ -176,7 +176,7 @@ Result<ckptd::v1::RegisterNodeResponse> CoordinatorCore::RegisterNode(
 }
 
 Status CoordinatorCore::AttachNode(const std::string& node_id, std::shared_ptr<NodeSink> sink) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = nodes_.find(node_id);
   if (it == nodes_.end()) {
     return FailedPrecondition("node '" + EscapeForLog(node_id) + "' watches before RegisterNode");
@@ -190,14 +190,14 @@ Status CoordinatorCore::AttachNode(const std::string& node_id, std::shared_ptr<N
 }
 
 void CoordinatorCore::DetachNode(const std::string& node_id, const NodeSink* sink) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = nodes_.find(node_id);
   if (it == nodes_.end() || it->second.sink.get() != sink) return;  // replaced already
   it->second.sink.reset();
   it->second.lost_at = Clock::now() + config_.lease;
   spdlog::warn("node '{}': event stream ended; lost unless it returns within {} ms", node_id,
                config_.lease.count());
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 void CoordinatorCore::LoseNode(const std::string& node_id, const std::string& why) {
@@ -282,9 +282,9 @@ void CoordinatorCore::Decide(const std::string& job, uint64_t step, StepRecord& 
     const bool posted = commit_thread_.Post([this, job, step] {
       Status st = commit_->RemoveStep(job, step);
       if (!st.ok()) spdlog::warn("{}: removing its data: {}", StepName(job, step), st.ToString());
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       --commits_in_flight_;
-      cv_.notify_all();
+      cv_.NotifyAll();
     });
     if (!posted) {  // stopping: the next start's recovery scan removes the directory
       --commits_in_flight_;
@@ -311,7 +311,7 @@ Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
     }
   }
   ckptd::v1::ReportRanksResponse resp;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (nodes_.count(req.node_id()) == 0) {
     return FailedPrecondition(ctx + ": the node has not registered");
   }
@@ -343,7 +343,7 @@ Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
     fresh.first_report = Clock::now();
     fresh.deadline = fresh.first_report + config_.step_timeout;
     it = j.steps.emplace(req.step(), std::move(fresh)).first;
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
   StepRecord& s = it->second;
   if (Terminal(s.state)) {
@@ -429,7 +429,7 @@ Status CoordinatorCore::ReportRegistration(const ckptd::v1::ReportRegistrationRe
                            std::to_string(req.world_size()));
   }
   if (req.withdrawn()) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!req.restore_session().empty()) {
       restore_points_.OnSessionEnded(req.job(), req.rank(), req.restore_session());
     }
@@ -461,7 +461,7 @@ Status CoordinatorCore::ReportRegistration(const ckptd::v1::ReportRegistrationRe
     fingerprint += '\n';
     reg.shards.push_back(std::move(p));
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (nodes_.count(req.node_id()) == 0) return FailedPrecondition(ctx + ": node not registered");
   JobRecord& j = jobs_[req.job()];
   j.nodes.insert(req.node_id());
@@ -584,9 +584,9 @@ void CoordinatorCore::TryCommit(const std::string& job) {
 }
 
 void CoordinatorCore::OnCommitted(const std::string& job, uint64_t step, Status st) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   --commits_in_flight_;
-  cv_.notify_all();
+  cv_.NotifyAll();
   auto j = jobs_.find(job);
   if (j == jobs_.end()) return;
   auto it = j->second.steps.find(step);
@@ -611,7 +611,7 @@ void CoordinatorCore::RemoveUnreportedBelow(const std::string& job, uint64_t com
   }
   std::vector<uint64_t> orphans;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     JobRecord& j = jobs_[job];
     for (uint64_t step : *uncommitted) {
       if (step >= committed) break;
@@ -649,7 +649,7 @@ void CoordinatorCore::Prune(JobRecord& j) {
 }
 
 void CoordinatorCore::TimerLoop() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   while (!stopping_) {
     const auto now = Clock::now();
     auto next = now + std::chrono::seconds(1);
@@ -680,13 +680,13 @@ void CoordinatorCore::TimerLoop() {
         }
       }
     }
-    cv_.wait_until(lock, next);
+    cv_.WaitUntil(mu_, next);
   }
 }
 
 CoordinatorCore::Snapshot CoordinatorCore::TakeSnapshot() {
   Snapshot out;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (const auto& [name, j] : jobs_) {
     for (const auto& [n, s] : j.steps) {
       if (Terminal(s.state)) continue;
@@ -735,12 +735,12 @@ Result<std::optional<uint64_t>> CoordinatorCore::RestorePoint(const std::string&
                            " is not below world size " + std::to_string(world_size));
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (auto pinned = restore_points_.Find(job, rank, world_size, session)) return *pinned;
   }
   // Resolved outside the lock (a storage read); a concurrent first answer wins in Pin.
   ASSIGN_OR_RETURN(auto latest, commit_->Latest(job));
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::set<uint64_t> known;
   if (auto j = jobs_.find(job); j != jobs_.end()) {
     for (const auto& [n, s] : j->second.steps) known.insert(n);
@@ -754,15 +754,15 @@ Result<std::vector<uint64_t>> CoordinatorCore::List(const std::string& job) {
 }
 
 std::optional<WriterAssignment> CoordinatorCore::CurrentPlan(const std::string& job) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto j = jobs_.find(job);
   if (j == jobs_.end() || !j->second.plan) return std::nullopt;
   return *j->second.plan;
 }
 
 void CoordinatorCore::WaitIdle() {
-  std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return commits_in_flight_ == 0; });
+  MutexLock lock(mu_);
+  cv_.Wait(mu_, [&]() REQUIRES(mu_) { return commits_in_flight_ == 0; });
 }
 
 }  // namespace ckpt

@@ -42,7 +42,7 @@ CudaDevice::~CudaDevice() {
 
 Result<EventHandle> CudaDevice::TakeEvent() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!free_events_.empty()) {
       EventHandle e = free_events_.back();
       free_events_.pop_back();
@@ -53,7 +53,7 @@ Result<EventHandle> CudaDevice::TakeEvent() {
 }
 
 void CudaDevice::ReturnEvent(EventHandle event) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   free_events_.push_back(event);
 }
 
@@ -72,7 +72,7 @@ Status CudaDevice::WaitFor(EventHandle event) {
 }
 
 Result<std::string> CudaDevice::SignalLoaded() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (loaded_event_ == nullptr) {
     ASSIGN_OR_RETURN(loaded_event_, api().CreateEvent(ordinal_, /*interprocess=*/true),
                      "GPU " + uuid_);
@@ -105,7 +105,7 @@ Result<std::unique_ptr<CudaDevices>> CudaDevices::Create(std::unique_ptr<CudaApi
 }
 
 CudaDevices::~CudaDevices() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (pool_registered_on_ >= 0 && pool_ != nullptr) {
     api_->HostUnregister(pool_registered_on_, pool_->base()).IgnoreError();
   }
@@ -113,19 +113,19 @@ CudaDevices::~CudaDevices() {
 }
 
 std::vector<std::string> CudaDevices::active_uuids() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::vector<std::string> out;
   for (const auto& [uuid, d] : active_) out.push_back(uuid);
   return out;
 }
 
 bool CudaDevices::pool_registered() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return pool_registered_on_ >= 0;
 }
 
 Result<CudaDevice*> CudaDevices::Activate(const std::string& uuid) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = active_.find(uuid);
   if (it != active_.end()) return it->second.get();
   int ordinal = -1;
@@ -163,7 +163,7 @@ Result<CudaDevice*> CudaDevices::Activate(const std::string& uuid) {
 Result<std::shared_ptr<DeviceAllocation>> CudaDevices::OpenIpc(CudaDevice* device,
                                                                const std::string& handle,
                                                                uint64_t size) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const auto key = std::make_pair(device->ordinal(), handle);
   auto it = ipc_open_.find(key);
   if (it != ipc_open_.end()) {

@@ -22,10 +22,10 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
 #include "daemon/device/cuda_api.h"
 #include "daemon/shard_memory.h"
 
@@ -65,9 +65,9 @@ class CudaDevice final : public CopyQueue {
   const int ordinal_;
   const std::string uuid_;
   const StreamHandle stream_;
-  std::mutex mu_;
-  std::vector<EventHandle> free_events_;  // guarded by mu_
-  EventHandle loaded_event_ = nullptr;    // guarded by mu_; created on first use
+  Mutex mu_;
+  std::vector<EventHandle> free_events_ GUARDED_BY(mu_);
+  EventHandle loaded_event_ GUARDED_BY(mu_) = nullptr;  // created on first use
 };
 
 // Memory of another process opened in the daemon: closed (cudaIpcCloseMemHandle / unmap) when
@@ -124,10 +124,10 @@ class CudaDevices {
   std::unique_ptr<CudaApi> api_;
   HostPool* pool_;
   const std::vector<std::string> uuids_;  // by ordinal
-  mutable std::mutex mu_;
-  std::map<std::string, std::unique_ptr<CudaDevice>> active_;  // guarded by mu_; by uuid
-  int pool_registered_on_ = -1;                                // guarded by mu_
-  std::map<std::pair<int, std::string>, std::weak_ptr<DeviceAllocation>> ipc_open_;  // mu_
+  mutable Mutex mu_;
+  std::map<std::string, std::unique_ptr<CudaDevice>> active_ GUARDED_BY(mu_);  // by uuid
+  int pool_registered_on_ GUARDED_BY(mu_) = -1;
+  std::map<std::pair<int, std::string>, std::weak_ptr<DeviceAllocation>> ipc_open_ GUARDED_BY(mu_);
 };
 
 }  // namespace device

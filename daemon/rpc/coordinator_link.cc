@@ -49,12 +49,12 @@ Status CoordinatorLink::Start(Handler* handler) {
 
 void CoordinatorLink::Stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_) return;
     stopping_ = true;
     if (watch_ctx_ != nullptr) watch_ctx_->TryCancel();
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (watch_thread_.joinable()) watch_thread_.join();
   if (send_thread_.joinable()) send_thread_.join();
 }
@@ -74,7 +74,7 @@ void CoordinatorLink::WatchLoop() {
   bool warned = false;
   while (true) {
     {
-      std::unique_lock lock(mu_);
+      MutexLock lock(mu_);
       if (stopping_) return;
     }
     ckptd::v1::RegisterNodeRequest req;
@@ -99,7 +99,7 @@ void CoordinatorLink::WatchLoop() {
       backoff = config_.backoff_min;
       grpc::ClientContext ctx;
       {
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         if (stopping_) return;
         watch_ctx_ = &ctx;
       }
@@ -114,7 +114,7 @@ void CoordinatorLink::WatchLoop() {
       }
       st = reader->Finish();
       {
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         watch_ctx_ = nullptr;
         if (stopping_) return;
       }
@@ -125,8 +125,8 @@ void CoordinatorLink::WatchLoop() {
                    st.error_message());
       warned = true;
     }
-    std::unique_lock lock(mu_);
-    cv_.wait_for(lock, backoff, [&] { return stopping_; });
+    MutexLock lock(mu_);
+    cv_.WaitFor(mu_, backoff, [&]() REQUIRES(mu_) { return stopping_; });
     backoff = std::min(backoff * 2, config_.backoff_max);
   }
 }
@@ -135,8 +135,8 @@ void CoordinatorLink::SendLoop() {
   while (true) {
     std::function<void()> task;
     {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      MutexLock lock(mu_);
+      cv_.Wait(mu_, [&]() REQUIRES(mu_) { return stopping_ || !queue_.empty(); });
       if (stopping_) return;
       task = std::move(queue_.front());
       queue_.pop_front();
@@ -147,7 +147,7 @@ void CoordinatorLink::SendLoop() {
 
 bool CoordinatorLink::Enqueue(std::function<void()> task) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_) return false;
     if (queue_.size() >= kMaxQueued) {
       spdlog::warn("coordinator link: {} reports queued; dropping one (re-reported on reconnect)",
@@ -156,7 +156,7 @@ bool CoordinatorLink::Enqueue(std::function<void()> task) {
     }
     queue_.push_back(std::move(task));
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   return true;
 }
 

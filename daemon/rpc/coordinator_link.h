@@ -21,16 +21,15 @@
 
 #include <boost/asio/io_context.hpp>
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 
 #include "ckptd/v1/coordinator.grpc.pb.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "daemon/coordinator/coordinator_port.h"
 #include "daemon/rpc/transport_security.h"
@@ -83,11 +82,11 @@ class CoordinatorLink final : public CoordinatorPort {
   std::unique_ptr<ckptd::v1::Coordinator::Stub> stub_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;   // guarded by mu_
-  bool stopping_ = false;                     // guarded by mu_
-  grpc::ClientContext* watch_ctx_ = nullptr;  // guarded by mu_; cancelled by Stop
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<std::function<void()>> queue_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
+  grpc::ClientContext* watch_ctx_ GUARDED_BY(mu_) = nullptr;  // cancelled by Stop
   std::thread watch_thread_;
   std::thread send_thread_;
 };

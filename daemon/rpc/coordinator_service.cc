@@ -1,9 +1,9 @@
 #include "daemon/rpc/coordinator_service.h"
 
 #include <deque>
-#include <mutex>
 
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "daemon/rpc/grpc_status.h"
 
 namespace ckpt {
@@ -27,17 +27,17 @@ class WatchReactor final : public grpc::ServerWriteReactor<ckptd::v1::Coordinato
    public:
     explicit Channel(WatchReactor* r) : reactor_(r) {}
     void Send(const ckptd::v1::CoordinatorEvent& e) override {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (reactor_ != nullptr) reactor_->Enqueue(e);
     }
     void Clear() {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       reactor_ = nullptr;
     }
 
    private:
-    std::mutex mu_;
-    WatchReactor* reactor_;  // guarded by mu_
+    Mutex mu_;
+    WatchReactor* reactor_ GUARDED_BY(mu_);
   };
 
   WatchReactor(CoordinatorCore* core, std::string node_id)
@@ -47,14 +47,14 @@ class WatchReactor final : public grpc::ServerWriteReactor<ckptd::v1::Coordinato
       attached_ = false;
       // Under the lock and marked, like every Finish here: a cancellation arriving now must
       // not finish the call a second time.
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       finished_ = true;
       Finish(ToGrpcStatus(st));
     }
   }
 
   void Enqueue(const ckptd::v1::CoordinatorEvent& e) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (finished_) return;
     if (queue_.size() >= kMaxQueued) {
       // A node that does not read its events is treated as gone; it reconnects and re-reports.
@@ -71,7 +71,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<ckptd::v1::Coordinato
   }
 
   void OnWriteDone(bool ok) override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     writing_ = false;
     if (!ok) {
       if (!finished_) {
@@ -88,7 +88,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<ckptd::v1::Coordinato
   }
 
   void OnCancel() override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!finished_) {
       finished_ = true;
       Finish(grpc::Status::CANCELLED);
@@ -107,10 +107,10 @@ class WatchReactor final : public grpc::ServerWriteReactor<ckptd::v1::Coordinato
   std::string node_id_;
   std::shared_ptr<Channel> channel_;
   bool attached_ = true;
-  std::mutex mu_;
-  std::deque<ckptd::v1::CoordinatorEvent> queue_;  // guarded by mu_; front is being written
-  bool writing_ = false;                           // guarded by mu_
-  bool finished_ = false;                          // guarded by mu_
+  Mutex mu_;
+  std::deque<ckptd::v1::CoordinatorEvent> queue_ GUARDED_BY(mu_);  // front is being written
+  bool writing_ GUARDED_BY(mu_) = false;
+  bool finished_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace

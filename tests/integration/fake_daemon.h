@@ -12,11 +12,9 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <future>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -25,6 +23,7 @@
 #include "ckpt/client.h"
 #include "ckptd/v1/local.pb.h"
 #include "common/frame_io.h"
+#include "common/mutex.h"
 #include "tests/test_util.h"
 
 namespace ckpt::itest::fake {
@@ -64,7 +63,7 @@ class FakeDaemon {
     ::shutdown(listen_.get(), SHUT_RDWR);  // wakes accept
     ::unlink(path_.c_str());
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (conn_) ::shutdown(conn_.get(), SHUT_RDWR);
     }
     thread_.join();
@@ -74,8 +73,8 @@ class FakeDaemon {
 
   // The next frame from the client; nullopt when none came within kHang or the client left.
   std::optional<Received> Next() {
-    std::unique_lock lock(mu_);
-    cv_.wait_for(lock, kHang, [&] { return !frames_.empty() || ended_; });
+    MutexLock lock(mu_);
+    cv_.WaitFor(mu_, kHang, [&]() REQUIRES(mu_) { return !frames_.empty() || ended_; });
     if (frames_.empty()) return std::nullopt;
     Received r = std::move(frames_.front());
     frames_.pop_front();
@@ -101,22 +100,22 @@ class FakeDaemon {
     Reply(0, std::move(m));
   }
   void SendRaw(const std::string& payload) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     ckpt::SendFrame(conn_.get(), payload).IgnoreError();
   }
   // Connections accepted so far.
   int connections() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return connections_;
   }
   // Waits (at most kHang) until `n` connections were accepted.
   bool WaitConnections(int n) {
-    std::unique_lock lock(mu_);
-    return cv_.wait_for(lock, kHang, [&] { return connections_ >= n; });
+    MutexLock lock(mu_);
+    return cv_.WaitFor(mu_, kHang, [&]() REQUIRES(mu_) { return connections_ >= n; });
   }
   // Like a daemon that exits: the client sees EOF.
   void CloseConnection() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     ::shutdown(conn_.get(), SHUT_RDWR);
   }
 
@@ -126,11 +125,11 @@ class FakeDaemon {
       const int c = ::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC);
       if (c < 0) break;
       {
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         conn_ = UniqueFd(c);
         ended_ = false;
         ++connections_;
-        cv_.notify_all();
+        cv_.NotifyAll();
       }
       ckpt::FrameReader reader;
       while (true) {
@@ -141,27 +140,27 @@ class FakeDaemon {
         r.payload_bytes = (*frame)->payload.size();
         if (!r.message.ParseFromString((*frame)->payload)) break;
         r.fds = std::move((*frame)->fds);
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         frames_.push_back(std::move(r));
-        cv_.notify_all();
+        cv_.NotifyAll();
       }
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       ended_ = true;
-      cv_.notify_all();
+      cv_.NotifyAll();
     }
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     ended_ = true;
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
 
   std::string path_;
   UniqueFd listen_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  UniqueFd conn_;                // guarded by mu_
-  std::deque<Received> frames_;  // guarded by mu_
-  bool ended_ = false;           // guarded by mu_: the current connection ended
-  int connections_ = 0;          // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  UniqueFd conn_ GUARDED_BY(mu_);
+  std::deque<Received> frames_ GUARDED_BY(mu_);
+  bool ended_ GUARDED_BY(mu_) = false;  // the current connection ended
+  int connections_ GUARDED_BY(mu_) = 0;
   std::thread thread_;
 };
 

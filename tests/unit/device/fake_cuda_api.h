@@ -25,18 +25,17 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "daemon/device/cuda_api.h"
 
 namespace ckpt::device::testing {
@@ -54,19 +53,19 @@ class FakeCudaApi final : public CudaApi {
   class Gate {
    public:
     void Open() {
-      std::lock_guard l(mu_);
+      MutexLock l(mu_);
       open_ = true;
-      cv_.notify_all();
+      cv_.NotifyAll();
     }
     void Pass() {
-      std::unique_lock l(mu_);
-      cv_.wait(l, [&] { return open_; });
+      MutexLock l(mu_);
+      cv_.Wait(mu_, [&]() REQUIRES(mu_) { return open_; });
     }
 
    private:
-    std::mutex mu_;
-    std::condition_variable cv_;
-    bool open_ = false;
+    Mutex mu_;
+    CondVar cv_;
+    bool open_ GUARDED_BY(mu_) = false;
   };
 
   explicit FakeCudaApi(int devices = 2) {
@@ -79,7 +78,7 @@ class FakeCudaApi final : public CudaApi {
   ~FakeCudaApi() override {
     std::map<int, std::shared_ptr<Stream>> streams;
     {
-      std::lock_guard l(mu_);
+      MutexLock l(mu_);
       streams.swap(streams_);
     }
     for (auto& [id, s] : streams) s->Stop();
@@ -90,7 +89,7 @@ class FakeCudaApi final : public CudaApi {
   // ---- the simulated trainer -----------------------------------------------------------------
   // A new allocation on `device` filled with `fill`; returns its legacy IPC handle.
   std::string NewIpcAllocation(int device, uint64_t size, std::byte fill = std::byte{0}) {
-    std::lock_guard l(mu_);
+    MutexLock l(mu_);
     auto a = std::make_shared<Allocation>();
     a->bytes.assign(size, fill);
     a->device = device;
@@ -106,7 +105,7 @@ class FakeCudaApi final : public CudaApi {
     int fd = ::memfd_create("fake-vmm", MFD_CLOEXEC);
     struct stat st;
     ::fstat(fd, &st);
-    std::lock_guard l(mu_);
+    MutexLock l(mu_);
     auto a = std::make_shared<Allocation>();
     a->bytes.assign(size, fill);
     a->device = device;
@@ -114,23 +113,23 @@ class FakeCudaApi final : public CudaApi {
     return fd;
   }
   std::shared_ptr<Allocation> ipc_allocation(const std::string& handle) {
-    std::lock_guard l(mu_);
+    MutexLock l(mu_);
     return ipc_.at(handle);
   }
   std::shared_ptr<Allocation> vmm_allocation(int fd) {
     struct stat st;
     ::fstat(fd, &st);
-    std::lock_guard l(mu_);
+    MutexLock l(mu_);
     return vmm_.at(st.st_ino);
   }
   void Free(const std::string& handle) {
-    std::lock_guard l(mu_);
+    MutexLock l(mu_);
     ipc_.at(handle)->freed = true;
   }
   // The trainer's stream on `device` (created on first use; a fake "current stream").
   StreamHandle TrainerStream(int device) {
     auto s = CreateCopyStream(device);
-    std::lock_guard l(mu_);
+    MutexLock l(mu_);
     --contexts_[device];  // the trainer's context is not the daemon's
     return *s;
   }
@@ -149,7 +148,7 @@ class FakeCudaApi final : public CudaApi {
     if (event_out != nullptr) {
       *event_out = e;
     } else {  // the test has no handle to destroy it with: the fake frees it at the end
-      std::lock_guard l(mu_);
+      MutexLock l(mu_);
       retired_events_.emplace_back(static_cast<Event*>(e));
     }
     (void)RecordEvent(device, e, stream);
@@ -165,7 +164,7 @@ class FakeCudaApi final : public CudaApi {
 
   // ---- faults and counters ------------------------------------------------------------------
   void SetDeviceLost(int device) {
-    std::lock_guard l(mu_);
+    MutexLock l(mu_);
     lost_.insert(device);
   }
   void FailNextMappingWithOom() { oom_next_ = true; }
@@ -180,7 +179,7 @@ class FakeCudaApi final : public CudaApi {
   int d2h_copies() const { return d2h_copies_.load(); }
   int h2d_copies() const { return h2d_copies_.load(); }
   int contexts(int device) {
-    std::lock_guard l(mu_);
+    MutexLock l(mu_);
     return contexts_[device];
   }
 
@@ -194,7 +193,7 @@ class FakeCudaApi final : public CudaApi {
   Result<DevicePtr> OpenIpcMemHandle(int device, std::string_view handle) override {
     RETURN_IF_ERROR(Alive(device));
     if (oom_next_.exchange(false)) return ResourceExhausted("out of GPU memory: fake");
-    std::lock_guard l(mu_);
+    MutexLock l(mu_);
     auto it = ipc_.find(std::string(handle));
     if (it == ipc_.end() || it->second->freed || it->second->device != device) {
       return FailedPrecondition("stale or invalid CUDA handle: cudaIpcOpenMemHandle (fake)");
@@ -207,7 +206,7 @@ class FakeCudaApi final : public CudaApi {
     return ptr;
   }
   Status CloseIpcMemHandle(int, DevicePtr ptr) override {
-    std::lock_guard l(mu_);
+    MutexLock l(mu_);
     if (open_ipc_.erase(ptr) != 1) return Internal("closing a handle that is not open");
     ++ipc_closes_;
     return Status::Ok();
@@ -217,7 +216,7 @@ class FakeCudaApi final : public CudaApi {
     if (oom_next_.exchange(false)) return ResourceExhausted("out of GPU memory: fake");
     struct stat st;
     if (::fstat(fd, &st) != 0) return FailedPrecondition("stale: bad fd");
-    std::lock_guard l(mu_);
+    MutexLock l(mu_);
     auto it = vmm_.find(st.st_ino);
     if (it == vmm_.end() || it->second->bytes.size() != size) {
       return FailedPrecondition("stale or invalid CUDA handle: cuMemImportFromShareableHandle");
@@ -232,7 +231,7 @@ class FakeCudaApi final : public CudaApi {
 
   Result<StreamHandle> CreateCopyStream(int device) override {
     RETURN_IF_ERROR(Alive(device));
-    std::lock_guard l(mu_);
+    MutexLock l(mu_);
     const int id = ++next_stream_;
     auto s = std::make_shared<Stream>();
     streams_[id] = s;
@@ -242,7 +241,7 @@ class FakeCudaApi final : public CudaApi {
   void DestroyStream(int, StreamHandle stream) override {
     std::shared_ptr<Stream> s;
     {
-      std::lock_guard l(mu_);
+      MutexLock l(mu_);
       auto it = streams_.find(static_cast<int>(reinterpret_cast<intptr_t>(stream)));
       if (it == streams_.end()) return;
       s = it->second;
@@ -264,7 +263,7 @@ class FakeCudaApi final : public CudaApi {
       delete e;
       return;
     }
-    std::lock_guard l(mu_);
+    MutexLock l(mu_);
     for (auto it = ipc_events_.begin(); it != ipc_events_.end();) {
       it = it->second == e ? ipc_events_.erase(it) : std::next(it);
     }
@@ -274,7 +273,7 @@ class FakeCudaApi final : public CudaApi {
   }
   Result<std::string> IpcEventHandle(int device, EventHandle event) override {
     RETURN_IF_ERROR(Alive(device));
-    std::lock_guard l(mu_);
+    MutexLock l(mu_);
     std::string handle(kIpcHandleBytes, '\0');
     std::memcpy(handle.data(), "fakeevt:", 8);
     auto* e = static_cast<Event*>(event);
@@ -284,7 +283,7 @@ class FakeCudaApi final : public CudaApi {
   }
   Result<EventHandle> OpenIpcEventHandle(int device, std::string_view handle) override {
     RETURN_IF_ERROR(Alive(device));
-    std::lock_guard l(mu_);
+    MutexLock l(mu_);
     auto it = ipc_events_.find(std::string(handle));
     if (it == ipc_events_.end()) {
       return FailedPrecondition("stale or invalid CUDA handle: cudaIpcOpenEventHandle (fake)");
@@ -300,13 +299,13 @@ class FakeCudaApi final : public CudaApi {
     Event* e = Target(event);
     uint64_t gen;
     {
-      std::lock_guard l(e->mu);
+      MutexLock l(e->mu);
       gen = ++e->recorded;
     }
     StreamOf(stream)->Enqueue([e, gen] {
-      std::lock_guard l(e->mu);
+      MutexLock l(e->mu);
       e->completed = std::max(e->completed, gen);
-      e->cv.notify_all();
+      e->cv.NotifyAll();
     });
     return Status::Ok();
   }
@@ -315,15 +314,15 @@ class FakeCudaApi final : public CudaApi {
     Event* e = Target(event);
     uint64_t target;
     {
-      std::lock_guard l(e->mu);
+      MutexLock l(e->mu);
       target = e->recorded;  // the most recent record at the time of the call
     }
     auto s = StreamOf(stream);
     s->Enqueue([e, target, s] {
       // Re-checks `stopping` now and then: nothing notifies this event when the fake shuts down.
-      std::unique_lock l(e->mu);
+      MutexLock l(e->mu);
       while (e->completed < target && !s->stopping()) {
-        e->cv.wait_for(l, std::chrono::milliseconds(5));
+        e->cv.WaitFor(e->mu, std::chrono::milliseconds(5));
       }
     });
     return Status::Ok();
@@ -331,9 +330,9 @@ class FakeCudaApi final : public CudaApi {
   Status SynchronizeEvent(int device, EventHandle event) override {
     Event* e = Target(event);
     {
-      std::unique_lock l(e->mu);
+      MutexLock l(e->mu);
       const uint64_t target = e->recorded;
-      e->cv.wait(l, [&] { return e->completed >= target; });
+      e->cv.Wait(e->mu, [&]() REQUIRES(e->mu) { return e->completed >= target; });
     }
     return Alive(device);  // a lost device reports it when its work is waited for
   }
@@ -369,10 +368,10 @@ class FakeCudaApi final : public CudaApi {
 
  private:
   struct Event {
-    std::mutex mu;
-    std::condition_variable cv;
-    uint64_t recorded = 0;  // generations
-    uint64_t completed = 0;
+    Mutex mu;
+    CondVar cv;
+    uint64_t recorded GUARDED_BY(mu) = 0;  // generations
+    uint64_t completed GUARDED_BY(mu) = 0;
     Event* opened_from = nullptr;  // an opened IPC handle refers to the exporter's event
   };
   // A FIFO op queue drained by one thread.
@@ -381,16 +380,16 @@ class FakeCudaApi final : public CudaApi {
     Stream() : worker_([this] { Run(); }) {}
     ~Stream() { Stop(); }
     void Enqueue(std::function<void()> op) {
-      std::lock_guard l(mu_);
+      MutexLock l(mu_);
       ops_.push_back(std::move(op));
-      cv_.notify_all();
+      cv_.NotifyAll();
     }
     bool stopping() const { return stop_.load(); }
     void Stop() {
       stop_.store(true);
       {
-        std::lock_guard l(mu_);
-        cv_.notify_all();
+        MutexLock l(mu_);
+        cv_.NotifyAll();
       }
       if (worker_.joinable() && worker_.get_id() != std::this_thread::get_id()) worker_.join();
     }
@@ -400,8 +399,8 @@ class FakeCudaApi final : public CudaApi {
       while (true) {
         std::function<void()> op;
         {
-          std::unique_lock l(mu_);
-          cv_.wait(l, [&] { return stop_.load() || !ops_.empty(); });
+          MutexLock l(mu_);
+          cv_.Wait(mu_, [&]() REQUIRES(mu_) { return stop_.load() || !ops_.empty(); });
           if (ops_.empty()) return;
           op = std::move(ops_.front());
           ops_.pop_front();
@@ -409,9 +408,9 @@ class FakeCudaApi final : public CudaApi {
         op();
       }
     }
-    std::mutex mu_;
-    std::condition_variable cv_;
-    std::deque<std::function<void()>> ops_;
+    Mutex mu_;
+    CondVar cv_;
+    std::deque<std::function<void()>> ops_ GUARDED_BY(mu_);
     std::atomic<bool> stop_{false};
     std::thread worker_;
   };
@@ -421,11 +420,11 @@ class FakeCudaApi final : public CudaApi {
     return e->opened_from != nullptr ? e->opened_from : e;
   }
   std::shared_ptr<Stream> StreamOf(StreamHandle h) {
-    std::lock_guard l(mu_);
+    MutexLock l(mu_);
     return streams_.at(static_cast<int>(reinterpret_cast<intptr_t>(h)));
   }
   Status Alive(int device) {
-    std::lock_guard l(mu_);
+    MutexLock l(mu_);
     if (lost_.count(device)) {
       return Unavailable("GPU lost or unusable: cudaErrorDevicesUnavailable (fake)");
     }
@@ -433,19 +432,19 @@ class FakeCudaApi final : public CudaApi {
   }
 
   std::vector<std::string> uuids_;
-  std::mutex mu_;
-  uint64_t next_id_ = 0;
-  int next_stream_ = 0;
-  std::map<std::string, std::shared_ptr<Allocation>> ipc_;
-  std::map<ino_t, std::shared_ptr<Allocation>> vmm_;
-  std::set<DevicePtr> open_ipc_;
-  std::map<std::string, Event*> ipc_events_;
+  Mutex mu_;
+  uint64_t next_id_ GUARDED_BY(mu_) = 0;
+  int next_stream_ GUARDED_BY(mu_) = 0;
+  std::map<std::string, std::shared_ptr<Allocation>> ipc_ GUARDED_BY(mu_);
+  std::map<ino_t, std::shared_ptr<Allocation>> vmm_ GUARDED_BY(mu_);
+  std::set<DevicePtr> open_ipc_ GUARDED_BY(mu_);
+  std::map<std::string, Event*> ipc_events_ GUARDED_BY(mu_);
   // Freed once the streams are gone (a queued record may still reach them): destroyed events,
-  // and the trainer events RecordTrainerEvent made without handing them out. Guarded by mu_.
-  std::vector<std::unique_ptr<Event>> retired_events_;
-  std::map<int, std::shared_ptr<Stream>> streams_;
-  std::map<int, int> contexts_;
-  std::set<int> lost_;
+  // and the trainer events RecordTrainerEvent made without handing them out.
+  std::vector<std::unique_ptr<Event>> retired_events_ GUARDED_BY(mu_);
+  std::map<int, std::shared_ptr<Stream>> streams_ GUARDED_BY(mu_);
+  std::map<int, int> contexts_ GUARDED_BY(mu_);
+  std::set<int> lost_ GUARDED_BY(mu_);
   std::atomic<bool> oom_next_{false};
   std::atomic<int> ipc_opens_{0}, ipc_closes_{0}, vmm_imports_{0}, vmm_unmaps_{0},
       ipc_event_opens_{0}, live_events_{0}, host_registers_{0}, host_unregisters_{0},

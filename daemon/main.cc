@@ -179,7 +179,7 @@ int RunDaemon(const DaemonConfig& config) {
   }
   // ---- end CUDA backend
 
-  TaskPool storage(1, config.worker_nice);
+  TaskPool storage(1, config.worker_nice, "storage");
   HotCache hot(pool->get());
   (*pool)->SetReclaimer([&hot] { return hot.ReclaimOne(); });
   // Writers one step below the copy threads: a capture is what wait_snapshot (the trainer)

@@ -80,7 +80,7 @@ class CoordinatorAdminProvider final : public AdminProvider {
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   WatchHub hub_;
   std::atomic<bool> serving_{false};
-  TaskPool worker_{1};
+  TaskPool worker_{1, 0, "coord-admin"};
   Mutex mu_;
   CondVar cv_;
   bool closed_ GUARDED_BY(mu_) = false;

@@ -288,7 +288,7 @@ void CoordinatorCore::Decide(const std::string& job, uint64_t step, StepRecord& 
     });
     if (!posted) {  // stopping: the next start's recovery scan removes the directory
       --commits_in_flight_;
-      cv_.notify_all();
+      cv_.NotifyAll();
       spdlog::warn("{}: the coordinator is stopping; its data is left to the next recovery scan",
                    StepName(job, step));
     }
@@ -575,7 +575,7 @@ void CoordinatorCore::TryCommit(const std::string& job) {
       // Stopping: no commit now. The node manifests are on storage, so the next start's
       // recovery scan commits the step; until then it stays `committing` (not tried again).
       --commits_in_flight_;
-      cv_.notify_all();
+      cv_.NotifyAll();
       spdlog::warn("{}: the coordinator is stopping; the commit is left to the next recovery scan",
                    StepName(job, n));
     }

@@ -215,7 +215,7 @@ class CoordinatorCore {
   FileSystem* fs_;
   std::unique_ptr<CommitEngine> owned_commit_;
   CommitEngine* commit_;
-  TaskPool commit_thread_{1};
+  TaskPool commit_thread_{1, 0, "commit"};
   Mutex mu_;
   CondVar cv_;
   std::map<std::string, JobRecord> jobs_ GUARDED_BY(mu_);

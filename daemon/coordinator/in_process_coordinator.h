@@ -49,7 +49,7 @@ class InProcessCoordinator final : public CoordinatorPort {
   boost::asio::io_context& io_;
   const std::string node_id_;
   CoordinatorCore core_;
-  TaskPool worker_{1};
+  TaskPool worker_{1, 0, "coord-report"};
   Handler* handler_ = nullptr;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // guards posts after Stop
 };

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU path in one command, for a machine with an NVIDIA GPU and driver (none is available to
 # the project's CI: there the CUDA code is compiled and its logic tested through a fake driver,
-# but this script has never been run on hardware).
+# its steps passed on one H200 on 2026-11-26, run by hand from a prebuilt tree because that
+# machine had no gRPC to build with: bench/README.md, "gpu").
 #
 #   bench/gpu/run.sh [--build-dir build] [--dir /tmp] [--bytes 1073741824] [--reps 5]
 #

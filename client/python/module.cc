@@ -21,6 +21,7 @@
 
 #include "ckpt/client.h"
 #include "ckpt/launch_env.h"
+#include "client/python/layout_check.h"
 #include "common/status.h"
 
 namespace py = pybind11;
@@ -305,6 +306,8 @@ PYBIND11_MODULE(_ckptd, m) {
       },
       "Who this process is as its launcher (torchrun, Slurm, Open MPI) says: a dict of launcher, "
       "rank, world_size, local_rank, job (None where unknown) and looked_for.");
+
+  ckpt::python::BindLayoutCheck(m);
 
   py::class_<PyClient>(m, "Client")
       .def(py::init<std::string, uint32_t, uint32_t, std::string, uint32_t, double,

@@ -312,36 +312,24 @@ def _describe(name, value):
     return t, spec
 
 
-def _cuda_stream(tensors):
-    """The current stream (int handle) of the CUDA device of the registered tensors, or 0."""
+def _cuda_device(tensors):
+    """The CUDA device of the first non-empty CUDA tensor among ``tensors``, or None."""
     for t in tensors:
         if t.device.type == "cuda" and t.numel() > 0:
-            return _import_torch().cuda.current_stream(t.device).cuda_stream
-    return 0
+            return t.device
+    return None
+
+
+def _cuda_stream(device):
+    """The current stream (int handle) of ``device`` (None: no CUDA tensors), or 0."""
+    if device is None:
+        return 0
+    return _import_torch().cuda.current_stream(device).cuda_stream
 
 
 def _storage_object(t):
     """The storage under tensor ``t`` (holding it keeps the memory alive)."""
     return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
-
-
-def _quick_key(name, value):
-    """What makes a later call's entry identical to a registered one: the same tensor object,
-    still with the same memory, dtype, shape and strides, and the same shard geometry. Cheap
-    (no fd lookups), so an unchanged set costs ~1 µs per tensor. The registered tensors *and
-    their storages* are kept alive, so neither their id()s nor their memory can be reused
-    meanwhile: a tensor whose ``.data`` was replaced cannot come back with a new storage at the
-    old address (and the old descriptor number) and pass for the registered one."""
-    if isinstance(value, Shard):
-        t, geometry = value.tensor, ("box", value.global_shape, value.offsets, value.partial)
-    elif isinstance(value, FlatShard):
-        t, geometry = value.tensor, ("flat", value.global_shape, value.flat_offset, value.partial)
-    else:
-        t, geometry = value, None
-    try:
-        return (name, id(t), t.device, t.data_ptr(), t.dtype, t.shape, t.stride(), geometry)
-    except AttributeError:
-        return None  # not a tensor: _describe reports it
 
 
 def _from_launcher(job, rank, world_size, local_rank):
@@ -399,9 +387,10 @@ class Client:
                 raise ValueError("call_timeout must be positive, not %r" % (call_timeout,))
         self.job, self.rank, self.world_size, self.socket = job, rank, world_size, str(socket)
         self._lock = threading.Lock()
-        self._registered_key = None
+        self._layout = None     # _ckptd.LayoutCheck of the registered dict
         self._registered = ()   # the registered tensors, kept alive while registered
-        self._registered_storages = ()  # and their storages (see _quick_key)
+        self._registered_storages = ()  # and their storages (see _register)
+        self._cuda = None       # the CUDA device of the registered tensors, if any
         self.last_load = None
         self._c = _ckptd.Client(job, rank, world_size, self.socket, local_rank,
                                 10.0 if connect_timeout is None else connect_timeout,
@@ -426,24 +415,41 @@ class Client:
         if not hasattr(tensors, "items"):
             raise _error("tensors must be a dict {name: torch.Tensor | Shard | FlatShard}, not %s"
                          % type(tensors).__name__)
-        keys = tuple(_quick_key(name, value) for name, value in tensors.items())
-        if None not in keys and keys == self._registered_key and self._c.registered:
+        if self._registered_as(tensors):
             # The daemon has exactly this set (the common case: every save after the first; a
-            # re-attach re-registers it inside the native client).
+            # re-attach re-registers it inside the native client). One native pass: no Python
+            # work per tensor (_ckptd.LayoutCheck says what it compares).
             return
         kept, specs = [], []
         for name, value in tensors.items():
             t, spec = _describe(name, value)
             kept.append(t)
             specs.append(spec)
-        # _describe may have moved storages into shared memory: their data_ptr changed.
-        keys = tuple(_quick_key(name, value) for name, value in tensors.items())
         with self._lock:
-            self._registered_key = None
+            self._layout = None
             self._c.register(specs)
-            self._registered_key = keys
+            # Remembered after _describe, which may have moved storages into shared memory (their
+            # data_ptr changed). The check and the lists below hold the registered tensors *and
+            # their storages*: neither their ids nor their memory can be reused meanwhile, so a
+            # tensor whose .data was replaced cannot come back at the old address (and the old
+            # descriptor number) and pass for the registered one.
+            self._layout = _ckptd.LayoutCheck(dict(tensors), _import_torch().Tensor)
             self._registered = tuple(kept)
             self._registered_storages = tuple(_storage_object(t) for t in kept)
+            self._cuda = _cuda_device(kept)
+
+    def _registered_as(self, tensors):
+        """True when the daemon holds a registration of exactly ``tensors`` (their memory as it
+        is now): a save of them would send only the step."""
+        check = self._layout
+        return (check is not None and isinstance(tensors, dict) and self._c.registered
+                and check.matches(tensors))
+
+    def _save_registered(self, step, extra, on_full):
+        """save() of the registered tensors, for a caller that has just checked
+        :meth:`_registered_as` (ckptd.torch.Checkpointer): the same request without a second
+        layout check."""
+        self._c.save(_as_uint(step, "step"), bytes(extra), on_full, _cuda_stream(self._cuda))
 
     def save(self, step, tensors, extra=b"", on_full="wait"):
         """Checkpoint ``tensors`` ({name: torch.Tensor | Shard | FlatShard}) as ``step``.
@@ -460,7 +466,7 @@ class Client:
         if on_full not in ("wait", "skip"):
             raise _error('on_full must be "wait" or "skip", not %r' % (on_full,))
         self._register(tensors)
-        self._c.save(step, extra, on_full, _cuda_stream(self._registered))
+        self._c.save(step, extra, on_full, _cuda_stream(self._cuda))
 
     def wait_snapshot(self, timeout=None):
         """Block until the last save's bytes are captured; afterwards the tensors may change.
@@ -507,7 +513,7 @@ class Client:
             raise _error("job must be a string, not %r" % (job,))
         self._register(tensors)
         loaded, extra, from_memory, from_storage, missing, extra_rank, saved_world = self._c.load(
-            step, bool(strict), _cuda_stream(self._registered), job or "")
+            step, bool(strict), _cuda_stream(self._cuda), job or "")
         self.last_load = LoadInfo(loaded, extra, from_memory, from_storage, list(missing),
                                   extra_rank, saved_world)
         return extra
@@ -524,9 +530,10 @@ class Client:
         """Close the connection (idempotent). Calls waiting in other threads raise CANCELLED."""
         self._c.close()
         with self._lock:
-            self._registered_key = None
+            self._layout = None
             self._registered = ()
             self._registered_storages = ()
+            self._cuda = None
 
     def __enter__(self):
         return self

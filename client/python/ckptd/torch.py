@@ -36,6 +36,7 @@ import weakref
 import torch
 
 import ckptd
+from ckptd import arena
 
 __all__ = ["Checkpointer", "RNGState"]
 
@@ -76,42 +77,22 @@ class RNGState:
             g.set_state(tensor(s))
 
 
-def _storage_span(t):
-    """(data_ptr, nbytes) of the storage under CPU tensor ``t`` (torch 1.13 and 2.x)."""
-    st = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
-    return st.data_ptr(), st.nbytes()
-
-
-def _back_with_empty_shared_memory(tensors):
-    """Before a load that overwrites them: gives each CPU tensor of ``tensors`` that is not yet in
-    shared memory a fresh, empty shared-memory storage, in place (``t.data = ...``: a Parameter
-    stays the same object, so the optimizer's references hold). Registering it then copies
-    nothing, where ``Tensor.share_memory_()`` would allocate shared memory and copy the old
-    values into it just before the daemon overwrites them — most of a Python restore's time.
-    Only a tensor that alone covers its whole storage is rebacked: tied weights are one object
-    and are done once; views into a shared buffer (flat parameters) keep the copying path.
-    Returns [(tensor, previous data)] for _put_back."""
-    by_storage = {}
-    for t in tensors.values():
-        if isinstance(t, torch.Tensor) and t.device.type == "cpu" and not t.is_shared():
-            by_storage.setdefault(_storage_span(t)[0], {})[id(t)] = t
-    rebacked = []
-    for group in by_storage.values():
-        if len(group) != 1:
-            continue
-        (t,) = group.values()
-        nbytes = t.numel() * t.element_size()
-        if (nbytes == 0 or t.storage_offset() != 0 or not t.is_contiguous()
-                or _storage_span(t)[1] != nbytes):
-            continue
-        previous = t.data
-        t.data = ckptd._shared_empty(t.shape, t.dtype)
-        rebacked.append((t, previous))
-    return rebacked
+def _back_with_arenas(tensors, copy):
+    """Before a load that overwrites them: moves the CPU tensors of ``tensors`` that are not yet
+    in shared memory into shared arenas, in place (``t.data = ...``: a Parameter stays the same
+    object, so the optimizer's references hold; ckptd/arena.py says which tensors qualify).
+    ``copy=False`` (a strict load, which fills every tensor) copies nothing, where
+    ``Tensor.share_memory_()`` would copy the old values into a new shared-memory file per
+    tensor just before the daemon overwrites them — most of a Python restore's time, and one
+    descriptor per tensor. Returns [(tensor, previous data)] for _put_back."""
+    candidates = [t for t in tensors.values() if isinstance(t, torch.Tensor)]
+    previous = [(t, t.data) for t in candidates if t.device.type == "cpu" and not t.is_shared()]
+    arena.move_into_arenas(candidates, copy=copy)
+    return [(t, data) for t, data in previous if t.is_shared()]
 
 
 def _put_back(rebacked):
-    """Undoes _back_with_empty_shared_memory after a failed load: the old values come back."""
+    """Undoes _back_with_arenas after a failed load: the old values come back."""
     for t, previous in rebacked:
         t.data = previous
 
@@ -121,6 +102,114 @@ def _fail(message, code="FAILED_PRECONDITION"):
     e.code = code
     e.message = message
     return e
+
+
+class _SaveLayout:
+    """What a Checkpointer's save sends, found by walking the model and the optimizer once, and
+    kept for the saves after it (a save at 10,000 tensors would otherwise spend ~100 ms of the
+    training step re-walking them in Python).
+
+    A walk records, next to the tensors and the metadata, a ``_ckptd.SlotWatch`` of everything
+    it read: every module's ``_parameters``, ``_buffers`` and ``_modules`` (their lengths and
+    what each name holds), the optimizer's ``param_groups`` (their lists of params) and
+    ``state`` (which params have state, each state's keys and tensors). The next save reuses the
+    walk when the watch holds, in one native pass; any change — optimizer state created by the
+    first step, a new param group, a replaced Parameter or submodule, a state tensor swapped —
+    fails it, and the save walks again. Changes inside a tensor (``param.data = ...``, a resize)
+    are not the walk's business: the client's layout check compares every registered tensor's
+    address and shape at each save and re-registers what moved.
+
+    Values that change every step without changing the layout are read at every save: the
+    param groups' hyper-parameters (an LR scheduler), non-tensor optimizer state, the buffers
+    (copied into their staging tensors), ``extra_state``. A model whose state_dict can hold
+    anything else — a module with state_dict hooks or its own ``get_extra_state``,
+    ``_save_to_state_dict`` or ``state_dict`` — is walked at every save (``cacheable`` False).
+    ``shard_fn`` is called by the walk only, so it must answer the same for the same tensor.
+    """
+
+    def __init__(self, ck):
+        self.checked = False
+        self.cacheable = _cacheable(ck.model)
+        lengths, slots = [], []
+        for m in ck.model.modules():
+            attrs = vars(m)
+            for attr in ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"):
+                d = attrs.get(attr)
+                slots.append((attrs, attr, d))
+                if d is None:
+                    continue
+                lengths.append((d, len(d)))
+                if isinstance(d, dict):
+                    slots.extend((d, k, v) for k, v in d.items())
+        tensors, self.model_other = ck._model_state(staged=True)
+        self.tensors = tensors
+        buffers = {id(b): b for b in ck.model.buffers()} if ck.copy_buffers else {}
+        self.staged = [(name, buffers[id(v)]) for name, v in ck.model.state_dict(
+            keep_vars=True).items() if id(v) in buffers] if buffers else []
+        self.opt_meta, self.order, self.group_names, self.dynamic = {}, [], [], []
+        opt = ck.optimizer
+        if opt is not None:
+            attrs = vars(opt)
+            slots += [(attrs, "param_groups", opt.param_groups), (attrs, "state", opt.state)]
+            lengths += [(opt.param_groups, len(opt.param_groups)), (opt.state, len(opt.state))]
+            params = ck._optimizer_params()
+            index = 0
+            for group in opt.param_groups:
+                plist = group["params"]
+                slots.append((group, "params", plist))
+                lengths.append((plist, len(plist)))
+                slots.extend((plist, i, p) for i, p in enumerate(plist))
+                self.group_names.append([name for _, name in params[index:index + len(plist)]])
+                index += len(plist)
+            for p, pname in params:
+                self.order.append(pname)
+                st = opt.state.get(p)
+                slots.append((opt.state, p, st))
+                if not st:
+                    continue
+                lengths.append((st, len(st)))
+                entries = {}
+                for key, v in st.items():
+                    if isinstance(v, torch.Tensor):
+                        tname = "optimizer.state.%s.%s" % (pname, key)
+                        if tname in tensors:
+                            raise _fail("optimizer state name %r collides with a model tensor"
+                                        % tname)
+                        tensors[tname] = v
+                        slots.append((st, key, v))
+                        like_param = tuple(v.shape) == tuple(p.shape)
+                        entries[key] = ("tensor", ckptd.dtype_name(v.dtype), tuple(v.shape),
+                                        like_param)
+                    else:
+                        entries[key] = ("value", v)
+                        self.dynamic.append((pname, key, st))
+                self.opt_meta[pname] = entries
+        # Parameters and optimizer state into a few shared arenas, once: the trainer then holds a
+        # few descriptors whatever its tensor count (ckptd/arena.py). The client keeps the
+        # registered storages, and so the arenas, alive.
+        # The model's tensors and the optimizer's go into arenas of their own, so that a
+        # torch.save of the model's state_dict writes the model's bytes, not the optimizer's.
+        opt_names = {"optimizer.state.%s.%s" % (pname, key) for pname, entries in
+                     self.opt_meta.items() for key in entries}
+        for optimizer_part in (False, True):
+            arena.move_into_arenas([v for name, v in tensors.items()
+                                    if isinstance(v, torch.Tensor)
+                                    and (name in opt_names) == optimizer_part])
+        self.sharded = ck._shard(tensors)
+        self.watch = ckptd._ckptd.SlotWatch(lengths, slots)
+
+
+def _cacheable(model):
+    """False when some module can put into its state_dict what the walk cannot watch."""
+    base = torch.nn.Module
+    for m in model.modules():
+        t = type(m)
+        if (t.state_dict is not base.state_dict or t._save_to_state_dict is not
+                base._save_to_state_dict or t.get_extra_state is not base.get_extra_state):
+            return False
+        if getattr(m, "_state_dict_hooks", None) or getattr(m, "_state_dict_pre_hooks", None):
+            return False
+    return True
 
 
 class Checkpointer:
@@ -157,7 +246,9 @@ class Checkpointer:
     part of the global tensor this rank's ``tensor`` is (default: the whole tensor). It is called
     for model tensors (state_dict names) and optimizer state tensors
     (``optimizer.state.<param name>.<key>``, same shape as the param for Adam's moments); None
-    leaves a tensor out. Tensor parallel, rows of every ``proj`` weight split across ``tp`` ranks::
+    leaves a tensor out. It is called when the checkpointer walks the model (the first save,
+    and a save after the model's or optimizer's layout changed), not at every save, so it must
+    answer the same for the same tensor. Tensor parallel, rows of every ``proj`` weight split across ``tp`` ranks::
 
         def shard_fn(name, t):
             if "proj" in name and t.dim() == 2:
@@ -202,6 +293,7 @@ class Checkpointer:
         self._fence_gave_up_at = None   # a fence timed out since the last save (monotonic time)
         self._hook_handle = None
         self._hook_installed = False
+        self._layout = None             # _SaveLayout of the last save
 
     # -- failures --------------------------------------------------------------------------
 
@@ -363,50 +455,51 @@ class Checkpointer:
                 "save of step %s skipped: the fence before it gave up after %s s"
                 % (step, self._fence_timeout()), "DEADLINE_EXCEEDED"))
             return
-        tensors, model_other = self._model_state(staged=True)
-        opt_meta = {}
-        order = []
-        for p, pname in self._optimizer_params():
-            order.append(pname)
-            st = self.optimizer.state.get(p)
-            if not st:
-                continue
-            entries = {}
-            for key, v in st.items():
-                if isinstance(v, torch.Tensor):
-                    tname = "optimizer.state.%s.%s" % (pname, key)
-                    if tname in tensors:
-                        raise _fail("optimizer state name %r collides with a model tensor" % tname)
-                    tensors[tname] = v
-                    like_param = tuple(v.shape) == tuple(p.shape)
-                    entries[key] = ("tensor", ckptd.dtype_name(v.dtype), tuple(v.shape),
-                                    like_param)
-                else:
-                    entries[key] = ("value", v)
-            opt_meta[pname] = entries
+        layout = self._layout
+        if layout is not None and not self._refresh(layout):
+            layout = None
+        if layout is None:
+            layout = self._layout = _SaveLayout(self)
         groups = []
-        params = self._optimizer_params()
-        index = 0
-        for group in (self.optimizer.param_groups if self.optimizer is not None else []):
+        for group, names in zip(self.optimizer.param_groups if self.optimizer else (),
+                                layout.group_names):
             g = {k: v for k, v in group.items() if k != "params"}
-            n = len(group["params"])
-            g["params"] = [name for _, name in params[index:index + n]]
-            index += n
+            g["params"] = names
             groups.append(g)
+        for pname, key, st in layout.dynamic:
+            layout.opt_meta[pname][key] = ("value", st[key])
         meta = {
             "format": _FORMAT,
             "step": step,
-            "model_other": model_other,
-            "optimizer": {"param_groups": groups, "state": opt_meta, "order": order},
+            "model_other": layout.model_other,
+            "optimizer": {"param_groups": groups, "state": layout.opt_meta,
+                          "order": layout.order},
             "extra_state": self._user_state(),
         }
         extra = pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
         try:
-            self.client.save(step, self._shard(tensors), extra, on_full)
+            if layout.checked:
+                self.client._save_registered(step, extra, on_full)
+            else:
+                self.client.save(step, layout.sharded, extra, on_full)
         except ckptd.Error as e:
             self._failed("save", step, e)
             return
         self._snapshot_pending = step
+
+    def _refresh(self, layout):
+        """Brings the cached layout up to date for a save: copies the buffers into their staging
+        tensors and checks that nothing the layout was built from has changed. False: build it
+        again (the model or optimizer changed shape, or the client's registration no longer
+        matches the tensors' memory)."""
+        if not layout.cacheable or not layout.watch.unchanged():
+            return False
+        for name, buf in layout.staged:
+            s = self._stage(name, buf)
+            if s is not layout.tensors[name]:
+                return False  # the buffer changed shape or dtype: a new staging tensor
+        layout.checked = self.client._registered_as(layout.sharded)
+        return True
 
     def _user_state(self):
         es = self.extra_state
@@ -436,7 +529,7 @@ class Checkpointer:
         tensors, _ = self._model_state()
         # A strict load fills every tensor or fails: the tensors can be given empty shared
         # memory instead of having their old values copied there (put back if it fails).
-        rebacked = _back_with_empty_shared_memory(tensors) if strict else []
+        rebacked = _back_with_arenas(tensors, copy=not strict)
         try:
             extra = self.client.load(self._shard(tensors), step=step, strict=strict)
         except BaseException:
@@ -457,7 +550,7 @@ class Checkpointer:
         # Phase 2: the optimizer's state tensors, created from the metadata when missing.
         opt_tensors = self._restore_optimizer(meta["optimizer"])
         if opt_tensors:
-            rebacked = _back_with_empty_shared_memory(opt_tensors) if strict else []
+            rebacked = _back_with_arenas(opt_tensors, copy=not strict)
             try:
                 self.client.load(self._shard(opt_tensors), step=step, strict=strict)
             except BaseException:
@@ -524,10 +617,9 @@ class Checkpointer:
                         and tuple(t.shape) == shape and t.device == p.device
                         and t.is_contiguous()):
                     # Where the parameter lives: CUDA state loads straight into GPU memory.
-                    if p.device.type == "cpu":  # born shared: registering copies nothing
-                        t = ckptd._shared_empty(shape, dtype)
-                    else:
-                        t = torch.zeros(shape, dtype=dtype, device=p.device)
+                    # Where the parameter lives (CUDA state loads straight into GPU memory); CPU
+                    # state goes into an arena before the load (_back_with_arenas).
+                    t = torch.zeros(shape, dtype=dtype, device=p.device)
                 st[key] = t
                 tensors["optimizer.state.%s.%s" % (pname, key)] = t
             opt.state[p] = st

@@ -1,0 +1,182 @@
+#!/usr/bin/python3
+"""Save latency against tensor count: ckptd.Client.save, ckptd.torch.Checkpointer.save and the
+C++ client side by side, with the descriptors the trainer holds.
+
+For each count N (default 300, 1,000, 3,000, 10,000), against one ckptd started here:
+
+  Client.save         a dict of N float32 tensors holding 64 MiB together, saved step after
+                      step (save → wait_snapshot → wait committed, only save timed), after a
+                      first save that shares and registers them (reported apart).
+  Checkpointer.save   a model of N/3 parameters (N/6 Linear layers of 16×16 weights and biases,
+                      a few buffers) with AdamW after one real optimizer step, so about N
+                      tensors with the moments and steps; timed is Checkpointer.save alone, the
+                      fence and the commit wait follow untimed.
+  C++ client          bench_daemon's save section (the same daemon binary; 64 MiB in N tensors
+                      of one memfd), run with --sections save when --cpp is given.
+
+Per row: median, p99 and max over --saves saves, and the descriptors this process holds
+(/proc/self/fd) after the saves. Goal (bench/README.md): p50 at 10,000 tensors ≤ 2× p50 at 300,
+Client.save p99 < 1 ms at 10,000; descriptors ≤ 64 for the 10,000-tensor Checkpointer.
+
+    PYTHONPATH=build/python /usr/bin/python3 bench/python/scale.py --bin build/bin \
+        [--counts 300,1000,3000,10000] [--saves 60] [--dir /tmp] [--json out.json] [--cpp]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+import ckptd
+import ckptd.torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from stall import Daemon, loadavg  # noqa: E402
+
+MiB = 1 << 20
+
+
+def fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def percentile(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def summary(times, first, n, what, fd_count):
+    ms = [t * 1e3 for t in times]
+    return {"what": what, "tensors": n, "first_ms": first * 1e3, "p50_ms": statistics.median(ms),
+            "p99_ms": percentile(ms, 0.99), "max_ms": max(ms), "saves": len(ms), "fds": fd_count}
+
+
+def bench_client(daemon, n, saves, step0):
+    client = daemon.client("scale-client-%d" % n)
+    numel = (64 * MiB // 4) // n
+    tensors = {"layer.%05d.weight" % i: torch.full((numel,), float(i)) for i in range(n)}
+    t0 = time.perf_counter()
+    client.save(step0, tensors)
+    first = time.perf_counter() - t0
+    client.wait(step0, "committed", timeout=120)
+    times = []
+    for k in range(1, saves + 1):
+        t0 = time.perf_counter()
+        client.save(step0 + k, tensors)
+        times.append(time.perf_counter() - t0)
+        client.wait_snapshot()
+        client.wait(step0 + k, "committed", timeout=120)
+    row = summary(times, first, n, "Client.save", fds())
+    client.close()
+    return row
+
+
+def build_model(n):
+    layers = max(1, n // 8)  # weight + bias, each with exp_avg, exp_avg_sq, step: 8 tensors
+    model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(layers)])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(4, 16)).sum().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return model, opt
+
+
+def bench_checkpointer(daemon, n, saves, step0):
+    client = daemon.client("scale-ckpt-%d" % n)
+    model, opt = build_model(n)
+    ck = ckptd.torch.Checkpointer(client, model, opt, on_error="raise")
+    t0 = time.perf_counter()
+    ck.save(step0)
+    first = time.perf_counter() - t0
+    client.wait(step0, "committed", timeout=120)
+    count = len(model.state_dict()) + sum(
+        sum(1 for v in s.values() if torch.is_tensor(v)) for s in opt.state.values())
+    times = []
+    for k in range(1, saves + 1):
+        t0 = time.perf_counter()
+        ck.save(step0 + k)
+        times.append(time.perf_counter() - t0)
+        ck.fence()
+        client.wait(step0 + k, "committed", timeout=120)
+    row = summary(times, first, count, "Checkpointer.save", fds())
+    ck.remove_hook()
+    client.close()
+    return row
+
+
+def bench_cpp(bin_dir, work, counts, saves):
+    """bench_daemon's save section with 64 MiB in each count of tensors; [] when not built."""
+    exe = os.path.join(bin_dir, "bench_daemon")
+    if not os.access(exe, os.X_OK):
+        return []
+    out = os.path.join(work, "cpp.json")
+    configs = ",".join("64MiB:%d" % n for n in counts)
+    subprocess.run([exe, "--sections", "save", "--save-configs", configs, "--save-samples",
+                    str(saves), "--dir", work, "--json", out, "--bin", bin_dir],
+                   check=True, stdout=subprocess.DEVNULL)
+    with open(out) as f:
+        data = json.load(f)
+    data = data.get("results", data)
+    rows = []
+    for n in counts:
+        key = "save.%dB_%dt.save." % (64 * MiB, n)
+        if key + "p50_s" not in data:
+            continue
+        rows.append({"what": "C++ Client::Save", "tensors": n, "first_ms": None,
+                     "p50_ms": data[key + "p50_s"] * 1e3, "p99_ms": data[key + "p99_s"] * 1e3,
+                     "max_ms": data[key + "max_s"] * 1e3, "saves": data[key + "samples"],
+                     "fds": None})
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bin", default="build/bin")
+    ap.add_argument("--dir", default="/tmp")
+    ap.add_argument("--counts", default="300,1000,3000,10000")
+    ap.add_argument("--saves", type=int, default=60)
+    ap.add_argument("--json")
+    ap.add_argument("--cpp", action="store_true", help="also run bench_daemon's save section")
+    args = ap.parse_args()
+    counts = [int(c) for c in args.counts.split(",")]
+    torch.set_num_threads(1)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="ckpt-scale-", dir=args.dir) as work:
+        daemon = Daemon(args.bin, work, 1 << 30, [])
+        try:
+            step = 1
+            for n in counts:
+                rows.append(bench_client(daemon, n, args.saves, step))
+                step += args.saves + 10
+                rows.append(bench_checkpointer(daemon, n, args.saves, step))
+                step += args.saves + 10
+        finally:
+            daemon.stop()
+        if args.cpp:
+            rows += bench_cpp(args.bin, work, counts, args.saves)
+    print("load average %s; %d saves per row; descriptors of this process after the row"
+          % (loadavg(), args.saves))
+    print("| call | tensors | first save ms | p50 ms | p99 ms | max ms | fds |")
+    print("|---|--:|--:|--:|--:|--:|--:|")
+    for r in rows:
+        print("| %s | %d | %s | %.3f | %.3f | %.3f | %s |" % (
+            r["what"], r["tensors"], "—" if r["first_ms"] is None else "%.1f" % r["first_ms"],
+            r["p50_ms"], r["p99_ms"], r["max_ms"], "—" if r["fds"] is None else r["fds"]))
+    for what in ("Client.save", "Checkpointer.save", "C++ Client::Save"):
+        sel = [r for r in rows if r["what"] == what]
+        if len(sel) >= 2:
+            lo, hi = sel[0], sel[-1]
+            print("%s: p50 at %d tensors / p50 at %d = %.2f (goal ≤ 2)"
+                  % (what, hi["tensors"], lo["tensors"], hi["p50_ms"] / lo["p50_ms"]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows, "loadavg": loadavg()}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+#include "client/python/layout_check.h"
+
+#include <utility>
+
+namespace py = pybind11;
+
+namespace ckpt::python {
+namespace {
+
+// The shard fields that make up a Shard's or FlatShard's geometry (ckptd/__init__.py).
+constexpr const char* kGeometryFields[] = {"global_shape", "offsets", "flat_offset", "partial"};
+
+// getattr(obj, name, None) without raising.
+py::object AttrOrNone(PyObject* obj, const char* name) {
+  PyObject* v = PyObject_GetAttrString(obj, name);
+  if (v == nullptr) {
+    PyErr_Clear();
+    return py::none();
+  }
+  return py::reinterpret_steal<py::object>(v);
+}
+
+// a == b for Python objects, false on an error.
+bool Equal(PyObject* a, PyObject* b) {
+  if (a == b) return true;
+  const int r = PyObject_RichCompareBool(a, b, Py_EQ);
+  if (r < 0) PyErr_Clear();
+  return r == 1;
+}
+
+}  // namespace
+
+LayoutCheck::LayoutCheck(py::dict tensors, py::object tensor_type)
+    : tensor_type_(std::move(tensor_type)) {
+  if (!PyType_Check(tensor_type_.ptr())) throw py::type_error("tensor_type must be a type");
+  // The C functions behind torch.Tensor.data_ptr (a method descriptor) and .shape (a getset
+  // descriptor). Another kind of descriptor (a future torch, a mock): the generic calls.
+  py::object data_ptr = tensor_type_.attr("data_ptr");
+  if (Py_IS_TYPE(data_ptr.ptr(), &PyMethodDescr_Type)) {
+    PyMethodDef* def = reinterpret_cast<PyMethodDescrObject*>(data_ptr.ptr())->d_method;
+    if ((def->ml_flags & (METH_VARARGS | METH_KEYWORDS | METH_O | METH_NOARGS)) == METH_NOARGS) {
+      data_ptr_fn_ = def->ml_meth;
+    }
+  }
+  PyObject* shape = PyObject_GetAttrString(tensor_type_.ptr(), "shape");
+  if (shape != nullptr && Py_IS_TYPE(shape, &PyGetSetDescr_Type)) {
+    PyGetSetDef* def = reinterpret_cast<PyGetSetDescrObject*>(shape)->d_getset;
+    shape_get_ = def->get;
+    shape_closure_ = def->closure;
+  }
+  Py_XDECREF(shape);
+  PyErr_Clear();
+
+  entries_.reserve(static_cast<size_t>(PyDict_Size(tensors.ptr())));
+  PyObject* name = nullptr;
+  PyObject* value = nullptr;
+  Py_ssize_t pos = 0;
+  while (PyDict_Next(tensors.ptr(), &pos, &name, &value)) {
+    auto [tensor, geometry] = Split(value);
+    Entry e;
+    e.name = py::reinterpret_borrow<py::object>(name);
+    e.value = py::reinterpret_borrow<py::object>(value);
+    e.data_ptr = DataPtr(tensor.ptr());
+    e.shape = Shape(tensor.ptr());
+    if (PyErr_Occurred() != nullptr) throw py::error_already_set();
+    e.tensor = std::move(tensor);
+    e.geometry = std::move(geometry);
+    entries_.push_back(std::move(e));
+  }
+}
+
+std::pair<py::object, py::object> LayoutCheck::Split(PyObject* value) const {
+  auto* type = reinterpret_cast<PyTypeObject*>(tensor_type_.ptr());
+  if (PyObject_TypeCheck(value, type)) {
+    return {py::reinterpret_borrow<py::object>(value), py::none()};
+  }
+  py::object tensor = AttrOrNone(value, "tensor");
+  if (!PyObject_TypeCheck(tensor.ptr(), type)) {
+    throw py::type_error("LayoutCheck: a value is neither a tensor nor a shard of one");
+  }
+  py::tuple geometry(1 + std::size(kGeometryFields));
+  geometry[0] = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(Py_TYPE(value)));
+  for (size_t i = 0; i < std::size(kGeometryFields); ++i) {
+    geometry[i + 1] = AttrOrNone(value, kGeometryFields[i]);
+  }
+  return {std::move(tensor), std::move(geometry)};
+}
+
+uintptr_t LayoutCheck::DataPtr(PyObject* tensor) const {
+  PyObject* r = data_ptr_fn_ != nullptr ? data_ptr_fn_(tensor, nullptr)
+                                        : PyObject_CallMethod(tensor, "data_ptr", nullptr);
+  if (r == nullptr) return 0;
+  const auto p = reinterpret_cast<uintptr_t>(PyLong_AsVoidPtr(r));
+  Py_DECREF(r);
+  return p;
+}
+
+py::object LayoutCheck::Shape(PyObject* tensor) const {
+  PyObject* r = shape_get_ != nullptr ? shape_get_(tensor, shape_closure_)
+                                      : PyObject_GetAttrString(tensor, "shape");
+  if (r == nullptr) return py::none();
+  return py::reinterpret_steal<py::object>(r);
+}
+
+bool LayoutCheck::SameEntry(const Entry& e, PyObject* name, PyObject* value) const {
+  if (!Equal(name, e.name.ptr())) return false;
+  PyObject* tensor = value;
+  py::object shard_tensor;
+  if (e.geometry.is_none()) {
+    if (value != e.value.ptr()) return false;  // another tensor object
+  } else {
+    // A Shard/FlatShard, possibly built anew for this call: same tensor, equal geometry.
+    shard_tensor = AttrOrNone(value, "tensor");
+    if (shard_tensor.ptr() != e.tensor.ptr()) return false;
+    if (reinterpret_cast<PyObject*>(Py_TYPE(value)) != PyTuple_GET_ITEM(e.geometry.ptr(), 0)) {
+      return false;
+    }
+    for (size_t i = 0; i < std::size(kGeometryFields); ++i) {
+      py::object field = AttrOrNone(value, kGeometryFields[i]);
+      if (!Equal(field.ptr(), PyTuple_GET_ITEM(e.geometry.ptr(), i + 1))) return false;
+    }
+    tensor = shard_tensor.ptr();
+  }
+  const uintptr_t p = DataPtr(tensor);
+  if (PyErr_Occurred() != nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  if (p != e.data_ptr) return false;
+  py::object shape = Shape(tensor);
+  if (shape.is_none()) {
+    PyErr_Clear();
+    return false;
+  }
+  return Equal(shape.ptr(), e.shape.ptr());
+}
+
+bool LayoutCheck::Matches(py::dict tensors) const {
+  if (static_cast<size_t>(PyDict_Size(tensors.ptr())) != entries_.size()) return false;
+  PyObject* name = nullptr;
+  PyObject* value = nullptr;
+  Py_ssize_t pos = 0;
+  size_t i = 0;
+  while (PyDict_Next(tensors.ptr(), &pos, &name, &value)) {
+    if (i >= entries_.size() || !SameEntry(entries_[i], name, value)) return false;
+    ++i;
+  }
+  return i == entries_.size();
+}
+
+SlotWatch::SlotWatch(py::list lengths, py::list slots) {
+  for (py::handle item : lengths) {
+    auto pair = item.cast<py::tuple>();
+    if (pair.size() != 2) throw py::value_error("SlotWatch: lengths are (container, length)");
+    lengths_.push_back({pair[0], pair[1].cast<Py_ssize_t>()});
+  }
+  for (py::handle item : slots) {
+    auto triple = item.cast<py::tuple>();
+    if (triple.size() != 3) throw py::value_error("SlotWatch: slots are (container, key, value)");
+    slots_.push_back({triple[0], triple[1], triple[2]});
+  }
+}
+
+bool SlotWatch::Unchanged() const {
+  for (const Length& l : lengths_) {
+    const Py_ssize_t n = PyObject_Length(l.container.ptr());
+    if (n < 0) PyErr_Clear();
+    if (n != l.length) return false;
+  }
+  for (const Slot& s : slots_) {
+    PyObject* c = s.container.ptr();
+    PyObject* held = nullptr;  // borrowed
+    if (PyDict_Check(c)) {
+      held = PyDict_GetItemWithError(c, s.key.ptr());
+    } else if (PyList_Check(c)) {
+      const Py_ssize_t i = PyLong_AsSsize_t(s.key.ptr());
+      if (i >= 0 && i < PyList_GET_SIZE(c)) held = PyList_GET_ITEM(c, i);
+    } else {
+      PyObject* v = PyObject_GetItem(c, s.key.ptr());
+      Py_XDECREF(v);  // still alive in the container, which the watch holds
+      held = v;
+    }
+    if (PyErr_Occurred() != nullptr) PyErr_Clear();
+    if (held != s.value.ptr()) return false;
+  }
+  return true;
+}
+
+void BindLayoutCheck(py::module_& m) {
+  py::class_<SlotWatch>(m, "SlotWatch",
+                        "(container, length) pairs and (container, key, value) slots; "
+                        "unchanged() is true while every one still holds.")
+      .def(py::init<py::list, py::list>(), py::arg("lengths"), py::arg("slots"))
+      .def("unchanged", &SlotWatch::Unchanged);
+  py::class_<LayoutCheck>(m, "LayoutCheck",
+                          "What a registration was made of, to tell in one native pass whether "
+                          "a later dict of tensors still describes the same memory.")
+      .def(py::init<py::dict, py::object>(), py::arg("tensors"), py::arg("tensor_type"))
+      .def("matches", &LayoutCheck::Matches, py::arg("tensors"),
+           "True when the dict has the same names in order, the same tensors at the same "
+           "addresses with the same shapes, and the same shard geometry.")
+      .def("__len__", &LayoutCheck::size);
+}
+
+}  // namespace ckpt::python

@@ -1,0 +1,258 @@
+"""The cached layout of a save is never stale: every change a training loop can make between two
+saves reaches the checkpoint.
+
+After the first save, ckptd.Client checks the registered tensors natively (_ckptd.LayoutCheck)
+and ckptd.torch.Checkpointer reuses its walk of model and optimizer while a _ckptd.SlotWatch
+says nothing changed. Each test makes one change after a save, saves again, and restores the
+second step into fresh tensors (or a fresh model and optimizer): the restored values must be the
+ones the trainer held at the second save — never the first save's, never another tensor's.
+"""
+
+import os
+import unittest
+
+import torch
+
+import ckptd
+import ckptd.torch
+import ckptd_testutil as util
+
+
+def build(seed=3, width=8):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.BatchNorm1d(width),
+                                torch.nn.Tanh(), torch.nn.Linear(width, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    return model, optimizer
+
+
+def train_step(model, optimizer, seed):
+    g = torch.Generator().manual_seed(seed)
+    model(torch.randn(16, model[0].in_features, generator=g)).pow(2).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def snapshot(model, optimizer):
+    out = {"model." + k: v.detach().clone() for k, v in model.state_dict().items()}
+    names = {id(p): n for n, p in model.named_parameters()}
+    for p, st in optimizer.state.items():
+        for k, v in st.items():
+            out["opt.%s.%s" % (names[id(p)], k)] = v.clone() if torch.is_tensor(v) else v
+    out["groups"] = [{k: v for k, v in g.items() if k != "params"} | {"n": len(g["params"])}
+                     for g in optimizer.param_groups]
+    return out
+
+
+class ClientLayoutTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.daemon = util.Daemon().start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.cleanup()
+
+    def save_and_load(self, client, step, tensors, into):
+        client.save(step, tensors)
+        client.wait_snapshot()
+        client.wait(step, "committed", timeout=60)
+        with self.daemon.client(client.job) as reader:
+            reader.load(into, step=step)
+
+    def test_replaced_data_same_shape(self):
+        with self.daemon.client("client-data") as c:
+            w = torch.arange(64, dtype=torch.float32)
+            self.save_and_load(c, 1, {"w": w}, {"w": torch.zeros(64)})
+            w.data = torch.full((64,), 7.0)  # new memory under the same tensor object
+            out = torch.zeros(64)
+            self.save_and_load(c, 2, {"w": w}, {"w": out})
+            self.assertTrue(torch.equal(out, torch.full((64,), 7.0)))
+
+    def test_reshaped_at_the_same_address(self):
+        with self.daemon.client("client-view") as c:
+            w = torch.arange(64, dtype=torch.float32)
+            self.save_and_load(c, 1, {"w": w}, {"w": torch.zeros(64)})
+            w.data = w.data.view(8, 8)  # same memory, same data_ptr, another shape
+            out = torch.zeros(8, 8)
+            self.save_and_load(c, 2, {"w": w}, {"w": out})
+            self.assertTrue(torch.equal(out, torch.arange(64, dtype=torch.float32).view(8, 8)))
+            with self.daemon.client("client-view") as reader, self.assertRaises(ckptd.Error):
+                reader.load({"w": torch.zeros(64)}, step=2)  # the old shape is not step 2's
+
+    def test_new_tensor_and_new_dict_each_save(self):
+        with self.daemon.client("client-dicts") as c:
+            a, b = torch.ones(16), torch.full((16,), 2.0)
+            self.save_and_load(c, 1, {"a": a}, {"a": torch.zeros(16)})
+            out = {"a": torch.zeros(16), "b": torch.zeros(16)}
+            self.save_and_load(c, 2, dict(a=a, b=b), out)
+            self.assertTrue(torch.equal(out["b"], b))
+            # Same names, the tensors swapped between them.
+            out = {"a": torch.zeros(16), "b": torch.zeros(16)}
+            self.save_and_load(c, 3, {"a": b, "b": a}, out)
+            self.assertTrue(torch.equal(out["a"], b) and torch.equal(out["b"], a))
+
+    def test_shard_geometry_change(self):
+        with self.daemon.client("client-shard") as c:
+            t = torch.arange(8, dtype=torch.float32)
+            # One rank holding half of the tensor, on purpose (partial): first one half, then
+            # the other.
+            self.save_and_load(c, 1, {"w": ckptd.Shard(t, (16,), (0,), partial=True)},
+                               {"w": ckptd.Shard(torch.zeros(8), (16,), (0,))})
+            c.save(2, {"w": ckptd.Shard(t, (16,), (8,), partial=True)})
+            c.wait_snapshot()
+            c.wait(2, "committed", timeout=60)
+            out = torch.zeros(8)
+            with self.daemon.client("client-shard") as reader:
+                reader.load({"w": ckptd.Shard(out, (16,), (8,))}, step=2)
+            self.assertTrue(torch.equal(out, t))
+
+    def test_unchanged_save_does_not_register_again(self):
+        with self.daemon.client("client-same") as c:
+            ts = {"t%d" % i: torch.full((4,), float(i)) for i in range(100)}
+            c.save(1, ts)
+            check = c._layout
+            c.wait_snapshot()
+            c.save(2, dict(ts))  # a new dict, the same tensors
+            self.assertIs(c._layout, check)
+            c.wait_snapshot()
+
+
+class CheckpointerLayoutTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.daemon = util.Daemon().start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.cleanup()
+
+    def restore(self, job, step, model, optimizer):
+        with self.daemon.client(job) as c:
+            ck = ckptd.torch.Checkpointer(c, model, optimizer, on_error="raise")
+            self.assertEqual(ck.load(step), step)
+        return snapshot(model, optimizer)
+
+    def check_step(self, job, step, ck, model, optimizer, fresh):
+        """Saves `step`, waits for the commit and restores it into `fresh` (model, optimizer)."""
+        want = snapshot(model, optimizer)
+        ck.save(step)
+        ck.fence()
+        ck.client.wait(step, "committed", timeout=60)
+        got = self.restore(job, step, *fresh)
+        self.assertEqual(set(got), set(want))
+        for k, v in want.items():
+            if torch.is_tensor(v):
+                self.assertTrue(torch.equal(got[k], v), "%s differs" % k)
+            else:
+                self.assertEqual(got[k], v, k)
+
+    def run_change(self, job, change, fresh_after=build):
+        model, optimizer = build()
+        with self.daemon.client(job) as c:
+            ck = ckptd.torch.Checkpointer(c, model, optimizer, on_error="raise")
+            train_step(model, optimizer, 1)
+            self.check_step(job, 1, ck, model, optimizer, build(seed=50))
+            walked = ck._layout
+            ck.save(2)  # unchanged: the walk is reused
+            self.assertIs(ck._layout, walked)
+            ck.fence()
+            model, optimizer = change(model, optimizer) or (model, optimizer)
+            self.check_step(job, 3, ck, model, optimizer, fresh_after(seed=60))
+            ck.remove_hook()
+
+    def test_optimizer_state_appears_after_the_first_step(self):
+        model, optimizer = build()
+        with self.daemon.client("ck-state") as c:
+            ck = ckptd.torch.Checkpointer(c, model, optimizer, on_error="raise")
+            self.check_step("ck-state", 1, ck, model, optimizer, build(seed=9))  # no state yet
+            train_step(model, optimizer, 2)  # AdamW creates exp_avg, exp_avg_sq, step
+            self.check_step("ck-state", 2, ck, model, optimizer, build(seed=10))
+            ck.remove_hook()
+
+    def test_param_data_replaced(self):
+        def change(model, optimizer):
+            model[0].weight.data = torch.full_like(model[0].weight, 0.25)
+        self.run_change("ck-data", change)
+
+    def test_lr_scheduler_step(self):
+        def change(model, optimizer):
+            sched = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+            train_step(model, optimizer, 3)
+            sched.step()
+        self.run_change("ck-lr", change)
+
+    def test_buffers_follow_the_forward_pass(self):
+        def change(model, optimizer):
+            with torch.no_grad():
+                model(torch.randn(16, 8) * 5)  # BatchNorm running statistics move
+        self.run_change("ck-bn", change)
+
+    def test_new_param_group(self):
+        def grown(seed):
+            model, optimizer = build(seed)
+            model.append(torch.nn.Linear(2, 2))
+            optimizer.add_param_group({"params": model[4].parameters(), "lr": 0.5})
+            return model, optimizer
+
+        def change(model, optimizer):
+            model.append(torch.nn.Linear(2, 2))
+            optimizer.add_param_group({"params": model[4].parameters(), "lr": 0.5})
+            train_step(model, optimizer, 4)
+        self.run_change("ck-group", change, fresh_after=grown)
+
+    def test_replaced_submodule_and_parameter(self):
+        def change(model, optimizer):
+            new = torch.nn.Parameter(torch.full_like(model[3].bias, 3.0))
+            model[3].bias = new  # a new Parameter object under the same name
+            optimizer.param_groups[0]["params"][-1] = new
+            optimizer.state.pop(next(p for p in optimizer.state if p.shape == new.shape
+                                     and p is not new and p not in set(model.parameters())),
+                                None)
+            train_step(model, optimizer, 5)
+        self.run_change("ck-param", change)
+
+
+def open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+class ScaleTest(unittest.TestCase):
+    """10,000 tensors through a Checkpointer and back: bit-exact, with the descriptors the
+    trainer holds bounded (parameters and optimizer state live in a few shared arenas)."""
+
+    def test_ten_thousand_tensors_round_trip_with_few_descriptors(self):
+        def model_and_optimizer(seed):
+            torch.manual_seed(seed)
+            model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(1250)])
+            return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+        with util.Daemon() as daemon:
+            before = open_fds()
+            model, optimizer = model_and_optimizer(1)
+            train_step(model, optimizer, 1)  # 2,500 params + 7,500 AdamW state tensors
+            with daemon.client("scale") as c:
+                ck = ckptd.torch.Checkpointer(c, model, optimizer, on_error="raise")
+                want = snapshot(model, optimizer)
+                self.assertEqual(sum(k.startswith(("model.", "opt.")) for k in want), 10000)
+                ck.save(1)
+                ck.fence()
+                c.wait(1, "committed", timeout=120)
+                self.assertLessEqual(open_fds() - before, 64)
+                ck.remove_hook()
+            fresh_model, fresh_optimizer = model_and_optimizer(2)
+            with daemon.client("scale") as c:
+                ck = ckptd.torch.Checkpointer(c, fresh_model, fresh_optimizer, on_error="raise")
+                self.assertEqual(ck.load(1), 1)
+                got = snapshot(fresh_model, fresh_optimizer)
+                self.assertLessEqual(open_fds() - before, 64)
+            self.assertEqual(set(got), set(want))
+            for k, v in want.items():
+                if torch.is_tensor(v):
+                    self.assertTrue(torch.equal(got[k], v), k)
+                else:
+                    self.assertEqual(got[k], v, k)
+
+
+if __name__ == "__main__":
+    unittest.main()

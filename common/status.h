@@ -37,6 +37,19 @@ inline Status FailedPrecondition(std::string m) {
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 inline Status DataLoss(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
 inline Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
+// What work is answered once the daemon is stopping and the threads that would do it are gone:
+// "<what>: the daemon is stopping", or "... (<detail>)" with a detail. One spelling for every
+// refusal, because tests and operators match on it.
+inline Status DaemonStopping(std::string_view what, std::string_view detail = {}) {
+  std::string m(what);
+  m += ": the daemon is stopping";
+  if (!detail.empty()) {
+    m += " (";
+    m += detail;
+    m += ")";
+  }
+  return Unavailable(std::move(m));
+}
 inline Status Aborted(std::string m) { return {StatusCode::kAborted, std::move(m)}; }
 inline Status ResourceExhausted(std::string m) {
   return {StatusCode::kResourceExhausted, std::move(m)};

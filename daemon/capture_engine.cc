@@ -42,9 +42,9 @@ void CaptureEngine::Refuse(const std::shared_ptr<CaptureJob>& job) {
   // As a capture that failed before its first slot: the slots reserved for it go back, it
   // reports captured with the error, and its capture token goes to the flush engine, which
   // reports it persisted (with the same error, whether or not its writers still run).
-  job->Fail(Unavailable("job '" + job->job + "' step " + std::to_string(job->step) + " rank " +
-                        std::to_string(job->rank) +
-                        ": the daemon is stopping (its copy threads have stopped)"));
+  job->Fail(DaemonStopping("job '" + job->job + "' step " + std::to_string(job->step) + " rank " +
+                               std::to_string(job->rank),
+                           "its copy threads have stopped"));
   for (HostPool::SlotId slot : job->reserved_slots) pool_->Release(slot);
   job->on_captured(job->first_error());
   flush_->ReleaseCaptureToken(job);

@@ -170,30 +170,30 @@ Field<Config> List(std::vector<T> Config::*member,
           }};
 }
 
+// Config is a default-constructible struct with a `bool print_config` member: Load sets it from
+// --print-config, and the binary's main prints the configuration and exits.
 template <class Config>
 class OptionTable {
  public:
-  struct Loaded {
-    Config config;
-    bool print_config = false;
-  };
-
   OptionTable(CommandLine cli, std::vector<Option<Config>> options)
       : cli_(std::move(cli)), options_(std::move(options)) {}
 
-  // Flags, environment and file applied over a default Config; errors name the key and value.
-  // nullopt on --help. Checks between keys are the caller's (after this returns).
-  Result<std::optional<Loaded>> Load(int argc, char** argv) const {
+  // Flags, environment and file applied over a default Config, then `validate`: the checks
+  // between keys that no single key can make, which may also fill in derived defaults. nullopt
+  // on --help. Errors from a key name the key and value; validate's speak for themselves. Only
+  // a validated Config leaves, so no binary can start on one that skipped its checks.
+  Result<std::optional<Config>> Load(int argc, char** argv,
+                                     const std::function<Status(Config&)>& validate) const {
     ASSIGN_OR_RETURN(std::optional<KeyValues> read, ReadKeyValues(cli_, Docs(), argc, argv));
-    if (!read) return std::optional<Loaded>();
-    Loaded loaded;
+    if (!read) return std::optional<Config>();
+    Config config;
     for (const Option<Config>& o : options_) {
       auto it = read->values.find(o.key);
-      if (it != read->values.end())
-        RETURN_IF_ERROR(o.field.apply(loaded.config, it->second), o.key);
+      if (it != read->values.end()) RETURN_IF_ERROR(o.field.apply(config, it->second), o.key);
     }
-    loaded.print_config = read->print_config;
-    return std::optional<Loaded>(std::move(loaded));
+    config.print_config = read->print_config;
+    RETURN_IF_ERROR(validate(config));
+    return std::optional<Config>(std::move(config));
   }
 
   // Every key and its value as it would read back, in table order.

@@ -156,12 +156,7 @@ std::vector<std::pair<std::string, std::string>> DaemonConfig::Summary() const {
 }
 
 Result<std::optional<DaemonConfig>> LoadDaemonConfig(int argc, char** argv) {
-  ASSIGN_OR_RETURN(auto loaded, Table().Load(argc, argv));
-  if (!loaded) return std::optional<DaemonConfig>();  // --help
-  DaemonConfig config = std::move(loaded->config);
-  config.print_config = loaded->print_config;
-  RETURN_IF_ERROR(Validate(config));
-  return std::optional<DaemonConfig>(std::move(config));
+  return Table().Load(argc, argv, Validate);
 }
 
 }  // namespace ckpt

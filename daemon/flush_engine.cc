@@ -31,9 +31,9 @@ void FlushEngine::Submit(Item item) {
 
 void FlushEngine::Refuse(const Item& item) {
   CaptureJob& job = *item.job;
-  job.Fail(Unavailable("job '" + job.job + "' step " + std::to_string(job.step) + " rank " +
-                       std::to_string(job.rank) +
-                       ": the daemon is stopping (its writer threads have stopped)"));
+  job.Fail(DaemonStopping("job '" + job.job + "' step " + std::to_string(job.step) + " rank " +
+                              std::to_string(job.rank),
+                          "its writer threads have stopped"));
   pool_->WakeAll();                    // its capture may be waiting for space it no longer needs
   if (item.slot_index == kFinalize) {  // the last token was dropped already
     job.on_persisted(job.first_error());

@@ -70,7 +70,7 @@ void LoadService::Load(Request request, std::function<void(Result<Outcome>)> don
   }
   // The load threads have stopped: the caller is told so, on the loop, instead of never.
   boost::asio::post(io_, [alive = alive_, done = std::move(done), what] {
-    if (*alive) done(Unavailable(what + ": the daemon is stopping"));
+    if (*alive) done(DaemonStopping(what));
   });
 }
 

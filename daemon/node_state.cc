@@ -13,13 +13,6 @@ namespace ckpt {
 
 using ckptd::v1::StepState;
 
-namespace {
-// What storage work answers once the storage thread has stopped (loop_tasks.h).
-Status DaemonStopping(const std::string& what) {
-  return Unavailable(what + ": the daemon is stopping");
-}
-}  // namespace
-
 std::string_view StepStateName(StepState s) {
   switch (s) {
     case ckptd::v1::STEP_STATE_PENDING:

@@ -51,12 +51,7 @@ std::vector<std::pair<std::string, std::string>> CoordinatorConfig::Summary() co
 }
 
 Result<std::optional<CoordinatorConfig>> LoadCoordinatorConfig(int argc, char** argv) {
-  ASSIGN_OR_RETURN(auto loaded, Table().Load(argc, argv));
-  if (!loaded) return std::optional<CoordinatorConfig>();  // --help
-  CoordinatorConfig config = std::move(loaded->config);
-  config.print_config = loaded->print_config;
-  RETURN_IF_ERROR(Validate(config));
-  return std::optional<CoordinatorConfig>(std::move(config));
+  return Table().Load(argc, argv, Validate);
 }
 
 }  // namespace ckpt

@@ -109,9 +109,8 @@ void InProcessCoordinator::Latest(const std::string& job, std::optional<RestoreQ
   }
   // Stopped: the caller still hears, on the loop (not through PostToLoop: it drops everything
   // after Stop, and `done` does not reach the handler).
-  boost::asio::post(io_, [done = std::move(done), job] {
-    done(Unavailable("LATEST of job '" + job + "': the daemon is stopping"));
-  });
+  boost::asio::post(
+      io_, [done = std::move(done), job] { done(DaemonStopping("LATEST of job '" + job + "'")); });
 }
 
 }  // namespace ckpt

@@ -7,7 +7,6 @@
 
 #include <cctype>
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -18,12 +17,14 @@
 #include "common/names.h"
 #include "common/units.h"
 #include "tests/test_util.h"
+#include "tests/unit/daemon/config_test_util.h"
 
 namespace ckpt {
 namespace {
 
 using Catch::Matchers::Contains;
 using ckpt::testing::TempDir;
+using ckpt::testing::WriteFile;
 using std::chrono::milliseconds;
 
 constexpr uint64_t kMiB = 1ull << 20, kGiB = 1ull << 30;
@@ -65,31 +66,9 @@ class ScopedEnv {
   std::map<std::string, std::string> saved_;
 };
 
-Result<std::optional<DaemonConfig>> Load(std::vector<std::string> args) {
-  args.insert(args.begin(), "ckptd");
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  return LoadDaemonConfig(static_cast<int>(args.size()), argv.data());
-}
-
-DaemonConfig LoadOk(std::vector<std::string> args) {
-  auto r = Load(std::move(args));
-  REQUIRE_OK(r);
-  REQUIRE(r->has_value());
-  return **r;
-}
-
-Status LoadError(std::vector<std::string> args) {
-  auto r = Load(std::move(args));
-  return r.ok() ? Status::Ok() : r.status();
-}
-
-std::string WriteFile(const TempDir& dir, const std::string& name, const std::string& text) {
-  const std::string path = dir / name;
-  std::ofstream(path) << text;
-  return path;
-}
+constexpr auto Load = testing::LoadConfig<DaemonConfig, LoadDaemonConfig>;
+constexpr auto LoadOk = testing::LoadConfigOk<DaemonConfig, LoadDaemonConfig>;
+constexpr auto LoadError = testing::LoadConfigError<DaemonConfig, LoadDaemonConfig>;
 
 void CheckSame(const DaemonConfig& a, const DaemonConfig& b) {
   CHECK(a.socket == b.socket);

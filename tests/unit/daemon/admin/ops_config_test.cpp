@@ -7,6 +7,7 @@
 
 #include "daemon/daemon_config.h"
 #include "tests/test_util.h"
+#include "tests/unit/daemon/config_test_util.h"
 
 namespace ckpt {
 namespace {
@@ -16,13 +17,10 @@ const char* const kOpsEnv[] = {
     "CKPTD_ADMIN_TLS_KEY", "CKPTD_ADMIN_TLS_CLIENT_CA", "CKPTD_SHARED_JOBS",
     "CKPTD_ADMIN"};
 
+// With none of the operations variables set, so the flags alone decide.
 Result<std::optional<DaemonConfig>> Load(std::vector<std::string> args) {
   for (const char* name : kOpsEnv) ::unsetenv(name);
-  args.insert(args.begin(), "ckptd");
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  return LoadDaemonConfig(static_cast<int>(args.size()), argv.data());
+  return testing::LoadConfig<DaemonConfig, LoadDaemonConfig>(std::move(args));
 }
 
 TEST_CASE("ops config: admin and metrics default to loopback", "[admin][daemon_config]") {

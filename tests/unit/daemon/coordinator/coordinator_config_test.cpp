@@ -5,7 +5,6 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include <fstream>
 #include <iostream>
 #include <optional>
 #include <sstream>
@@ -13,12 +12,14 @@
 #include <vector>
 
 #include "tests/test_util.h"
+#include "tests/unit/daemon/config_test_util.h"
 
 namespace ckpt {
 namespace {
 
 using Catch::Matchers::Contains;
 using ckpt::testing::TempDir;
+using ckpt::testing::WriteFile;
 using std::chrono::milliseconds;
 
 // Every key ckpt-coordinator has ever accepted (deploy/ and the integration tests use them).
@@ -26,31 +27,9 @@ const char* const kKeys[] = {"listen",          "storage-root", "keep",    "step
                              "lease",           "tls-cert",     "tls-key", "tls-client-ca",
                              "allow-plaintext", "log-level"};
 
-Result<std::optional<CoordinatorConfig>> Load(std::vector<std::string> args) {
-  args.insert(args.begin(), "ckpt-coordinator");
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  return LoadCoordinatorConfig(static_cast<int>(args.size()), argv.data());
-}
-
-CoordinatorConfig LoadOk(std::vector<std::string> args) {
-  auto r = Load(std::move(args));
-  REQUIRE_OK(r);
-  REQUIRE(r->has_value());
-  return **r;
-}
-
-Status LoadError(std::vector<std::string> args) {
-  auto r = Load(std::move(args));
-  return r.ok() ? Status::Ok() : r.status();
-}
-
-std::string WriteFile(const TempDir& dir, const std::string& name, const std::string& text) {
-  const std::string path = dir / name;
-  std::ofstream(path) << text;
-  return path;
-}
+constexpr auto Load = testing::LoadConfig<CoordinatorConfig, LoadCoordinatorConfig>;
+constexpr auto LoadOk = testing::LoadConfigOk<CoordinatorConfig, LoadCoordinatorConfig>;
+constexpr auto LoadError = testing::LoadConfigError<CoordinatorConfig, LoadCoordinatorConfig>;
 
 TEST_CASE("coordinator config: flags and their defaults", "[coordinator_config]") {
   const CoordinatorConfig d = LoadOk({"--storage-root", "/pfs/ckpt"});

@@ -100,7 +100,7 @@ def fio_read(work, nbytes):
 class TimedNative:
     """Wraps a ckptd.Client's native connection (its private ``_c``) to add up the time spent
     in its load requests: the data movement alone, without what Checkpointer.load does around it
-    in Python (share_memory_ of fresh tensors, allocating the optimizer's state)."""
+    in Python (moving fresh tensors into shared arenas, allocating the optimizer's state)."""
 
     def __init__(self, native):
         self._native = native
@@ -241,11 +241,17 @@ def main():
          "(info)"),
         ("python hot, daemon's load requests only, vs cold", rate(hot_native), rate(cold_native),
          "(info)"),
+        # What Python adds around the daemon's data movement (fresh tensors into arenas, the
+        # optimizer's state, registration, unpickling): the whole Checkpointer.load against
+        # its load requests alone, same bytes, same restores.
+        ("python hot restore %s vs the daemon's hot load requests" % fmt_size(size), rate(hot),
+         rate(hot_native), ">= 0.5"),
     ]
     table = []
     for metric, ck, base, goal in rows:
         ratio = ck / base
-        met = None  # the goals apply to the daemon's load path: bench/load (see bench/README.md)
+        # The other goals apply to the daemon's load path: bench/load (see bench/README.md).
+        met = ratio >= 0.5 if goal == ">= 0.5" else None
         table.append({"metric": metric, "ckptd": "%.0f MB/s" % (ck / 1e6),
                       "baseline": "%.0f MB/s" % (base / 1e6), "ratio": ratio, "goal": goal,
                       "met": met})

@@ -548,7 +548,7 @@ class Checkpointer:
         if meta["model_other"]:
             self.model.load_state_dict(meta["model_other"], strict=False)
         # Phase 2: the optimizer's state tensors, created from the metadata when missing.
-        opt_tensors = self._restore_optimizer(meta["optimizer"])
+        opt_tensors = self._restore_optimizer(meta["optimizer"], strict)
         if opt_tensors:
             rebacked = _back_with_arenas(opt_tensors, copy=not strict)
             try:
@@ -568,7 +568,7 @@ class Checkpointer:
             es.load(meta["extra_state"])
         return step
 
-    def _restore_optimizer(self, saved):
+    def _restore_optimizer(self, saved, strict):
         opt = self.optimizer
         if opt is None:
             return {}
@@ -618,8 +618,11 @@ class Checkpointer:
                         and t.is_contiguous()):
                     # Where the parameter lives: CUDA state loads straight into GPU memory.
                     # Where the parameter lives (CUDA state loads straight into GPU memory); CPU
-                    # state goes into an arena before the load (_back_with_arenas).
-                    t = torch.zeros(shape, dtype=dtype, device=p.device)
+                    # state goes into an arena before the load (_back_with_arenas). A strict
+                    # load fills every byte: nothing to zero (zeroing fresh memory costs more
+                    # than the load itself).
+                    make = torch.empty if strict else torch.zeros
+                    t = make(shape, dtype=dtype, device=p.device)
                 st[key] = t
                 tensors["optimizer.state.%s.%s" % (pname, key)] = t
             opt.state[p] = st

@@ -37,6 +37,7 @@ import torch
 
 import ckptd
 from ckptd import arena
+from ckptd import extra_state as _extras
 
 __all__ = ["Checkpointer", "RNGState"]
 
@@ -45,16 +46,23 @@ _FORMAT = 1
 
 class RNGState:
     """An ``extra_state`` that saves and restores the random number generators: torch's CPU RNG,
-    Python's ``random``, numpy's global RNG (when numpy is imported) and any ``torch.Generator``
-    objects given here (e.g. the data loader's)."""
+    the CUDA generators of every visible GPU (when CUDA is initialised in this process), Python's
+    ``random``, numpy's global RNG (when numpy is imported) and any ``torch.Generator`` objects
+    given here (e.g. the data loader's). Both forms: ``state()``/``load()`` and
+    ``state_dict()``/``load_state_dict()``. A restore on a machine with fewer GPUs sets those it
+    has; CUDA state saved where CUDA was not initialised is left as it is."""
 
     def __init__(self, *generators):
         self.generators = generators
 
     def state(self):
         np = sys.modules.get("numpy")
+        cuda = None
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            cuda = [s.numpy().tobytes() for s in torch.cuda.get_rng_state_all()]
         return {
             "torch": torch.get_rng_state().numpy().tobytes(),
+            "cuda": cuda,
             "random": random.getstate(),
             "numpy": np.random.get_state() if np is not None else None,
             "generators": [g.get_state().numpy().tobytes() for g in self.generators],
@@ -64,17 +72,24 @@ class RNGState:
         def tensor(b):
             return torch.frombuffer(bytearray(b), dtype=torch.uint8)
 
+        saved = state.get("generators", [])
+        if len(saved) != len(self.generators):
+            raise ckptd.Error("RNGState: the checkpoint has %d generators, this RNGState %d"
+                              % (len(saved), len(self.generators)))
         torch.set_rng_state(tensor(state["torch"]))
         random.setstate(state["random"])
         np = sys.modules.get("numpy")
         if state.get("numpy") is not None and np is not None:
             np.random.set_state(state["numpy"])
-        saved = state.get("generators", [])
-        if len(saved) != len(self.generators):
-            raise ckptd.Error("RNGState: the checkpoint has %d generators, this RNGState %d"
-                              % (len(saved), len(self.generators)))
+        cuda = state.get("cuda")
+        if cuda and torch.cuda.is_available():
+            for device in range(min(len(cuda), torch.cuda.device_count())):
+                torch.cuda.set_rng_state(tensor(cuda[device]), device)
         for g, s in zip(self.generators, saved):
             g.set_state(tensor(s))
+
+    state_dict = state
+    load_state_dict = load
 
 
 def _back_with_arenas(tensors, copy):
@@ -212,6 +227,22 @@ def _cacheable(model):
     return True
 
 
+def _unwrap(model):
+    """The module whose state is saved: a model wrapped in DistributedDataParallel or
+    DataParallel saves under its inner module's names (no ``module.`` prefix), and so does one
+    compiled with torch.compile (``_orig_mod``), so a checkpoint moves between the wrapped model
+    used for training and the plain one used for evaluation or export, both ways."""
+    parallel = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
+    while True:
+        if isinstance(model, parallel):
+            model = model.module
+        elif type(model).__name__ == "OptimizedModule" and isinstance(
+                getattr(model, "_orig_mod", None), torch.nn.Module):
+            model = model._orig_mod
+        else:
+            return model
+
+
 class Checkpointer:
     """Saves and restores ``model``, ``optimizer`` and user state through a ``ckptd.Client``.
 
@@ -230,11 +261,13 @@ class Checkpointer:
     the step, or None when the job has no committed checkpoint. It works with any sharding the
     checkpoint was written with (each rank describes its own shards through ``shard_fn``).
 
-    ``extra_state``: user state stored with the checkpoint, e.g. RNGs or the data loader's
-    position. Either an object with ``state()`` (returns something picklable) and
-    ``load(state)`` — like :class:`RNGState` — or a plain callable returning the state; on load
-    the state is handed to ``extra_state.load`` when it exists and is always available as
-    ``checkpointer.loaded_extra_state``.
+    ``extra_state``: user state stored with the checkpoint, per rank: a dict of objects with
+    ``state_dict()``/``load_state_dict()`` (LR schedulers, ``GradScaler``, stateful data
+    loaders, :class:`RNGState`) or plain picklable values, e.g.
+    ``{"scheduler": sched, "scaler": scaler, "rng": ckptd.torch.RNGState(), "epoch": 3}``; or
+    one such object, one object with ``state()``/``load(state)``, or a callable returning a
+    value. ``load`` puts the states back into the objects and shows what was saved in
+    ``checkpointer.loaded_extra_state`` (ckptd/extra_state.py has the rules).
 
     Buffers (BatchNorm running statistics, counters) change during the forward pass, while the
     daemon may still be capturing; so ``save`` copies them into shared staging tensors of their
@@ -276,7 +309,7 @@ class Checkpointer:
             if not fence_timeout > 0:
                 raise ValueError("fence_timeout must be a positive number of seconds or None")
         self.client = client
-        self.model = model
+        self.model = _unwrap(model)
         self.optimizer = optimizer
         self.extra_state = extra_state
         self.shard_fn = shard_fn
@@ -502,14 +535,7 @@ class Checkpointer:
         return True
 
     def _user_state(self):
-        es = self.extra_state
-        if es is None:
-            return None
-        if hasattr(es, "state") and callable(es.state):
-            return es.state()
-        if callable(es):
-            return es()
-        raise TypeError("extra_state must have a state() method or be callable")
+        return _extras.collect(self.extra_state)
 
     # -- load ------------------------------------------------------------------------------
 
@@ -562,10 +588,7 @@ class Checkpointer:
         self.last_restore = {"step": step, "bytes_from_memory": from_memory,
                              "bytes_from_storage": from_storage,
                              "extra_rank": self.client.last_load.extra_rank}
-        self.loaded_extra_state = meta["extra_state"]
-        es = self.extra_state
-        if es is not None and hasattr(es, "load") and callable(es.load):
-            es.load(meta["extra_state"])
+        self.loaded_extra_state = _extras.restore(self.extra_state, meta["extra_state"])
         return step
 
     def _restore_optimizer(self, saved, strict):

@@ -223,18 +223,21 @@ class ScaleTest(unittest.TestCase):
 
     def test_ten_thousand_tensors_round_trip_with_few_descriptors(self):
         def model_and_optimizer(seed):
+            # 527 blocks of Linear + BatchNorm: 4 params with 3 AdamW state tensors each and 3
+            # buffers (staged), 19 tensors a block.
             torch.manual_seed(seed)
-            model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(1250)])
+            model = torch.nn.Sequential(*[m for _ in range(527) for m in (
+                torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))])
             return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
 
         with util.Daemon() as daemon:
             before = open_fds()
             model, optimizer = model_and_optimizer(1)
-            train_step(model, optimizer, 1)  # 2,500 params + 7,500 AdamW state tensors
+            train_step(model, optimizer, 1)
             with daemon.client("scale") as c:
                 ck = ckptd.torch.Checkpointer(c, model, optimizer, on_error="raise")
                 want = snapshot(model, optimizer)
-                self.assertEqual(sum(k.startswith(("model.", "opt.")) for k in want), 10000)
+                self.assertGreaterEqual(sum(k.startswith(("model.", "opt.")) for k in want), 10000)
                 ck.save(1)
                 ck.fence()
                 c.wait(1, "committed", timeout=120)

@@ -204,31 +204,6 @@ def _empty_memory_fd():
         return _empty_fd
 
 
-def _shared_empty(shape, dtype):
-    """A new CPU tensor of `shape`/`dtype` that lives in shared memory from the start (zero-filled
-    by the kernel, pages faulted in on first touch). What load targets and staging buffers are
-    made of: ``torch.zeros(...).share_memory_()`` writes every byte twice (zero, then copy into
-    the shared segment) — most of a Python restore's time for a large optimizer state."""
-    torch = _import_torch()
-    shape = tuple(int(d) for d in shape)
-    numel = 1
-    for d in shape:
-        numel *= d
-    element = torch.empty(0, dtype=dtype).element_size()
-    if numel == 0:
-        return torch.zeros(shape, dtype=dtype)
-    try:
-        raw = torch.UntypedStorage._new_shared(numel * element)
-        storage = torch.TypedStorage(wrap_storage=raw, dtype=dtype)
-    except (AttributeError, TypeError, RuntimeError):  # a torch without these: the slow way
-        return torch.zeros(shape, dtype=dtype).share_memory_()
-    stride, acc = [], 1
-    for d in reversed(shape):
-        stride.append(acc)
-        acc *= d
-    return torch.empty(0, dtype=dtype).set_(storage, 0, shape, tuple(reversed(stride)))
-
-
 def _storage_fd(t):
     """(fd, fd_offset) of CPU tensor t's shared memory. The fd belongs to torch (it lives as long as
     the storage): it is only ever duplicated, never closed."""

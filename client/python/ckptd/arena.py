@@ -87,8 +87,8 @@ def _storage_nbytes(t):
 
 def _new_shared_bytes(torch, nbytes):
     """(storage, uint8 tensor over all of it) of a new shared-memory object of ``nbytes`` bytes,
-    zero-filled by the kernel, pages faulted in on first touch — the way ckptd's
-    ``_shared_empty`` makes load targets."""
+    zero-filled by the kernel, pages faulted in on first touch (by the daemon's copy, for a
+    load target: nothing is written twice)."""
     try:
         storage = torch.UntypedStorage._new_shared(nbytes)
     except (AttributeError, TypeError, RuntimeError):  # a torch without it: share a fresh one

@@ -462,10 +462,9 @@ class Checkpointer:
         if s is None or s.dtype != buf.dtype or s.shape != buf.shape or s.device != buf.device:
             # On the buffer's device: for CUDA, the copy below is enqueued on the current stream
             # before save() records its event there, so the daemon copies the staged values.
-            if buf.device.type == "cpu":
-                s = ckptd._shared_empty(buf.shape, buf.dtype)  # registers without a copy
-            else:
-                s = torch.empty(buf.shape, dtype=buf.dtype, device=buf.device)
+            # On the CPU the walk that follows a new staging tensor moves it into an arena with
+            # the model's other tensors (_SaveLayout), so buffers cost no descriptor each.
+            s = torch.empty(buf.shape, dtype=buf.dtype, device=buf.device)
             self._staging[name] = s
         s.copy_(buf.detach())
         return s

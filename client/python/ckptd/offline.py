@@ -273,10 +273,6 @@ class Checkpoint:
         return {"state": state, "param_groups": groups}, names
 
 
-def _checkpoint(root, job, step):
-    return open(root, job, step)
-
-
 def to_torch_save(root, job, step, path, what="model"):
     """Writes committed ``step`` of ``job`` (None: the newest) as a ``torch.save`` file at
     ``path`` (written to ``path``.tmp, fsync'd, renamed). ``what``:
@@ -292,16 +288,16 @@ def to_torch_save(root, job, step, path, what="model"):
 
     Returns the step written."""
     torch = ckptd._import_torch()
-    ck = _checkpoint(root, job, step)
+    if what not in ("model", "checkpointer"):
+        raise _error('what must be "model" or "checkpointer", not %r' % (what,))
+    ck = open(root, job, step)
     if what == "model":
         obj = ck.model_state_dict()
-    elif what == "checkpointer":
+    else:
         optimizer, names = ck.optimizer_state_dict()
         meta = ck.checkpointer_meta()
         obj = {"model": ck.model_state_dict(), "optimizer": optimizer,
                "extra_state": meta.get("extra_state"), "param_names": names}
-    else:
-        raise _error('what must be "model" or "checkpointer", not %r' % (what,))
     path = os.fspath(path)
     tmp = path + ".tmp"
     try:
@@ -375,6 +371,7 @@ def from_torch_save(path, root, job, step, param_names=None):
     committed step. Durable like a daemon's commit: data file synced, MANIFEST last, then LATEST.
     Returns the step directory."""
     torch = ckptd._import_torch()
+    step = ckptd._as_uint(step, "step")
     obj = torch.load(os.fspath(path), map_location="cpu")
     optimizer, extra_state = None, None
     if _is_bundle(obj):
@@ -421,6 +418,5 @@ def from_torch_save(path, root, job, step, param_names=None):
         keep.append(t)  # alive until the write returned: the native writer reads its memory
         specs.append((name, dtype, [int(d) for d in t.shape], t.data_ptr(),
                       t.numel() * t.element_size()))
-    step = ckptd._as_uint(step, "step")
     _ckptd.offline_write(os.fspath(root), job, step, specs, extra, "ckptd.offline.from_torch_save")
     return _ckptd.offline_step_dir(os.fspath(root), job, step)

@@ -8,17 +8,25 @@
 //
 //   ckptctl [--json] inspect DIR        what the MANIFEST says: tensors, shards, ranks, totals
 //   ckptctl [--json] verify DIR         re-read every byte and check every checksum
-//   ckptctl export DIR --format safetensors --out FILE
+//   ckptctl export DIR --format safetensors --out FILE [--only model|optimizer|all]
+//                      [--tensors GLOB]
+//                                      full tensors into one file; --only model leaves out the
+//                                      optimizer state (optimizer.state.*, as ckptd.torch names
+//                                      it), --tensors keeps the names matching a glob
 //
 // Exit codes: 0 success; 1 the command ran and found a problem (a checksum mismatch, a missing or
 // short data file, an export that could not be completed); 2 usage errors and checkpoints that
 // cannot be opened (no MANIFEST, damaged MANIFEST).
+#include <fnmatch.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <set>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "client/ckptctl/json_writer.h"
@@ -297,14 +305,44 @@ int Verify(const std::string& dir, bool json) {
 
 // ---------------------------------------------------------------- export
 
+// Which tensors an export writes. ckptd.torch.Checkpointer stores a model's optimizer state next
+// to its weights, as optimizer.state.<param name>.<key>; a weights file for inference or another
+// framework wants the model only, hence --only. --tensors narrows further by name (fnmatch(3)
+// without FNM_PATHNAME: '*' also matches '.').
+struct Selection {
+  std::string only = "all";  // all | model | optimizer
+  std::string glob;          // empty: every name
+
+  static constexpr std::string_view kOptimizerPrefix = "optimizer.state.";
+
+  bool Keeps(const std::string& name) const {
+    const bool optimizer = name.starts_with(kOptimizerPrefix);
+    if ((only == "model" && optimizer) || (only == "optimizer" && !optimizer)) return false;
+    return glob.empty() || ::fnmatch(glob.c_str(), name.c_str(), 0) == 0;
+  }
+  std::string ToString() const {
+    return "--only " + only + (glob.empty() ? "" : " --tensors '" + glob + "'");
+  }
+};
+
+std::vector<const TensorEntry*> Select(const Manifest& m, const Selection& selection) {
+  std::vector<const TensorEntry*> out;
+  for (const auto& t : m.tensors()) {
+    if (selection.Keeps(t.name())) out.push_back(&t);
+  }
+  return out;
+}
+
 // The safetensors header: {"<name>": {"dtype", "shape", "data_offsets"}, ..., "__metadata__"}
 // padded with spaces so that the data starts at a multiple of 8.
-Result<std::string> SafetensorsHeader(const Manifest& m) {
+Result<std::string> SafetensorsHeader(const Manifest& m,
+                                      std::span<const TensorEntry* const> tensors) {
   JsonWriter w;
   w.BeginObject();
   std::set<std::string> keys;
   uint64_t offset = 0;
-  for (const auto& t : m.tensors()) {
+  for (const TensorEntry* entry : tensors) {
+    const TensorEntry& t = *entry;
     ASSIGN_OR_RETURN(TensorSize size, SizeOf(t));
     if (t.name() == "__metadata__") {
       return InvalidArgument(
@@ -336,12 +374,13 @@ Result<std::string> SafetensorsHeader(const Manifest& m) {
   return header;
 }
 
-// Appends every tensor's bytes to `out` from `offset` on, tensor by tensor, at most
+// Appends the bytes of `tensors` to `out` from `offset` on, tensor by tensor, at most
 // `slice_bytes` at a time (at least one element).
-Status WriteTensorData(CheckpointReader& reader, File& out, uint64_t offset, uint64_t slice_bytes) {
-  const Manifest& m = reader.manifest();
+Status WriteTensorData(CheckpointReader& reader, std::span<const TensorEntry* const> tensors,
+                       File& out, uint64_t offset, uint64_t slice_bytes) {
   std::vector<std::byte> buffer;
-  for (const auto& t : m.tensors()) {
+  for (const TensorEntry* entry : tensors) {
+    const TensorEntry& t = *entry;
     ASSIGN_OR_RETURN(TensorSize size, SizeOf(t));
     if (size.bytes == 0) continue;
     Shape shape(t.global_shape().begin(), t.global_shape().end());
@@ -363,10 +402,10 @@ Status WriteTensorData(CheckpointReader& reader, File& out, uint64_t offset, uin
   return Status::Ok();
 }
 
-Status ExportSafetensors(CheckpointReader& reader, const std::string& out_path,
-                         uint64_t slice_bytes) {
+Status ExportSafetensors(CheckpointReader& reader, std::span<const TensorEntry* const> tensors,
+                         const std::string& out_path, uint64_t slice_bytes) {
   FileSystem* fs = PosixFileSystem();
-  ASSIGN_OR_RETURN(std::string header, SafetensorsHeader(reader.manifest()));
+  ASSIGN_OR_RETURN(std::string header, SafetensorsHeader(reader.manifest(), tensors));
   const std::string tmp = out_path + ".tmp";
   OpenOptions o;
   o.write = o.create = o.truncate = true;
@@ -380,7 +419,9 @@ Status ExportSafetensors(CheckpointReader& reader, const std::string& out_path,
   for (int i = 0; i < 8; ++i) length[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
   Status s = file->PWriteAll(length, sizeof length, 0);
   if (s.ok()) s = file->PWriteAll(header.data(), header.size(), sizeof length);
-  if (s.ok()) s = WriteTensorData(reader, *file, sizeof length + header.size(), slice_bytes);
+  if (s.ok()) {
+    s = WriteTensorData(reader, tensors, *file, sizeof length + header.size(), slice_bytes);
+  }
   if (s.ok()) s = file->DataSync();
   if (s.ok()) s = file->Close();
   if (s.ok()) s = fs->Rename(tmp, out_path);
@@ -389,7 +430,7 @@ Status ExportSafetensors(CheckpointReader& reader, const std::string& out_path,
 }
 
 int Export(const std::string& dir, const std::string& format, const std::string& out_path,
-           const std::string& max_memory) {
+           const std::string& max_memory, const Selection& selection) {
   auto reader = OpenOrReport(dir);
   if (!reader.ok()) return kExitUsage;
   if (format != "safetensors") {
@@ -402,16 +443,26 @@ int Export(const std::string& dir, const std::string& format, const std::string&
                                                     : slice_bytes.status().message()));
     return kExitUsage;
   }
-  Status s = ExportSafetensors(**reader, out_path, *slice_bytes);
+  const Manifest& m = (*reader)->manifest();
+  const std::vector<const TensorEntry*> tensors = Select(m, selection);
+  if (tensors.empty()) {
+    // An empty weights file is never what was meant: most likely a mistyped glob.
+    PrintError("no tensor of " + dir + " matches " + selection.ToString() + " (" +
+               std::to_string(m.tensors_size()) + " tensors in the checkpoint)");
+    return kExitProblem;
+  }
+  Status s = ExportSafetensors(**reader, tensors, out_path, *slice_bytes);
   if (!s.ok()) {
     PrintError("exporting " + dir + " to " + out_path + ": " + s.ToString());
     return kExitProblem;
   }
-  auto totals = ComputeTotals((*reader)->manifest());
-  std::cout << "exported " << (totals.ok() ? totals->tensors : 0) << " tensors ("
-            << (totals.ok() ? totals->tensor_bytes : 0) << " bytes) of job "
-            << (*reader)->manifest().job() << " step " << (*reader)->manifest().step() << " to "
-            << out_path << "\n";
+  uint64_t bytes = 0;
+  for (const TensorEntry* t : tensors) {
+    auto size = SizeOf(*t);
+    if (size.ok()) bytes += size->bytes;
+  }
+  std::cout << "exported " << tensors.size() << " of " << m.tensors_size() << " tensors (" << bytes
+            << " bytes) of job " << m.job() << " step " << m.step() << " to " << out_path << "\n";
   return kExitOk;
 }
 
@@ -475,7 +526,8 @@ int main(int argc, char** argv) {
       "verify",
       "re-read every byte of a checkpoint and check every checksum (exit 1 on any problem)");
   verify->add_option("DIR", dir, "step directory")->required()->check(CLI::ExistingDirectory);
-  auto* exp = app.add_subcommand("export", "write a checkpoint's full tensors to another format");
+  auto* exp = app.add_subcommand(
+      "export", "write a checkpoint's full tensors (all, or a selection) to another format");
   exp->add_option("DIR", dir, "step directory")->required()->check(CLI::ExistingDirectory);
   exp->add_option("--format", format, "output format")
       ->required()
@@ -485,6 +537,15 @@ int main(int argc, char** argv) {
   exp->add_option("--max-memory", max_memory,
                   "largest part of one tensor held in memory at a time (e.g. 1GiB)")
       ->capture_default_str();
+  Selection selection;
+  exp->add_option("--only", selection.only,
+                  "model: leave out optimizer state (tensors named optimizer.state.*, as "
+                  "ckptd.torch.Checkpointer saves it); optimizer: only that; all: every tensor")
+      ->check(CLI::IsMember({"all", "model", "optimizer"}))
+      ->capture_default_str();
+  exp->add_option("--tensors", selection.glob,
+                  "only tensors whose names match this glob (fnmatch; '*' matches dots too), "
+                  "e.g. 'layers.*.weight'");
 
   try {
     app.parse(argc, argv);
@@ -510,6 +571,6 @@ int main(int argc, char** argv) {
   if (health->parsed()) return RunHealth(target, health_service);
   if (inspect->parsed()) return Inspect(dir, json);
   if (verify->parsed()) return Verify(dir, json);
-  if (exp->parsed()) return Export(dir, format, out, max_memory);
+  if (exp->parsed()) return Export(dir, format, out, max_memory, selection);
   return kExitUsage;
 }

@@ -22,6 +22,7 @@
 #include "ckpt/client.h"
 #include "ckpt/launch_env.h"
 #include "client/python/layout_check.h"
+#include "client/python/offline_reader.h"
 #include "common/status.h"
 
 namespace py = pybind11;
@@ -308,6 +309,7 @@ PYBIND11_MODULE(_ckptd, m) {
       "rank, world_size, local_rank, job (None where unknown) and looked_for.");
 
   ckpt::python::BindLayoutCheck(m);
+  ckpt::python::BindOfflineReader(m);
 
   py::class_<PyClient>(m, "Client")
       .def(py::init<std::string, uint32_t, uint32_t, std::string, uint32_t, double,

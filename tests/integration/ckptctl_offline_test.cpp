@@ -3,6 +3,7 @@
 // The binary comes from $CKPT_BIN_DIR (set by ctest), else build/bin.
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -477,6 +479,19 @@ TEST_CASE("ckptctl reports usage and open errors with exit code 2", "[ckptctl]")
   CHECK(Contains(help.out, "inspect"));
 }
 
+// (header, data) of a safetensors file: the 8-byte header length, the JSON header, the bytes.
+std::pair<Json, std::string> ReadSafetensors(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  REQUIRE(f.good());
+  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  REQUIRE(bytes.size() >= 8);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t{static_cast<unsigned char>(bytes[i])} << (8 * i);
+  REQUIRE(8 + n <= bytes.size());
+  CHECK((8 + n) % 8 == 0);
+  return {ParseJson(bytes.substr(8, n)), bytes.substr(8 + n)};
+}
+
 TEST_CASE("ckptctl export writes a safetensors file with every full tensor", "[ckptctl]") {
   Checkpoint ck;
   TempDir out_dir;
@@ -492,16 +507,7 @@ TEST_CASE("ckptctl export writes a safetensors file with every full tensor", "[c
   REQUIRE(run.exit_code == 0);
   CHECK(!std::filesystem::exists(out + ".tmp"));
 
-  std::ifstream f(out, std::ios::binary);
-  REQUIRE(f.good());
-  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  REQUIRE(bytes.size() >= 8);
-  uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= uint64_t{static_cast<unsigned char>(bytes[i])} << (8 * i);
-  REQUIRE(8 + n <= bytes.size());
-  CHECK((8 + n) % 8 == 0);
-  const Json header = ParseJson(bytes.substr(8, n));
-  const std::string data = bytes.substr(8 + n);
+  const auto [header, data] = ReadSafetensors(out);
 
   CHECK(header["__metadata__"]["job"].str() == "ctl-job");
   CHECK(header["__metadata__"]["step"].str() == "42");
@@ -533,6 +539,85 @@ TEST_CASE("ckptctl export writes a safetensors file with every full tensor", "[c
   CHECK(Contains(bad.out, "checksum mismatch"));
   CHECK(!std::filesystem::exists(out2));
   CHECK(!std::filesystem::exists(out2 + ".tmp"));
+}
+
+// A checkpoint as ckptd.torch.Checkpointer names it: model tensors under their state_dict names,
+// optimizer state under optimizer.state.<param name>.<key>.
+TEST_CASE("ckptctl export --only and --tensors select what is written", "[ckptctl]") {
+  TempDir dir;
+  const std::string step_dir = JoinPath(dir.path(), StepDirName(7));
+  std::mt19937_64 rng(testing::TestSeed());
+  std::vector<TestTensor> tensors;
+  auto add = [&](const std::string& name, Shape shape) {
+    TestTensor t;
+    t.name = name;
+    t.shape = shape;
+    t.data = RandomBytes(rng, *ShapeNumel(shape) * 4);
+    t.shards = {{*ShardGeometry::Full(shape), 0}};
+    tensors.push_back(t);
+  };
+  add("fc1.weight", {8, 4});
+  add("fc1.bias", {8});
+  add("fc2.weight", {2, 8});
+  add("optimizer.state.fc1.weight.exp_avg", {8, 4});
+  add("optimizer.state.fc1.weight.step", {});
+  add("optimizer.state.fc2.weight.exp_avg", {2, 8});
+  REQUIRE_OK(testing::WriteTestCheckpoint(PosixFileSystem(), step_dir, "sel-job", 7, 1, tensors,
+                                          LayoutOptions()));
+  TempDir out_dir;
+  const std::string out = out_dir / "out.safetensors";
+  auto export_names = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"export", step_dir, "--format", "safetensors", "--out", out};
+    args.insert(args.end(), extra.begin(), extra.end());
+    Run run = Ckptctl(args);
+    INFO(run.out);
+    REQUIRE(run.exit_code == 0);
+    const auto [header, data] = ReadSafetensors(out);
+    std::vector<std::string> names;
+    uint64_t covered = 0;
+    for (const auto& [key, entry] : header.object()) {
+      if (key == "__metadata__") continue;
+      const std::string name = key;
+      names.push_back(name);
+      const auto& t = *std::find_if(tensors.begin(), tensors.end(),
+                                    [&](const TestTensor& x) { return x.name == name; });
+      const uint64_t begin = entry["data_offsets"][0].u64();
+      REQUIRE(entry["data_offsets"][1].u64() - begin == t.data.size());
+      CHECK(std::memcmp(data.data() + begin, t.data.data(), t.data.size()) == 0);
+      covered += t.data.size();
+    }
+    CHECK(covered == data.size());
+    return names;  // sorted: the header is read into a map
+  };
+  using Names = std::vector<std::string>;
+  CHECK(export_names({}) ==
+        Names{"fc1.bias", "fc1.weight", "fc2.weight", "optimizer.state.fc1.weight.exp_avg",
+              "optimizer.state.fc1.weight.step", "optimizer.state.fc2.weight.exp_avg"});
+  CHECK(export_names({"--only", "all"}).size() == 6);
+  CHECK(export_names({"--only", "model"}) == Names{"fc1.bias", "fc1.weight", "fc2.weight"});
+  CHECK(export_names({"--only", "optimizer"}) == Names{"optimizer.state.fc1.weight.exp_avg",
+                                                       "optimizer.state.fc1.weight.step",
+                                                       "optimizer.state.fc2.weight.exp_avg"});
+  CHECK(export_names({"--tensors", "*.weight"}) == Names{"fc1.weight", "fc2.weight"});
+  CHECK(export_names({"--only", "optimizer", "--tensors", "*fc2*"}) ==
+        Names{"optimizer.state.fc2.weight.exp_avg"});
+
+  // Nothing selected: an error, and no file; an unknown --only is a usage error.
+  const std::string none = out_dir / "none.safetensors";
+  Run empty = Ckptctl(
+      {"export", step_dir, "--format", "safetensors", "--out", none, "--tensors", "decoder.*"});
+  INFO(empty.out);
+  CHECK(empty.exit_code == 1);
+  CHECK(Contains(empty.out, "no tensor"));
+  CHECK(!std::filesystem::exists(none));
+  Run bad =
+      Ckptctl({"export", step_dir, "--format", "safetensors", "--out", none, "--only", "weights"});
+  INFO(bad.out);
+  CHECK(bad.exit_code == 2);
+  Run help = Ckptctl({"export", "--help"});
+  CHECK(help.exit_code == 0);
+  CHECK(Contains(help.out, "--only"));
+  CHECK(Contains(help.out, "--tensors"));
 }
 
 }  // namespace

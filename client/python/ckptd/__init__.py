@@ -523,8 +523,9 @@ class Client:
 
 
 def __getattr__(name):
-    # ckptd.torch is imported on first use, so `import ckptd` does not load PyTorch.
-    if name == "torch":
+    # ckptd.torch and ckptd.offline are imported on first use, so `import ckptd` does not load
+    # PyTorch.
+    if name in ("torch", "offline"):
         import importlib
-        return importlib.import_module(".torch", __name__)
+        return importlib.import_module("." + name, __name__)
     raise AttributeError("module 'ckptd' has no attribute %r" % (name,))

@@ -180,6 +180,10 @@ int RunDaemon(const DaemonConfig& config) {
   // ---- end CUDA backend
 
   TaskPool storage(1, config.worker_nice, "storage");
+  // Registrations are built here, off the loop: mapping with MAP_POPULATE costs ~0.7 s per GiB
+  // and must not hold up every other trainer's saves (session.h). Two threads: one large
+  // registration does not queue a second trainer's behind it.
+  TaskPool registrations(2, config.worker_nice, "register");
   HotCache hot(pool->get());
   (*pool)->SetReclaimer([&hot] { return hot.ReclaimOne(); });
   // Writers one step below the copy threads: a capture is what wait_snapshot (the trainer)
@@ -216,6 +220,7 @@ int RunDaemon(const DaemonConfig& config) {
   services.layout = LayoutOptions{config.checksum_chunk, config.slot_size};
   services.node_id = config.node_id;
   services.version = kVersion;
+  services.registrations = &registrations;
 
   LocalServer::Config server_config;
   server_config.path = config.socket;
@@ -308,8 +313,9 @@ int RunDaemon(const DaemonConfig& config) {
                (*pool)->locked() ? "pinned" : "not pinned");
 
   // Bottom to top: the storage thread, loads and writers, the coordinator that commits what they
-  // write, the copy threads that feed the writers, and last the socket that feeds it all. The
-  // engines' threads idle until the socket brings work.
+  // write, the copy threads that feed the writers, the register pool that builds the sessions'
+  // plans, and last the socket that feeds it all. The engines' threads idle until the socket
+  // brings work.
   service.StartInfallible(
       "storage thread", [&] { storage.Start(); }, [&] { storage.Stop(); });
   service.StartInfallible(
@@ -329,6 +335,10 @@ int RunDaemon(const DaemonConfig& config) {
   }
   service.StartInfallible(
       "capture engine", [&] { capture.Start(); }, [&] { capture.Stop(); });
+  // Stopped right after the sessions closed: a registration still running finishes, and the
+  // session it belonged to being closed, releases what it mapped (session.h).
+  service.StartInfallible(
+      "register pool", [&] { registrations.Start(); }, [&] { registrations.Stop(); });
   if (Status st = service.Start(
           "trainer socket and sessions", [&] { return server.Start(); },
           [&] {

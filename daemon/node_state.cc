@@ -219,28 +219,48 @@ void NodeState::OnRankCaptured(const std::string& job, uint64_t step, uint32_t r
   }
   if (auto sync = s->ranks[rank].sync_input) {
     // Everything the trainer sent before this moment is read first: an Abandon (or the session's
-    // end) among it aborts the step before it can count as captured.
-    sync();
-    s = FindStep(job, step);
-    if (s == nullptr || Terminal(s->state)) return;
+    // end) among it aborts the step before it can count as captured. The session calls back at
+    // once, or later when its input waits behind a registration (session.h).
+    // Until then its persist, should it come first, waits too (OnRankPersisted): the step must
+    // not commit on a capture an Abandon still unread can void.
+    s->ranks[rank].syncing = true;
+    sync([this, job, step, rank] {
+      Step* synced = FindStep(job, step);
+      if (synced == nullptr) return;
+      RankSave& rs = synced->ranks[rank];
+      rs.syncing = false;
+      std::optional<Status> persisted = std::move(rs.persisted_early);
+      rs.persisted_early.reset();
+      if (!Terminal(synced->state)) CountRankCaptured(*synced, rank);
+      if (persisted) OnRankPersisted(job, step, rank, std::move(*persisted));
+    });
+    return;
   }
-  RankSave& captured_rank = s->ranks[rank];
+  CountRankCaptured(*s, rank);
+}
+
+void NodeState::CountRankCaptured(Step& s, uint32_t rank) {
+  RankSave& captured_rank = s.ranks[rank];
   captured_rank.captured = true;
   captured_rank.captured_at = std::chrono::steady_clock::now();
   if (observer_ != nullptr && captured_rank.capture) {
     observer_->OnRankCaptured(
-        job, step, rank, captured_rank.capture->plan->total_bytes,
+        s.job, s.step, rank, captured_rank.capture->plan->total_bytes,
         std::chrono::duration<double>(captured_rank.captured_at - captured_rank.accepted).count());
   }
   // The coordinator decides when the whole step is captured.
-  if (!Terminal(s->state)) Report(*s, ckptd::v1::STEP_STATE_CAPTURED, {rank});
-  ResolveWaiters(*s);
+  if (!Terminal(s.state)) Report(s, ckptd::v1::STEP_STATE_CAPTURED, {rank});
+  ResolveWaiters(s);
 }
 
 void NodeState::OnRankPersisted(const std::string& job, uint64_t step, uint32_t rank, Status st) {
   Step* s = FindStep(job, step);
   if (s == nullptr) return;
   RankSave& rs = s->ranks[rank];
+  if (rs.syncing) {
+    rs.persisted_early = std::move(st);  // handled once the capture counts (OnRankCaptured)
+    return;
+  }
   rs.finished = true;
   if (!st.ok()) {
     if (!Terminal(s->state)) {

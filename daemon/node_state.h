@@ -24,9 +24,11 @@
 //     captured is persisted and committed without its trainer); a rank that abandons a step
 //     (its trainer's fence gave up) aborts it, unless its capture completed — a capture counts
 //     only after the session read everything its trainer sent until then
-//     (SaveRequest::sync_input), so a late Abandon is never missed; a rank that re-attaches
-//     saying its save of a step went out on a connection that broke (Hello.lost_step) aborts
-//     that step, which can never complete; a failed capture or write fails the step;
+//     (SaveRequest::sync_input, which may call back later: a session's input can wait behind
+//     a registration being built; the rank's persist is held back until then), so a late
+//     Abandon is never missed; a rank that re-attaches saying its save of a step went out on
+//     a connection that broke (Hello.lost_step) aborts that step, which can never complete; a
+//     failed capture or write fails the step;
 //   * at most max_steps_in_flight steps per job capture or persist at once; a newer save is
 //     accepted but its capture waits until an older step ends (felt in wait_snapshot);
 //   * a failed or aborted step is never committed: its captures are cancelled and, once the
@@ -104,8 +106,10 @@ class NodeState : public CoordinatorPort::Handler {
     std::string extra;
     ckptd::v1::FullPolicy on_full = ckptd::v1::FULL_POLICY_WAIT;
     // Called on the loop when the rank's capture finished, before it counts as captured: the
-    // session reads what its trainer already sent (an Abandon may be among it). May be empty.
-    std::function<void()> sync_input;
+    // session reads what its trainer already sent (an Abandon may be among it), then calls
+    // `caught_up` exactly once, on the loop — at once, or later when that input waits behind a
+    // registration in flight (session.h). May be empty.
+    std::function<void(std::function<void()> caught_up)> sync_input;
   };
   struct SaveOutcome {
     bool skipped = false;
@@ -162,7 +166,11 @@ class NodeState : public CoordinatorPort::Handler {
     bool finished = false;  // the capture job let go of its files
     std::chrono::steady_clock::time_point accepted = std::chrono::steady_clock::now();
     std::chrono::steady_clock::time_point captured_at;
-    std::function<void()> sync_input;  // SaveRequest::sync_input
+    std::function<void(std::function<void()>)> sync_input;  // SaveRequest::sync_input
+    // The capture finished and sync_input has not called back yet; a persist reported meanwhile
+    // waits here until it has.
+    bool syncing = false;
+    std::optional<Status> persisted_early;
   };
   struct Waiter {
     bool rank_captured;  // true: waits for `rank` captured; false: for `state`
@@ -216,6 +224,8 @@ class NodeState : public CoordinatorPort::Handler {
   static bool Terminal(ckptd::v1::StepState s);
   Step* FindStep(const std::string& job, uint64_t step);
   void OnRankCaptured(const std::string& job, uint64_t step, uint32_t rank, Status status);
+  // The rank's capture counts (its trainer's input was read up to its end).
+  void CountRankCaptured(Step& s, uint32_t rank);
   void OnRankPersisted(const std::string& job, uint64_t step, uint32_t rank, Status status);
   static std::string LostSaveReason(uint32_t rank, uint64_t step);
   std::string RestoreSession(uint64_t session_id) const;  // RestoreQuery::session

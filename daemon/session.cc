@@ -1,12 +1,33 @@
 #include "daemon/session.h"
 
+#include <boost/asio/post.hpp>
 #include <boost/asio/write.hpp>
+#include <chrono>
 
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "common/names.h"
 #include "daemon/load_service.h"
 
 namespace ckpt {
+
+// One registration handed to the register pool. The loop fills in the request before posting
+// (the pool's queue orders that before the worker reads it); the outcome goes back under `mu`,
+// which also settles who releases the session's backends when the session closes meanwhile:
+// Close finding `built` releases them itself, else it sets `abandoned` and the worker, finding
+// that, releases them when it is done with them. Either way exactly one thread touches them at a
+// time, and nothing the plan opened outlives the session.
+struct Session::InFlightRegistration {
+  uint64_t request_id = 0;
+  std::vector<ckptd::v1::TensorSpec> specs;
+  std::vector<UniqueFd> fds;
+  std::chrono::steady_clock::time_point started;
+
+  Mutex mu;
+  bool built GUARDED_BY(mu) = false;      // the worker is done with the backends
+  bool abandoned GUARDED_BY(mu) = false;  // the session closed first; the worker cleans up
+  std::optional<Result<std::shared_ptr<const CapturePlan>>> plan GUARDED_BY(mu);
+};
 
 namespace {
 // The newest local protocol this daemon speaks, and the oldest client it still accepts (the
@@ -32,9 +53,13 @@ void Session::Start() {
 }
 
 void Session::ArmRead() {
-  if (closed_) return;
+  // Not while a registration is in flight: what the trainer sends meanwhile waits in the socket
+  // (FinishRegistration reads it and arms again).
+  if (closed_ || registering_ != nullptr || read_armed_) return;
+  read_armed_ = true;
   socket_.async_wait(boost::asio::socket_base::wait_read,
                      [self = shared_from_this()](const boost::system::error_code& ec) {
+                       self->read_armed_ = false;
                        if (ec) {
                          self->Close(ec.message());
                          return;
@@ -49,8 +74,9 @@ void Session::OnReadable() {
 }
 
 void Session::DrainInput() {
-  // What is there, one frame at a time; never blocks (the socket is non-blocking).
-  while (!closed_) {
+  // What is there, one frame at a time; never blocks (the socket is non-blocking). A frame that
+  // starts a registration ends the loop: the frames after it are its to wait for.
+  while (!closed_ && registering_ == nullptr) {
     auto frame = reader_.ReadSome(socket_.native_handle());
     if (!frame.ok()) {
       if (frame.status().code() != StatusCode::kUnavailable) {
@@ -62,6 +88,16 @@ void Session::DrainInput() {
     if (!frame->has_value()) return;
     Dispatch(std::move(**frame));
   }
+}
+
+void Session::SyncInput(std::function<void()> caught_up) {
+  if (registering_ == nullptr) DrainInput();
+  if (registering_ != nullptr && !closed_) {
+    // Unread input waits behind the registration; so does this capture's sync.
+    deferred_syncs_.push_back(std::move(caught_up));
+    return;
+  }
+  caught_up();
 }
 
 void Session::Dispatch(Frame frame) {
@@ -258,6 +294,7 @@ void Session::HandleRegister(uint64_t id, const ckptd::v1::Register& reg,
       return;
     }
   }
+  // Created here, on the loop, so that the pointer never changes while a worker uses it.
   if (cuda_memory_ == nullptr && services_->cuda != nullptr) {
     for (const auto& spec : specs) {
       if (spec.has_cuda()) {
@@ -266,27 +303,102 @@ void Session::HandleRegister(uint64_t id, const ckptd::v1::Register& reg,
       }
     }
   }
-  auto plan = BuildCapturePlan(specs, received, MemoryBackends{&host_memory_, cuda_memory_.get()},
-                               services_->layout);
+  auto registration = std::make_shared<InFlightRegistration>();
+  registration->request_id = id;
+  registration->specs = std::move(specs);
+  registration->fds = std::move(received);
+  registration->started = std::chrono::steady_clock::now();
+  if (services_->registrations == nullptr) {
+    BuildRegistration(*registration);
+    FinishRegistration(registration);
+    return;
+  }
+  // From here until FinishRegistration the worker alone uses host_memory_ and cuda_memory_:
+  // registering_ stops the reading of frames, the only other way to reach them (file comment).
+  registering_ = registration;
+  const bool posted = services_->registrations->Post([self = shared_from_this(), registration,
+                                                      executor = socket_.get_executor()] {
+    self->BuildRegistration(*registration);
+    // The session is released on the loop too (its socket belongs to it).
+    boost::asio::post(executor, [self, registration] { self->FinishRegistration(registration); });
+  });
+  if (!posted) {
+    registering_.reset();
+    SendError(id, Unavailable("register: the daemon is stopping"));
+  }
+}
+
+void Session::BuildRegistration(InFlightRegistration& registration) {
+  std::optional<Result<std::shared_ptr<const CapturePlan>>> plan;
+  plan.emplace(BuildCapturePlan(registration.specs, registration.fds,
+                                MemoryBackends{&host_memory_, cuda_memory_.get()},
+                                services_->layout));
+  // The descriptors are closed here too, off the loop: the mappings keep the objects alive.
+  registration.fds.clear();
+  {
+    MutexLock lock(registration.mu);
+    registration.built = true;
+    if (!registration.abandoned) {
+      registration.plan = std::move(plan);
+      return;
+    }
+  }
+  // The session closed while this ran and left the backends to us (Close): the plan goes
+  // first, then everything the caches still hold.
+  plan.reset();
+  ReleaseBackends();
+}
+
+void Session::FinishRegistration(const std::shared_ptr<InFlightRegistration>& registration) {
+  if (registering_ == registration) registering_.reset();
+  std::optional<Result<std::shared_ptr<const CapturePlan>>> plan;
+  {
+    MutexLock lock(registration->mu);
+    plan = std::move(registration->plan);
+  }
+  // Closed meanwhile: Close or the worker released everything; the outcome is dropped.
+  if (closed_ || !plan.has_value()) return;
+  const uint64_t id = registration->request_id;
   auto drop_unused = [this] {
     host_memory_.DropUnused();
     if (cuda_memory_ != nullptr) cuda_memory_->DropUnused();
   };
-  if (!plan.ok()) {
-    SendError(id, plan.status().WithContext("register (job '" + job_ + "' rank " +
-                                            std::to_string(rank_) + ")"));
+  if (!plan->ok()) {
+    SendError(id, plan->status().WithContext("register (job '" + job_ + "' rank " +
+                                             std::to_string(rank_) + ")"));
     drop_unused();
-    return;
+  } else {
+    // The old plan goes first, so that mappings only it used are closed now (re-registration).
+    plan_ = std::move(*plan).value();
+    drop_unused();
+    ckptd::v1::DaemonMessage reply;
+    reply.set_request_id(id);
+    auto* r = reply.mutable_register_();
+    r->set_tensors(static_cast<uint32_t>(plan_->tensors.size()));
+    r->set_bytes(plan_->total_bytes);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - registration->started)
+            .count();
+    spdlog::info(
+        "session {}: job '{}' rank {} registered {} tensors, {} bytes, {} mappings ({:.3f} s)", id_,
+        job_, rank_, plan_->tensors.size(), plan_->total_bytes,
+        host_memory_.cached() + (cuda_memory_ ? cuda_memory_->cached() : 0), seconds);
+    Send(reply);
   }
-  // The old plan goes first, so that mappings only it used are closed now (re-registration).
-  plan_ = std::move(plan).value();
-  drop_unused();
-  r->set_tensors(static_cast<uint32_t>(plan_->tensors.size()));
-  r->set_bytes(plan_->total_bytes);
-  spdlog::info("session {}: job '{}' rank {} registered {} tensors, {} bytes, {} mappings", id_,
-               job_, rank_, plan_->tensors.size(), plan_->total_bytes,
-               host_memory_.cached() + (cuda_memory_ ? cuda_memory_->cached() : 0));
-  Send(reply);
+  if (services_->registrations == nullptr) return;  // built inline: the caller reads on
+  // What the trainer sent meanwhile, in order; it may start the next registration.
+  DrainInput();
+  if (registering_ == nullptr && !closed_) {
+    auto syncs = std::move(deferred_syncs_);
+    deferred_syncs_.clear();
+    for (auto& caught_up : syncs) caught_up();
+  }
+  ArmRead();
+}
+
+void Session::ReleaseBackends() {
+  host_memory_.Clear();
+  if (cuda_memory_ != nullptr) cuda_memory_->Clear();
 }
 
 void Session::HandleSave(uint64_t id, const ckptd::v1::Save& save) {
@@ -322,8 +434,12 @@ void Session::HandleSave(uint64_t id, const ckptd::v1::Save& save) {
   req.on_full = save.on_full();
   // Before this rank's capture counts as complete, everything the trainer sent until then is
   // read: an Abandon written before the trainer touched the memory is seen in time.
-  req.sync_input = [weak = weak_from_this()] {
-    if (auto self = weak.lock()) self->DrainInput();
+  req.sync_input = [weak = weak_from_this()](std::function<void()> caught_up) {
+    if (auto self = weak.lock()) {
+      self->SyncInput(std::move(caught_up));
+    } else {
+      caught_up();
+    }
   };
   auto outcome = services_->node->StartSave(std::move(req));
   if (!outcome.ok()) {
@@ -547,8 +663,26 @@ void Session::Close(const std::string& why) {
   if (hello_) services_->node->OnSessionClosed(id_, job_, rank_, peer_pid_);
   if (hello_ && services_->observer != nullptr) services_->observer->OnClientDisconnected(id_);
   plan_.reset();
-  host_memory_.Clear();
-  if (cuda_memory_ != nullptr) cuda_memory_->Clear();
+  // Captures whose sync waited for a registration: their steps were just aborted if this rank
+  // had not captured them; let NodeState see that after this handler (Close may run inside one
+  // of its callbacks).
+  for (auto& caught_up : deferred_syncs_)
+    boost::asio::post(socket_.get_executor(), std::move(caught_up));
+  deferred_syncs_.clear();
+  if (registering_ != nullptr) {
+    // A worker may still be building with the backends: whoever finishes last releases them.
+    std::optional<Result<std::shared_ptr<const CapturePlan>>> built_plan;
+    bool built = false;
+    {
+      MutexLock lock(registering_->mu);
+      registering_->abandoned = true;
+      built = registering_->built;
+      built_plan = std::move(registering_->plan);
+    }
+    registering_.reset();
+    if (!built) return;  // BuildRegistration releases them when it is done
+  }
+  ReleaseBackends();
 }
 
 }  // namespace ckpt

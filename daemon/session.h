@@ -19,6 +19,24 @@
 // with an Error and the connection is closed. The connection is the lease: on close, steps this
 // rank had not finished capturing are aborted; captured ones go on without it.
 //
+// Registration runs off the loop. Building a plan maps every registered object with
+// MAP_POPULATE (~0.7 s per GiB) and opens CUDA allocations: on the daemon's only loop that
+// stalled every other session of the node (their saves, waits and loads) for seconds. So
+// HandleRegister checks an unchanged registration on the loop (free, answered at once) and
+// otherwise hands the build to the register pool (SessionServices::registrations); the outcome
+// comes back to the loop, where the plan is installed and the reply sent. While a registration
+// is in flight the session reads nothing more from its socket, so its later frames — Save,
+// Load, Abandon, another Register — are handled after it, in order, exactly as if it had run
+// inline. That is also what keeps the worker alone with the session's backends (host_memory_,
+// cuda_memory_): on the loop only frame handlers and Close touch them, no frame is handled
+// meanwhile, and Close leaves them to whichever of itself and the worker finishes last
+// (InFlightRegistration), so no lock guards them.
+//
+// Not reading has one more consequence: a capture of this session finishing meanwhile cannot
+// read an Abandon that may wait behind the registration. Its sync (NodeState's
+// SaveRequest::sync_input) is then deferred until the registration is done and the input read,
+// so the Abandon rule above holds as before.
+//
 // CUDA (daemon/device/cuda_backend.h): CUDA tensors are opened through the session's CudaBackend
 // (cached per handle, closed on re-registration and disconnect); a Save carrying CUDA events
 // makes each GPU's copy stream wait on them before the step's capture is started, and a Load
@@ -28,6 +46,7 @@
 #include <boost/asio/local/stream_protocol.hpp>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
@@ -43,6 +62,7 @@
 #include "daemon/device/host_fd_backend.h"
 #include "daemon/host_memory.h"
 #include "daemon/node_state.h"
+#include "daemon/worker_pool.h"
 
 namespace ckpt {
 
@@ -59,6 +79,9 @@ struct SessionServices {
   size_t max_queued_reply_bytes = 64ull << 20;
   DaemonObserver* observer = nullptr;  // may be null: connects, disconnects and loads unobserved
   std::set<std::string> shared_jobs;   // jobs whose checkpoints any session may load
+  // Builds registrations' plans off the loop (see the file comment); may be null: they are then
+  // built on the loop (the fuzzers, which drive one session synchronously).
+  WorkerPool* registrations = nullptr;
 };
 
 class Session : public EventSink, public std::enable_shared_from_this<Session> {
@@ -77,12 +100,23 @@ class Session : public EventSink, public std::enable_shared_from_this<Session> {
  private:
   void ArmRead();
   void OnReadable();
-  // Reads and handles every complete frame already received; never blocks.
+  // Reads and handles every complete frame already received; never blocks. Stops early while a
+  // registration is in flight (the rest is read once it is done).
   void DrainInput();
+  // SaveRequest::sync_input: reads what the trainer sent, then `caught_up()` — at once, or once
+  // the registration in flight is done and the input behind it read.
+  void SyncInput(std::function<void()> caught_up);
   void Dispatch(Frame frame);
   void Handle(const ckptd::v1::ClientMessage& m, std::vector<UniqueFd> fds);
   void HandleHello(uint64_t id, const ckptd::v1::Hello& hello);
   void HandleRegister(uint64_t id, const ckptd::v1::Register& reg, std::vector<UniqueFd> fds);
+  struct InFlightRegistration;
+  // On the register pool (or inline without one): builds the plan through the backends.
+  void BuildRegistration(InFlightRegistration& registration);
+  // On the loop: installs the plan and answers, then reads what waited behind it.
+  void FinishRegistration(const std::shared_ptr<InFlightRegistration>& registration);
+  // Closes every mapping and allocation of this client (the session is closed).
+  void ReleaseBackends();
   void HandleSave(uint64_t id, const ckptd::v1::Save& save);
   void HandleWait(uint64_t id, uint64_t step, ckptd::v1::StepState state);
   void HandleLoad(uint64_t id, const ckptd::v1::Load& load);
@@ -117,6 +151,11 @@ class Session : public EventSink, public std::enable_shared_from_this<Session> {
   std::unique_ptr<device::CudaBackend> cuda_memory_;  // created with the first CUDA tensor
   std::shared_ptr<const CapturePlan> plan_;
   std::optional<uint64_t> last_saved_step_;
+  // The registration on the register pool; null when none is. While set, no frame is read.
+  std::shared_ptr<InFlightRegistration> registering_;
+  // Syncs of finished captures waiting for that registration (SyncInput).
+  std::vector<std::function<void()>> deferred_syncs_;
+  bool read_armed_ = false;  // a wait for readability is pending
 
   std::deque<std::string> out_;
   size_t out_bytes_ = 0;

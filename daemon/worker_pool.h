@@ -1,6 +1,7 @@
 // WorkerPool: the daemon's one kind of thread pool — a fixed number of named threads running
-// posted tasks, first in, first out. The storage thread, the load pool and the coordinators'
-// commit and admin threads (TaskPool), the copy threads (CaptureEngine) and the writer threads
+// posted tasks, first in, first out. The storage thread, the load pool, the register pool (the
+// sessions' plans, session.h) and the coordinators' commit and admin threads (TaskPool), the copy
+// threads (CaptureEngine) and the writer threads
 // (FlushEngine) are each an instance of their own: they never share threads, so a filesystem
 // that hangs in the writer threads cannot hold up a copy or a commit.
 //

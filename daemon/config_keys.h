@@ -3,7 +3,9 @@
 // root under the same commit protocol, and both serve a gRPC endpoint under the same TLS rule
 // (daemon/rpc/grpc_server.h), so these keys mean the same thing in both and must not drift:
 //
-//   storage-root, keep, step-timeout, log-level
+//   storage-root, keep, step-timeout, log-level, metrics (the Prometheus /metrics endpoint,
+//   daemon/admin/metrics_endpoint.h; the defaults differ: ckptd serves it on 127.0.0.1:7461
+//   unless emptied, ckpt-coordinator only when asked)
 //   a served gRPC endpoint: <address key>, <prefix>tls-cert, <prefix>tls-key,
 //   <prefix>tls-client-ca, <prefix>allow-plaintext — the daemon's admin endpoint has the prefix
 //   "admin-" (admin, admin-tls-cert, ...), the coordinator's none (listen, tls-cert, ...).
@@ -41,6 +43,11 @@ Option<Config> StepTimeout(std::chrono::milliseconds Config::*member) {
 template <class Config>
 Option<Config> LogLevel(std::string Config::*member) {
   return {"log-level", "trace, debug, info, warn or error", Str(member)};
+}
+
+template <class Config>
+Option<Config> Metrics(std::string Config::*member) {
+  return {"metrics", "Prometheus endpoint host:port (empty = off)", Str(member)};
 }
 
 // The members of a Config that describe one served gRPC endpoint.

@@ -83,7 +83,7 @@ const OptionTable<DaemonConfig>& Table() {
                "true: allow an unencrypted link to a non-loopback coordinator",
                Boolean(&C::coordinator_plaintext)},
               // ---- operations (daemon/admin) ----
-              {"metrics", "Prometheus endpoint host:port (empty = off)", Str(&C::metrics)},
+              config_keys::Metrics(&C::metrics),
               {"socket-group", "group (name or gid) owning the trainer socket",
                Str(&C::socket_group)},
           },

@@ -3,8 +3,9 @@
 #include <prometheus/collectable.h>
 #include <prometheus/text_serializer.h>
 
+#include <algorithm>
 #include <chrono>
-#include <exception>
+#include <vector>
 
 #include "common/logging.h"
 
@@ -33,7 +34,11 @@ class DaemonMetrics::PoolCollector final : public prometheus::Collectable {
  public:
   PoolCollector(const HostPool* pool, const HotCache* hot, StorageProbe storage)
       : pool_(pool), hot_(hot), storage_(std::move(storage)) {}
+  // Runs at every scrape first: the forgetting rule of the per-job series, so an idle daemon
+  // forgets too (its effect shows from the next scrape on).
+  void SetBeforeCollect(std::function<void()> f) { before_collect_ = std::move(f); }
   std::vector<prometheus::MetricFamily> Collect() const override {
+    if (before_collect_) before_collect_();
     const uint64_t total = pool_->size_bytes();
     const uint64_t free_bytes =
         std::min<uint64_t>(total, uint64_t{pool_->free_slots()} * pool_->slot_size());
@@ -78,6 +83,7 @@ class DaemonMetrics::PoolCollector final : public prometheus::Collectable {
   const HostPool* pool_;
   const HotCache* hot_;
   StorageProbe storage_;
+  std::function<void()> before_collect_;
 };
 
 namespace {
@@ -92,7 +98,7 @@ prometheus::Histogram::BucketBoundaries DurationBuckets() {
 }  // namespace
 
 DaemonMetrics::DaemonMetrics(std::string version, std::string node_id, const HostPool* pool,
-                             const HotCache* hot, StorageProbe storage)
+                             const HotCache* hot, StorageProbe storage, JobSeriesOptions jobs)
     : pool_collector_(std::make_shared<PoolCollector>(pool, hot, std::move(storage))),
       captured_bytes_(BuildCounter()
                           .Name("ckptd_captured_bytes_total")
@@ -152,7 +158,43 @@ DaemonMetrics::DaemonMetrics(std::string version, std::string node_id, const Hos
                       .Help("Trainer clients that connected again after losing their connection "
                             "(daemon restart, broken connection)")
                       .Register(*registry_)
-                      .Add({})) {
+                      .Add({})),
+      job_families_{
+          &BuildCounter()
+               .Name("ckptd_job_saves_started_total")
+               .Help("Steps of this job the daemon saw begin (a rank's save accepted)")
+               .Register(*registry_),
+          &BuildCounter()
+               .Name("ckptd_job_steps_committed_total")
+               .Help("Steps of this job committed")
+               .Register(*registry_),
+          &BuildCounter()
+               .Name("ckptd_job_step_failures_total")
+               .Help("Steps of this job aborted or failed, by reason (pool_full_skip: skipped)")
+               .Register(*registry_),
+          &BuildCounter()
+               .Name("ckptd_job_captured_bytes_total")
+               .Help("Bytes of this job copied from trainer memory into the host pool")
+               .Register(*registry_),
+          &BuildCounter()
+               .Name("ckptd_job_persisted_bytes_total")
+               .Help("Bytes of this job written and synced to storage")
+               .Register(*registry_),
+          &BuildGauge()
+               .Name("ckptd_job_steps_in_flight")
+               .Help("Steps of this job neither committed, aborted nor failed")
+               .Register(*registry_),
+          &BuildGauge()
+               .Name("ckptd_job_last_commit_timestamp_seconds")
+               .Help("Unix time of this job's newest commit (0: none since the daemon started)")
+               .Register(*registry_),
+          &BuildGauge()
+               .Name("ckptd_job_last_committed_step")
+               .Help("This job's newest committed step (absent: none since the daemon started)")
+               .Register(*registry_),
+      },
+      job_options_(std::move(jobs)) {
+  pool_collector_->SetBeforeCollect([this] { ForgetIdleJobs(); });
   BuildGauge()
       .Name("ckptd_build_info")
       .Help("Always 1; labels say which build runs where")
@@ -167,58 +209,139 @@ DaemonMetrics::DaemonMetrics(std::string version, std::string node_id, const Hos
 DaemonMetrics::~DaemonMetrics() = default;
 
 Status DaemonMetrics::Serve(const std::string& address) {
-  try {
-    exposer_ = std::make_unique<prometheus::Exposer>(address, 1);
-  } catch (const std::exception& e) {
-    return Unavailable("metrics: cannot serve HTTP on " + address + ": " + e.what());
-  }
-  exposer_->RegisterCollectable(registry_);
-  exposer_->RegisterCollectable(pool_collector_);
-  const auto ports = exposer_->GetListeningPorts();
-  bound_address_ = address.substr(0, address.rfind(':') + 1) +
-                   (ports.empty() ? std::string("?") : std::to_string(ports.front()));
-  spdlog::info("metrics: Prometheus endpoint http://{}/metrics", bound_address_);
-  return Status::Ok();
+  return endpoint_.Serve(address, {registry_, pool_collector_});
 }
 
 std::string DaemonMetrics::Render() const {
+  ForgetIdleJobs();
   auto families = registry_->Collect();
   for (auto& f : pool_collector_->Collect()) families.push_back(std::move(f));
   return prometheus::TextSerializer().Serialize(families);
 }
 
-void DaemonMetrics::OnStepState(const std::string& job, uint64_t step, ckptd::v1::StepState state,
-                                const std::string& reason) {
-  const auto key = std::make_pair(job, step);
-  switch (state) {
-    case ckptd::v1::STEP_STATE_COMMITTED:
-      steps_committed_.Increment();
-      last_commit_.Set(
-          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-              .count());
-      in_flight_.erase(key);
-      break;
-    case ckptd::v1::STEP_STATE_ABORTED:
-    case ckptd::v1::STEP_STATE_FAILED:
-      failures_.Add({{"reason", FailureReasonLabel(reason)}}).Increment();
-      in_flight_.erase(key);
-      break;
-    default:
-      in_flight_.insert(key);
-  }
-  steps_in_flight_.Set(static_cast<double>(in_flight_.size()));
+size_t DaemonMetrics::jobs_tracked() const {
+  MutexLock lock(mu_);
+  return jobs_.size();
 }
 
-void DaemonMetrics::OnRankCaptured(const std::string&, uint64_t, uint32_t, uint64_t bytes,
+std::chrono::steady_clock::time_point DaemonMetrics::Now() const {
+  return job_options_.now ? job_options_.now() : std::chrono::steady_clock::now();
+}
+
+DaemonMetrics::JobSeries& DaemonMetrics::Job(const std::string& job) {
+  auto [it, fresh] = jobs_.try_emplace(job);
+  JobSeries& j = it->second;
+  if (fresh) {
+    const prometheus::Labels labels{{"job", job}};
+    j.saves_started = &job_families_.saves_started->Add(labels);
+    j.committed = &job_families_.committed->Add(labels);
+    j.captured_bytes = &job_families_.captured_bytes->Add(labels);
+    j.persisted_bytes = &job_families_.persisted_bytes->Add(labels);
+    j.in_flight = &job_families_.in_flight->Add(labels);
+    j.last_commit = &job_families_.last_commit->Add(labels);
+    j.idle_since = Now();
+  }
+  return j;
+}
+
+void DaemonMetrics::Touch(JobSeries& j) {
+  j.in_flight->Set(static_cast<double>(j.steps_in_flight));
+  if (j.sessions == 0 && j.steps_in_flight == 0) j.idle_since = Now();
+}
+
+void DaemonMetrics::Forget(const std::string& job, JobSeries& j) const {
+  spdlog::debug("metrics: forgetting the series of idle job '{}'", job);
+  job_families_.saves_started->Remove(j.saves_started);
+  job_families_.committed->Remove(j.committed);
+  job_families_.captured_bytes->Remove(j.captured_bytes);
+  job_families_.persisted_bytes->Remove(j.persisted_bytes);
+  job_families_.in_flight->Remove(j.in_flight);
+  job_families_.last_commit->Remove(j.last_commit);
+  if (j.last_step != nullptr) job_families_.last_step->Remove(j.last_step);
+  for (auto& [reason, c] : j.failures) job_families_.failures->Remove(c);
+}
+
+void DaemonMetrics::ForgetIdleJobs() const {
+  const auto now = Now();
+  MutexLock lock(mu_);
+  std::vector<std::pair<std::chrono::steady_clock::time_point, std::string>> idle;
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    JobSeries& j = it->second;
+    if (j.sessions != 0 || j.steps_in_flight != 0) {
+      ++it;
+    } else if (now - j.idle_since >= job_options_.forget_after) {
+      Forget(it->first, j);
+      it = jobs_.erase(it);
+    } else {
+      idle.emplace_back(j.idle_since, it->first);
+      ++it;
+    }
+  }
+  if (idle.size() <= job_options_.max_idle_jobs) return;
+  std::sort(idle.begin(), idle.end());  // longest idle first
+  for (size_t i = 0; i < idle.size() - job_options_.max_idle_jobs; ++i) {
+    auto it = jobs_.find(idle[i].second);
+    Forget(it->first, it->second);
+    jobs_.erase(it);
+  }
+}
+
+void DaemonMetrics::OnStepState(const std::string& job, uint64_t step, ckptd::v1::StepState state,
+                                const std::string& reason) {
+  {
+    MutexLock lock(mu_);
+    const auto key = std::make_pair(job, step);
+    JobSeries& j = Job(job);
+    switch (state) {
+      case ckptd::v1::STEP_STATE_COMMITTED: {
+        const double now_s =
+            std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+                .count();
+        steps_committed_.Increment();
+        last_commit_.Set(now_s);
+        j.committed->Increment();
+        j.last_commit->Set(now_s);
+        if (j.last_step == nullptr) j.last_step = &job_families_.last_step->Add({{"job", job}});
+        j.last_step->Set(std::max(j.last_step->Value(), static_cast<double>(step)));
+        j.steps_in_flight -= in_flight_.erase(key);
+        break;
+      }
+      case ckptd::v1::STEP_STATE_ABORTED:
+      case ckptd::v1::STEP_STATE_FAILED: {
+        const std::string label = FailureReasonLabel(reason);
+        failures_.Add({{"reason", label}}).Increment();
+        auto& c = j.failures[label];
+        if (c == nullptr) c = &job_families_.failures->Add({{"job", job}, {"reason", label}});
+        c->Increment();
+        j.steps_in_flight -= in_flight_.erase(key);
+        break;
+      }
+      default:
+        if (in_flight_.insert(key).second) {
+          j.saves_started->Increment();
+          ++j.steps_in_flight;
+        }
+    }
+    Touch(j);
+    steps_in_flight_.Set(static_cast<double>(in_flight_.size()));
+  }
+  ForgetIdleJobs();
+}
+
+void DaemonMetrics::OnRankCaptured(const std::string& job, uint64_t, uint32_t, uint64_t bytes,
                                    double seconds) {
   captured_bytes_.Increment(static_cast<double>(bytes));
   capture_seconds_.Observe(seconds);
+  MutexLock lock(mu_);
+  Job(job).captured_bytes->Increment(static_cast<double>(bytes));
 }
 
-void DaemonMetrics::OnRankPersisted(const std::string&, uint64_t, uint32_t, uint64_t bytes,
+void DaemonMetrics::OnRankPersisted(const std::string& job, uint64_t, uint32_t, uint64_t bytes,
                                     double seconds) {
   persisted_bytes_.Increment(static_cast<double>(bytes));
   flush_seconds_.Observe(seconds);
+  MutexLock lock(mu_);
+  Job(job).persisted_bytes->Increment(static_cast<double>(bytes));
 }
 
 void DaemonMetrics::OnLoad(const std::string&, uint64_t, uint64_t from_memory,
@@ -229,13 +352,29 @@ void DaemonMetrics::OnLoad(const std::string&, uint64_t, uint64_t from_memory,
 }
 
 void DaemonMetrics::OnClientConnected(const ClientDescription& client) {
-  sessions_.insert(client.session_id);
-  clients_.Set(static_cast<double>(sessions_.size()));
+  {
+    MutexLock lock(mu_);
+    if (sessions_.emplace(client.session_id, client.job).second) {
+      JobSeries& j = Job(client.job);
+      ++j.sessions;
+      Touch(j);
+    }
+    clients_.Set(static_cast<double>(sessions_.size()));
+  }
   if (client.reattached) reattaches_.Increment();
+  ForgetIdleJobs();
 }
 
 void DaemonMetrics::OnClientDisconnected(uint64_t session_id) {
-  sessions_.erase(session_id);
+  MutexLock lock(mu_);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return;
+  auto j = jobs_.find(it->second);
+  if (j != jobs_.end() && j->second.sessions > 0) {
+    --j->second.sessions;
+    Touch(j->second);
+  }
+  sessions_.erase(it);
   clients_.Set(static_cast<double>(sessions_.size()));
 }
 

@@ -26,6 +26,7 @@ const OptionTable<CoordinatorConfig>& Table() {
               config_keys::StepTimeout(&C::step_timeout),
               {"lease", "a node whose event stream stays closed this long is lost, e.g. 10s",
                Duration(&C::lease)},
+              config_keys::Metrics(&C::metrics),
           },
           config_keys::EndpointTls("", serves, "daemons", endpoint),
           {config_keys::LogLevel(&C::log_level)},

@@ -1,8 +1,8 @@
 // ckpt-coordinator's configuration: flags > --config YAML file (keys are the flag names without
 // dashes, e.g. `keep: 3`) > defaults in code. Read through the same option-table machinery as
 // ckptd's (daemon/config_table.h), with the keys both share declared once
-// (daemon/config_keys.h): storage-root, keep, step-timeout, log-level and the served endpoint's
-// TLS keys. Unlike ckptd, no environment variables: the coordinator never read any.
+// (daemon/config_keys.h): storage-root, keep, step-timeout, log-level, metrics and the served
+// endpoint's TLS keys. Unlike ckptd, no environment variables: the coordinator never read any.
 #pragma once
 
 #include <chrono>
@@ -22,6 +22,7 @@ struct CoordinatorConfig {
   uint32_t keep = 0;                      // committed checkpoints kept per job, 0 = all
   std::chrono::milliseconds step_timeout{std::chrono::minutes(10)};
   std::chrono::milliseconds lease{std::chrono::seconds(10)};  // a silent node is lost after it
+  std::string metrics;        // Prometheus HTTP endpoint host:port; empty (the default): off
   std::string tls_cert;       // PEM chain; with tls_key: serve over TLS
   std::string tls_key;        //
   std::string tls_client_ca;  // PEM CA: daemons must present a certificate it signed

@@ -276,6 +276,10 @@ void CoordinatorCore::Decide(const std::string& job, uint64_t step, StepRecord& 
   d->set_skipped(s.skipped);
   Broadcast(job, e);
   if (config_.on_step_state) config_.on_step_state(job, step, state, reason);
+  if (state == ckptd::v1::STEP_STATE_COMMITTED && config_.on_commit) {
+    config_.on_commit(job, step,
+                      std::chrono::duration<double>(Clock::now() - s.last_report).count());
+  }
   if (state == ckptd::v1::STEP_STATE_ABORTED || state == ckptd::v1::STEP_STATE_FAILED) {
     s.manifests.clear();
     ++commits_in_flight_;
@@ -355,6 +359,7 @@ Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
     d->set_skipped(s.skipped);
     return resp;
   }
+  s.last_report = Clock::now();
   if (s.world_size != req.world_size()) {
     return InvalidArgument(ctx + ": world size " + std::to_string(req.world_size()) +
                            " differs from the step's " + std::to_string(s.world_size));
@@ -421,6 +426,7 @@ Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
 }
 
 Status CoordinatorCore::ReportRegistration(const ckptd::v1::ReportRegistrationRequest& req) {
+  if (config_.on_registration) config_.on_registration(req.ByteSizeLong());
   RETURN_IF_ERROR(ValidateJobName(req.job()));
   const std::string ctx = "job '" + req.job() + "' rank " + std::to_string(req.rank()) +
                           " from node '" + EscapeForLog(req.node_id()) + "'";
@@ -512,6 +518,9 @@ void CoordinatorCore::MaybePlan(const std::string& job, JobRecord& j) {
   j.plan = std::make_shared<const WriterAssignment>(PlanWriters(ranks, j.plan.get()));
   j.plan_dirty = false;
   ++j.plan_version;
+  if (config_.on_plan) {
+    config_.on_plan(job, std::chrono::duration<double>(Clock::now() - start).count());
+  }
   spdlog::info(
       "job '{}': writer plan v{} for {} ranks: {} of {} registered bytes written, in {} ms", job,
       j.plan_version, ranks.size(), j.plan->unique_bytes, j.plan->registered_bytes,

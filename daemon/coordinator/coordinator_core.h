@@ -88,6 +88,16 @@ class CoordinatorCore {
     std::function<void(const std::string& job, uint64_t step, ckptd::v1::StepState state,
                        const std::string& reason)>
         on_step_state;
+    // Counting hooks for the coordinator's Prometheus metrics (coordinator_metrics.h). Each may
+    // be called with the core's mutex held: it must only count, never call back.
+    //   on_registration: every ReportRegistration request handled, with its serialized size
+    //                    (the request as received, before validation);
+    //   on_plan:         a writer plan computed for `job`, and how long PlanWriters took;
+    //   on_commit:       `step` of `job` committed, seconds since its last rank report (what
+    //                    the commit itself cost the job: the wait after its last rank persisted).
+    std::function<void(size_t bytes)> on_registration;
+    std::function<void(const std::string& job, double seconds)> on_plan;
+    std::function<void(const std::string& job, uint64_t step, double seconds)> on_commit;
   };
 
   // What the Admin API shows of the core: steps in flight and the nodes that registered.
@@ -165,6 +175,7 @@ class CoordinatorCore {
     std::set<uint32_t> persisted;
     std::map<std::string, ckptd::v1::NodeManifest> manifests;  // node → cumulative manifest
     std::chrono::steady_clock::time_point first_report;
+    std::chrono::steady_clock::time_point last_report;  // the commit latency counts from it
     std::chrono::steady_clock::time_point deadline;
     bool committing = false;
   };

@@ -4,10 +4,13 @@
 // The same endpoint serves ckptd.v1.Admin (role "coordinator", coordinator_admin_provider.h),
 // grpc.health.v1.Health and reflection, so `ckptctl --admin HOST:7470 status` works as against a
 // daemon. Under systemd (NOTIFY_SOCKET) it sends READY=1 once serving and STOPPING=1 on a signal.
+// With --metrics HOST:PORT it serves Prometheus text on /metrics (coordinator_metrics.h), bound
+// before the recovery scan so a taken port fails the start at once.
 //
 //   ckpt-coordinator --listen ADDR --storage-root DIR [--keep N] [--step-timeout 10m]
 //                    [--lease 10s] [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]
-//                    [--allow-plaintext] [--log-level info] [--config FILE] [--print-config]
+//                    [--allow-plaintext] [--metrics HOST:PORT] [--log-level info]
+//                    [--config FILE] [--print-config]
 // Every flag is also a key of the --config YAML file (coordinator_config.h).
 #include <unistd.h>
 
@@ -22,6 +25,7 @@
 #include "daemon/coordinator/coordinator_admin_provider.h"
 #include "daemon/coordinator/coordinator_config.h"
 #include "daemon/coordinator/coordinator_core.h"
+#include "daemon/coordinator/coordinator_metrics.h"
 #include "daemon/rpc/coordinator_service.h"
 #include "daemon/rpc/grpc_server.h"
 #include "daemon/version.h"
@@ -62,6 +66,14 @@ int main(int argc, char** argv) {
   config.step_timeout = flags.step_timeout;
   config.lease = flags.lease;
   config.writer = std::string("ckpt-coordinator ") + ckpt::kVersion;
+  ckpt::CoordinatorMetrics metrics(ckpt::kVersion);
+  if (!flags.metrics.empty()) {
+    if (ckpt::Status st = metrics.Serve(flags.metrics); !st.ok()) {
+      spdlog::error("{}", st.ToString());
+      return 1;
+    }
+  }
+  metrics.Hook(config);
   ckpt::CoordinatorAdminProvider::Sources admin_sources;
   admin_sources.fs = ckpt::PosixFileSystem();
   admin_sources.storage_root = flags.storage_root;
@@ -69,10 +81,13 @@ int main(int argc, char** argv) {
   admin_sources.config = flags.Summary();
   admin_sources.config.emplace_back("tls",
                                     tls.enabled() ? (tls.ca.empty() ? "server" : "mutual") : "off");
+  if (!flags.metrics.empty())
+    admin_sources.config.emplace_back("metrics-bound", metrics.bound_address());
   ckpt::CoordinatorAdminProvider admin(std::move(admin_sources));
-  config.on_step_state = [&admin](const std::string& job, uint64_t step, ckptd::v1::StepState state,
-                                  const std::string& reason) {
+  config.on_step_state = [&admin, &metrics](const std::string& job, uint64_t step,
+                                            ckptd::v1::StepState state, const std::string& reason) {
     admin.OnStepState(job, step, state, reason);
+    metrics.OnStepState(job, step, state);
   };
   // CKPT_COORDINATOR_CRASH_AT=<point>[:<n>] kills this process (SIGKILL) at that point of its
   // n-th commit (default 1st): how the crash tests stop it mid-commit. Never set in production.
@@ -93,6 +108,7 @@ int main(int argc, char** argv) {
     };
   }
   ckpt::CoordinatorCore core(config, ckpt::PosixFileSystem());
+  const auto metrics_reads_core = metrics.Attach(&core);  // detached before `core` goes
   spdlog::info(
       "ckpt-coordinator {} starting: storage root {}, keep {}, step timeout {} ms, "
       "lease {} ms",

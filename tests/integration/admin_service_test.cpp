@@ -3,9 +3,6 @@
 // and draining, and the Prometheus endpoint as a scraper sees it.
 #include "tests/integration/daemon_harness.h"  // first: it configures Catch
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-
 #include <grpcpp/grpcpp.h>
 
 #include <future>
@@ -13,6 +10,7 @@
 #include "ckptd/v1/admin.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "tests/integration/admin_client.h"
+#include "tests/integration/http_scrape.h"
 
 namespace {
 
@@ -20,8 +18,10 @@ using ckpt::itest::DaemonProcess;
 using ckpt::itest::Deadline;
 using ckpt::itest::ExitedWith;
 using ckpt::itest::GetStatus;
+using ckpt::itest::HttpGet;
 using ckpt::itest::InProcessRank;
 using ckpt::itest::PollUntil;
+using ckpt::itest::Sample;
 using ckpt::testing::TempDir;
 using ckptd::v1::Admin;
 using grpc::health::v1::Health;
@@ -46,39 +46,6 @@ std::string ConfigValue(const ckptd::v1::GetStatusResponse& s, const std::string
     if (e.key() == key) return e.value();
   }
   return "";
-}
-
-// GET http://host:port/path with a plain socket; the body.
-std::string HttpGet(const std::string& host_port, const std::string& path) {
-  const auto colon = host_port.rfind(':');
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(host_port.substr(colon + 1))));
-  REQUIRE(::inet_pton(AF_INET, host_port.substr(0, colon).c_str(), &addr.sin_addr) == 1);
-  ckpt::UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  REQUIRE(fd);
-  REQUIRE(::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  const std::string request =
-      "GET " + path + " HTTP/1.0\r\nHost: " + host_port + "\r\nConnection: close\r\n\r\n";
-  REQUIRE(::send(fd.get(), request.data(), request.size(), MSG_NOSIGNAL) ==
-          static_cast<ssize_t>(request.size()));
-  std::string response;
-  char buf[8192];
-  for (ssize_t n; (n = ::recv(fd.get(), buf, sizeof buf, 0)) > 0;) response.append(buf, n);
-  const auto body = response.find("\r\n\r\n");
-  INFO(response.substr(0, 200));
-  REQUIRE(response.rfind("HTTP/1.", 0) == 0);
-  REQUIRE(response.find(" 200 ") != std::string::npos);
-  return body == std::string::npos ? "" : response.substr(body + 4);
-}
-
-// The value of one sample line ("name{labels} value") of a Prometheus text page; -1 if absent.
-double Sample(const std::string& page, const std::string& series) {
-  std::istringstream in(page);
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind(series + " ", 0) == 0) return std::stod(line.substr(series.size() + 1));
-  }
-  return -1;
 }
 
 // A rank of `job` in this process: registered, ready to save.

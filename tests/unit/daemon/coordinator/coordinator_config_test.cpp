@@ -23,9 +23,9 @@ using ckpt::testing::WriteFile;
 using std::chrono::milliseconds;
 
 // Every key ckpt-coordinator has ever accepted (deploy/ and the integration tests use them).
-const char* const kKeys[] = {"listen",          "storage-root", "keep",    "step-timeout",
-                             "lease",           "tls-cert",     "tls-key", "tls-client-ca",
-                             "allow-plaintext", "log-level"};
+const char* const kKeys[] = {"listen",        "storage-root",    "keep",     "step-timeout",
+                             "lease",         "metrics",         "tls-cert", "tls-key",
+                             "tls-client-ca", "allow-plaintext", "log-level"};
 
 constexpr auto Load = testing::LoadConfig<CoordinatorConfig, LoadCoordinatorConfig>;
 constexpr auto LoadOk = testing::LoadConfigOk<CoordinatorConfig, LoadCoordinatorConfig>;

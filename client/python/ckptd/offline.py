@@ -35,6 +35,7 @@ import os
 import pickle
 
 import ckptd
+from ckptd import checkpointer_meta
 from ckptd import _ckptd
 
 __all__ = ["steps", "latest", "open", "Checkpoint", "TensorInfo", "to_torch_save",
@@ -43,7 +44,8 @@ __all__ = ["steps", "latest", "open", "Checkpoint", "TensorInfo", "to_torch_save
 # What ckptd.torch.Checkpointer names optimizer state tensors with.
 OPTIMIZER_PREFIX = "optimizer.state."
 
-# The metadata format ckptd.torch.Checkpointer pickles into each rank's extra blob.
+# from_torch_save writes the Checkpointer's metadata in format 1, whole; a Checkpointer saves
+# format 2 (ckptd/checkpointer_meta.py), and checkpointer_meta.decode reads both.
 _CHECKPOINTER_FORMAT = 1
 
 TensorInfo = collections.namedtuple("TensorInfo", ["dtype", "shape", "partial"])
@@ -221,11 +223,9 @@ class Checkpoint:
             blob = self.extras(rank)
             if blob:
                 try:
-                    meta = pickle.loads(blob)
-                except Exception:  # noqa: BLE001 - a blob of another writer: not ours to judge
+                    meta = checkpointer_meta.decode(blob)
+                except ValueError:  # a blob of another writer: not ours to judge
                     meta = None
-            if not (isinstance(meta, dict) and meta.get("format") == _CHECKPOINTER_FORMAT):
-                meta = None
             self._meta[rank] = meta
         return self._meta[rank]
 

@@ -25,7 +25,6 @@ What is saved, per rank:
   so its optimizer layout and user state come from that rank (``last_restore["extra_rank"]``).
 """
 
-import pickle
 import random
 import sys
 import time
@@ -36,12 +35,11 @@ import weakref
 import torch
 
 import ckptd
-from ckptd import arena
+from ckptd import arena, checkpointer_meta
 from ckptd import extra_state as _extras
 
 __all__ = ["Checkpointer", "RNGState"]
 
-_FORMAT = 1
 
 
 class RNGState:
@@ -210,6 +208,7 @@ class _SaveLayout:
             arena.move_into_arenas([v for name, v in tensors.items()
                                     if isinstance(v, torch.Tensor)
                                     and (name in opt_names) == optimizer_part])
+        self.static = checkpointer_meta.static_blob(self.opt_meta, self.order, self.group_names)
         self.sharded = ck._shard(tensors)
         self.watch = ckptd._ckptd.SlotWatch(lengths, slots)
 
@@ -492,23 +491,16 @@ class Checkpointer:
             layout = None
         if layout is None:
             layout = self._layout = _SaveLayout(self)
-        groups = []
-        for group, names in zip(self.optimizer.param_groups if self.optimizer else (),
-                                layout.group_names):
-            g = {k: v for k, v in group.items() if k != "params"}
-            g["params"] = names
-            groups.append(g)
+        # Per save, only what changes between steps is pickled: the groups' hyper-parameters
+        # (an LR scheduler), non-tensor optimizer state, extra_state; the optimizer's layout was
+        # pickled once by the walk (ckptd/checkpointer_meta.py).
+        groups = [{k: v for k, v in group.items() if k != "params"}
+                  for group in (self.optimizer.param_groups if self.optimizer else ())]
+        dynamic = {}
         for pname, key, st in layout.dynamic:
-            layout.opt_meta[pname][key] = ("value", st[key])
-        meta = {
-            "format": _FORMAT,
-            "step": step,
-            "model_other": layout.model_other,
-            "optimizer": {"param_groups": groups, "state": layout.opt_meta,
-                          "order": layout.order},
-            "extra_state": self._user_state(),
-        }
-        extra = pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
+            dynamic.setdefault(pname, {})[key] = st[key]
+        extra = checkpointer_meta.encode(step, layout.model_other, layout.static, groups, dynamic,
+                                         self._user_state())
         try:
             if layout.checked:
                 self.client._save_registered(step, extra, on_full)
@@ -563,13 +555,10 @@ class Checkpointer:
         from_memory = self.client.last_load.bytes_from_memory
         from_storage = self.client.last_load.bytes_from_storage
         try:
-            meta = pickle.loads(extra)
-        except Exception as e:  # noqa: BLE001 - anything unpicklable is the same problem
+            meta = checkpointer_meta.decode(extra)
+        except ValueError as e:
             raise _fail("step %d: the rank's extra blob is not a ckptd.torch checkpoint (%s)"
                         % (step, e), "DATA_LOSS") from None
-        if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
-            raise _fail("step %d was not written by ckptd.torch.Checkpointer (format %r)"
-                        % (step, meta.get("format") if isinstance(meta, dict) else None))
         if meta["model_other"]:
             self.model.load_state_dict(meta["model_other"], strict=False)
         # Phase 2: the optimizer's state tensors, created from the metadata when missing.

@@ -24,6 +24,7 @@ Client.save p99 < 1 ms at 10,000; descriptors ≤ 64 for the 10,000-tensor Check
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -115,22 +116,25 @@ def bench_cpp(bin_dir, work, counts, saves):
     if not os.access(exe, os.X_OK):
         return []
     out = os.path.join(work, "cpp.json")
-    configs = ",".join("64MiB:%d" % n for n in counts)
-    subprocess.run([exe, "--sections", "save", "--save-configs", configs, "--save-samples",
-                    str(saves), "--dir", work, "--json", out, "--bin", bin_dir],
+    configs = ["64MiB:%d" % n for n in counts]
+    subprocess.run([exe, "--sections", "save", "--save-configs"] + configs + [
+                    "--save-samples", str(saves), "--dir", work, "--json", out, "--bin", bin_dir],
                    check=True, stdout=subprocess.DEVNULL)
     with open(out) as f:
         data = json.load(f)
     data = data.get("results", data)
     rows = []
-    for n in counts:
-        key = "save.%dB_%dt.save." % (64 * MiB, n)
-        if key + "p50_s" not in data:
+    for key in sorted(data):
+        # save.<bytes>B_<tensors>t.save.p50_s (bytes rounded down to a multiple of the count)
+        m = re.fullmatch(r"save\.(\d+)B_(\d+)t\.save\.p50_s", key)
+        if not m:
             continue
-        rows.append({"what": "C++ Client::Save", "tensors": n, "first_ms": None,
-                     "p50_ms": data[key + "p50_s"] * 1e3, "p99_ms": data[key + "p99_s"] * 1e3,
-                     "max_ms": data[key + "max_s"] * 1e3, "saves": data[key + "samples"],
+        prefix = key[:-len("p50_s")]
+        rows.append({"what": "C++ Client::Save", "tensors": int(m.group(2)), "first_ms": None,
+                     "p50_ms": data[prefix + "p50_s"] * 1e3, "p99_ms": data[prefix + "p99_s"] * 1e3,
+                     "max_ms": data[prefix + "max_s"] * 1e3, "saves": data[prefix + "samples"],
                      "fds": None})
+    rows.sort(key=lambda r: r["tensors"])
     return rows
 
 

@@ -2,8 +2,12 @@
 // (daemon/flush_engine.cc): one aligned write per captured slot, Finish at the job's last token.
 #include "common/data_writer.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string>
+
+#include "common/checksum.h"
 
 namespace ckpt {
 
@@ -38,6 +42,42 @@ Status DataFileWriter::Finish() {
   if (status.ok()) status = std::move(closed);
   finished_ = status;
   return status;
+}
+
+Result<std::vector<WrittenShard>> WriteDataFileFromMemory(FileSystem* fs, const std::string& path,
+                                                          std::span<const ShardSource> shards,
+                                                          const LayoutOptions& options) {
+  std::vector<uint64_t> sizes;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    if (shards[i].size > 0 && shards[i].data == nullptr) {
+      return InvalidArgument("data file " + path + ": shard " + std::to_string(i) + " has " +
+                             std::to_string(shards[i].size) + " bytes but no data");
+    }
+    sizes.push_back(shards[i].size);
+  }
+  ASSIGN_OR_RETURN(const DataFileLayout layout, PlanDataFile(sizes, options));
+  std::vector<WrittenShard> written(shards.size());
+  for (size_t i = 0; i < shards.size(); ++i) {
+    written[i] = WrittenShard{layout.shard_offsets[i], shards[i].size, layout.checksum_chunk,
+                              std::vector<uint64_t>(layout.chunk_counts[i], 0)};
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<DataFileWriter> writer,
+                   DataFileWriter::Create(fs, path, layout.file_size));
+  uint64_t longest = 0;
+  for (const Slot& slot : layout.slots) longest = std::max(longest, slot.length);
+  AlignedBuffer buffer(longest);
+  for (const Slot& slot : layout.slots) {
+    std::memset(buffer.data(), 0, slot.length);
+    for (const SlotPiece& piece : slot.pieces) {
+      std::memcpy(buffer.data() + piece.slot_offset, shards[piece.shard].data + piece.shard_offset,
+                  piece.length);
+      written[piece.shard].chunk_xxh3[piece.chunk_index] =
+          Xxh3(buffer.data() + piece.slot_offset, piece.length);
+    }
+    RETURN_IF_ERROR(writer->WriteAt(slot.file_offset, buffer.data(), slot.length));
+  }
+  RETURN_IF_ERROR(writer->Finish());  // fdatasync: the bytes are durable before any commit
+  return written;
 }
 
 }  // namespace ckpt

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -44,5 +45,28 @@ class DataFileWriter {
   std::atomic<uint64_t> bytes_written_{0};
   std::optional<Status> finished_;  // the result of the first Finish; later calls return it
 };
+
+// In-memory bytes of one shard.
+struct ShardSource {
+  const std::byte* data = nullptr;
+  uint64_t size = 0;
+};
+
+// Where a shard landed in a data file and its checksums: the fields of a StoredShard.
+struct WrittenShard {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  uint64_t chunk_size = 0;
+  std::vector<uint64_t> chunk_xxh3;
+};
+
+// Writes `shards` into a new data file laid out by PlanDataFile (the daemon's layout), one
+// aligned write per slot through DataFileWriter with zero padding, XXH3 of every piece, then
+// Finish (fdatasync). One thread, all in the caller: for writers of whole checkpoints outside
+// the daemon (ckptd.offline's import of torch.save files, tests of the reader and the tools),
+// not the daemon's pipeline (its capture and flush engines; bench/storage measures those).
+Result<std::vector<WrittenShard>> WriteDataFileFromMemory(FileSystem* fs, const std::string& path,
+                                                          std::span<const ShardSource> shards,
+                                                          const LayoutOptions& options);
 
 }  // namespace ckpt

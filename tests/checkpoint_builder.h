@@ -1,7 +1,8 @@
 // Writing whole checkpoints for tests, the way the daemon lays them out: one data file per rank
-// (WriteTestDataFile), a MANIFEST committed with WriteFileAtomically. Also a reference
-// implementation of "the bytes of a shard" that does not use ShardGeometry::Runs, so tests of
-// the planner and the reader compare against something independent.
+// (WriteTestDataFile: common/data_writer.h's WriteDataFileFromMemory), a MANIFEST committed with
+// WriteFileAtomically. Also a reference implementation of "the bytes of a shard" that does not use
+// ShardGeometry::Runs, so tests of the planner and the reader compare against something
+// independent.
 #pragma once
 
 #include <algorithm>
@@ -26,58 +27,13 @@
 
 namespace ckpt::testing {
 
-// In-memory bytes of one shard.
-struct ShardSource {
-  const std::byte* data = nullptr;
-  uint64_t size = 0;
-};
-
-// Where a shard landed and its checksums: the fields of a StoredShard.
-struct WrittenShard {
-  uint64_t offset = 0;
-  uint64_t length = 0;
-  uint64_t chunk_size = 0;
-  std::vector<uint64_t> chunk_xxh3;
-};
-
-// Writes `shards` into a new data file laid out by PlanDataFile (the daemon's layout), one
-// aligned write per slot through DataFileWriter (the daemon's writer) with zero padding, XXH3 of
-// every piece, then Finish (fdatasync). One thread: scaffolding for tests of the reader and the
-// tools, not the daemon's pipeline (its capture and flush engines; bench/storage measures them).
+using ckpt::ShardSource;
+using ckpt::WrittenShard;
+// The data file of one rank, as the daemon lays it out (common/data_writer.h).
 inline Result<std::vector<WrittenShard>> WriteTestDataFile(FileSystem* fs, const std::string& path,
                                                            std::span<const ShardSource> shards,
                                                            const LayoutOptions& options) {
-  std::vector<uint64_t> sizes;
-  for (size_t i = 0; i < shards.size(); ++i) {
-    if (shards[i].size > 0 && shards[i].data == nullptr) {
-      return InvalidArgument("data file " + path + ": shard " + std::to_string(i) + " has " +
-                             std::to_string(shards[i].size) + " bytes but no data");
-    }
-    sizes.push_back(shards[i].size);
-  }
-  ASSIGN_OR_RETURN(const DataFileLayout layout, PlanDataFile(sizes, options));
-  std::vector<WrittenShard> written(shards.size());
-  for (size_t i = 0; i < shards.size(); ++i) {
-    written[i] = WrittenShard{layout.shard_offsets[i], shards[i].size, layout.checksum_chunk,
-                              std::vector<uint64_t>(layout.chunk_counts[i], 0)};
-  }
-  ASSIGN_OR_RETURN(std::unique_ptr<DataFileWriter> writer,
-                   DataFileWriter::Create(fs, path, layout.file_size));
-  uint64_t longest = 0;
-  for (const Slot& slot : layout.slots) longest = std::max(longest, slot.length);
-  AlignedBuffer buffer(longest);
-  for (const Slot& slot : layout.slots) {
-    std::memset(buffer.data(), 0, slot.length);
-    for (const SlotPiece& piece : slot.pieces) {
-      std::memcpy(buffer.data() + piece.slot_offset, shards[piece.shard].data + piece.shard_offset,
-                  piece.length);
-      written[piece.shard].chunk_xxh3[piece.chunk_index] =
-          Xxh3(buffer.data() + piece.slot_offset, piece.length);
-    }
-    RETURN_IF_ERROR(writer->WriteAt(slot.file_offset, buffer.data(), slot.length));
-  }
-  RETURN_IF_ERROR(writer->Finish());
-  return written;
+  return WriteDataFileFromMemory(fs, path, shards, options);
 }
 
 struct TestShard {

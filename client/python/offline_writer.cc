@@ -1,14 +1,11 @@
 #include "client/python/offline_writer.h"
 
-#include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <memory>
 #include <vector>
 
 #include "ckptd/v1/manifest.pb.h"
 #include "common/atomic_file.h"
-#include "common/checksum.h"
 #include "common/data_layout.h"
 #include "common/data_writer.h"
 #include "common/dtype.h"
@@ -80,37 +77,20 @@ Result<ckptd::v1::Manifest> DescribeTensors(const std::string& job, uint64_t ste
   return m;
 }
 
-// Writes the data file as the daemon lays it out (PlanDataFile slots, zero padding) and fills in
-// each shard's offset, length and piece checksums.
+// Writes the data file as the daemon lays it out and fills in each shard's offset, length and
+// piece checksums.
 Status WriteDataFile(FileSystem* fs, const std::string& path,
                      std::span<const OfflineTensor> tensors, ckptd::v1::Manifest& m) {
-  std::vector<uint64_t> sizes;
-  for (const OfflineTensor& t : tensors) sizes.push_back(t.nbytes);
-  ASSIGN_OR_RETURN(const DataFileLayout layout, PlanDataFile(sizes, LayoutOptions()));
-  std::vector<std::vector<uint64_t>> checksums(tensors.size());
-  for (size_t i = 0; i < tensors.size(); ++i) checksums[i].resize(layout.chunk_counts[i]);
-  ASSIGN_OR_RETURN(std::unique_ptr<DataFileWriter> writer,
-                   DataFileWriter::Create(fs, path, layout.file_size));
-  uint64_t longest = 0;
-  for (const Slot& slot : layout.slots) longest = std::max(longest, slot.length);
-  AlignedBuffer buffer(longest);
-  for (const Slot& slot : layout.slots) {
-    std::memset(buffer.data(), 0, slot.length);
-    for (const SlotPiece& piece : slot.pieces) {
-      std::memcpy(buffer.data() + piece.slot_offset, tensors[piece.shard].data + piece.shard_offset,
-                  piece.length);
-      checksums[piece.shard][piece.chunk_index] =
-          Xxh3(buffer.data() + piece.slot_offset, piece.length);
-    }
-    RETURN_IF_ERROR(writer->WriteAt(slot.file_offset, buffer.data(), slot.length));
-  }
-  RETURN_IF_ERROR(writer->Finish());  // fdatasync: the bytes are durable before any commit
+  std::vector<ShardSource> sources;
+  for (const OfflineTensor& t : tensors) sources.push_back({t.data, t.nbytes});
+  ASSIGN_OR_RETURN(std::vector<WrittenShard> written,
+                   WriteDataFileFromMemory(fs, path, sources, LayoutOptions()));
   for (size_t i = 0; i < tensors.size(); ++i) {
     auto* shard = m.mutable_tensors(static_cast<int>(i))->mutable_shards(0);
-    shard->set_offset(layout.shard_offsets[i]);
-    shard->set_length(tensors[i].nbytes);
-    shard->set_chunk_size(layout.checksum_chunk);
-    for (uint64_t x : checksums[i]) shard->add_chunk_xxh3(x);
+    shard->set_offset(written[i].offset);
+    shard->set_length(written[i].length);
+    shard->set_chunk_size(written[i].chunk_size);
+    for (uint64_t x : written[i].chunk_xxh3) shard->add_chunk_xxh3(x);
   }
   return Status::Ok();
 }

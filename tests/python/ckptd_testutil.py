@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import unittest
 import urllib.request
 
 import ckptd
@@ -104,6 +105,21 @@ class Daemon:
     def __exit__(self, *exc):
         self.cleanup()
         return False
+
+
+class DaemonTestCase(unittest.TestCase):
+    """A test case whose tests share one ckptd (``self.daemon``), started once for the class
+    with ``daemon_args``."""
+
+    daemon_args = ()
+
+    @classmethod
+    def setUpClass(cls):
+        cls.daemon = Daemon(*cls.daemon_args).start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.cleanup()
 
 
 def run_python(code_or_args, env_extra=None, timeout=120):

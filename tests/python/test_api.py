@@ -12,15 +12,7 @@ import ckptd
 import ckptd_testutil as util
 
 
-class ApiTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.daemon = util.Daemon().start()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.daemon.cleanup()
-
+class ApiTest(util.DaemonTestCase):
     def client(self, job, **kwargs):
         c = self.daemon.client(job, **kwargs)
         self.addCleanup(c.close)

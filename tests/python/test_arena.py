@@ -77,15 +77,7 @@ def bits(t):
     return t.reshape(-1).view(torch.uint8) if t.dtype != torch.bool else t.reshape(-1)
 
 
-class ArenaTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.daemon = util.Daemon().start()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.daemon.cleanup()
-
+class ArenaTest(util.DaemonTestCase):
     def assertBitIdentical(self, actual, expected, what=""):
         self.assertEqual(len(actual), len(expected))
         for i, (a, e) in enumerate(zip(actual, expected)):

@@ -44,15 +44,7 @@ def snapshot(model, optimizer):
     return out
 
 
-class ClientLayoutTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.daemon = util.Daemon().start()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.daemon.cleanup()
-
+class ClientLayoutTest(util.DaemonTestCase):
     def save_and_load(self, client, step, tensors, into):
         client.save(step, tensors)
         client.wait_snapshot()
@@ -118,15 +110,7 @@ class ClientLayoutTest(unittest.TestCase):
             c.wait_snapshot()
 
 
-class CheckpointerLayoutTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.daemon = util.Daemon().start()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.daemon.cleanup()
-
+class CheckpointerLayoutTest(util.DaemonTestCase):
     def restore(self, job, step, model, optimizer):
         with self.daemon.client(job) as c:
             ck = ckptd.torch.Checkpointer(c, model, optimizer, on_error="raise")

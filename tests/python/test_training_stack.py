@@ -54,15 +54,7 @@ def extras(optimizer):
             "loader": Loader(), "rng": ckptd.torch.RNGState(generator), "epoch": 3}, generator
 
 
-class StatefulExtrasTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.daemon = util.Daemon().start()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.daemon.cleanup()
-
+class StatefulExtrasTest(util.DaemonTestCase):
     def save(self, job, model, optimizer, extra):
         with self.daemon.client(job) as c:
             ck = ckptd.torch.Checkpointer(c, model, optimizer, extra_state=extra,

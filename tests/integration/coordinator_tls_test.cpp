@@ -120,11 +120,14 @@ TEST_CASE("ckpt-coordinator refuses plaintext on a non-loopback address unless a
   CHECK(ckpt::itest::ExitedWith(refused.Wait(), 2));
   CHECK(refused.Log().find("not a loopback address") != std::string::npos);
 
-  // A daemon refuses a plaintext link to a non-loopback coordinator the same way.
-  ChildProcess daemon(ckpt::itest::RequireBinary("ckptd"),
-                      {"--socket", dir / "d.sock", "--storage-root", dir / "root", "--host-pool",
-                       "64MiB", "--slot-size", "4MiB", "--coordinator", "10.1.2.3:7470"},
-                      dir / "daemon.log");
+  // A daemon refuses a plaintext link to a non-loopback coordinator the same way. (An ephemeral
+  // metrics port: with the default, any process holding 127.0.0.1:7461 would make the daemon
+  // fail for that reason first.)
+  ChildProcess daemon(
+      ckpt::itest::RequireBinary("ckptd"),
+      {"--socket", dir / "d.sock", "--storage-root", dir / "root", "--host-pool", "64MiB",
+       "--slot-size", "4MiB", "--metrics", "127.0.0.1:0", "--coordinator", "10.1.2.3:7470"},
+      dir / "daemon.log");
   CHECK(ckpt::itest::ExitedWith(daemon.Wait(), 2));
   CHECK(daemon.Log().find("--coordinator-plaintext") != std::string::npos);
 }

@@ -43,7 +43,8 @@ const WriterPlanFilter::Skips* WriterPlanFilter::SkipsInForce(uint32_t rank) con
   auto skips = skips_.find(rank);
   // Skips computed from another registration (this rank's trainer registered anew since) do
   // not apply: the rank writes everything until the plan for this registration arrives.
-  if (reg == registered_.end() || skips == skips_.end() || skips->second.names.empty() ||
+  if (reg == registered_.end() || skips == skips_.end() ||
+      (!skips->second.write_list && skips->second.names.empty()) ||
       skips->second.registration_id != reg->second.id) {
     return nullptr;
   }
@@ -52,7 +53,12 @@ const WriterPlanFilter::Skips* WriterPlanFilter::SkipsInForce(uint32_t rank) con
 
 std::set<std::string> WriterPlanFilter::SkipsOf(uint32_t rank) const {
   const Skips* skips = SkipsInForce(rank);
-  return skips == nullptr ? std::set<std::string>{} : skips->names;
+  std::set<std::string> out;
+  if (skips == nullptr) return out;
+  for (const RegisteredTensor& t : registered_.at(rank).plan->tensors) {
+    if (skips->Skipped(t.name)) out.insert(t.name);
+  }
+  return out;
 }
 
 Result<std::shared_ptr<const CapturePlan>> WriterPlanFilter::Apply(
@@ -67,7 +73,7 @@ Result<std::shared_ptr<const CapturePlan>> WriterPlanFilter::Apply(
   auto subset = std::make_shared<CapturePlan>();
   std::vector<uint64_t> sizes;
   for (const RegisteredTensor& t : plan->tensors) {
-    if (skips->names.count(t.name) != 0) {
+    if (skips->Skipped(t.name)) {
       subset->skipped.push_back(t);
       continue;
     }
@@ -107,7 +113,12 @@ void WriterPlanFilter::OnPlan(const ckptd::v1::WriterPlan& plan) {
   for (const auto& r : plan.ranks()) {
     Skips& k = skips_[r.rank()];
     k.registration_id = r.registration_id();
-    k.names.insert(r.skip().begin(), r.skip().end());
+    k.write_list = r.write_listed();
+    if (k.write_list) {
+      k.names.insert(r.write().begin(), r.write().end());
+    } else {
+      k.names.insert(r.skip().begin(), r.skip().end());
+    }
   }
   spdlog::info("job '{}': writer plan v{} from the coordinator ({} ranks here)", job_,
                plan.version(), plan.ranks_size());

@@ -5,8 +5,8 @@
 //   * Register: each rank's registration (the capture plan of its tensors) is reported to the
 //     coordinator with a fresh id whenever it changes — other tensors, another world size, or
 //     another trainer session (a restarted trainer registers anew even with the same tensors).
-//   * OnPlan: the coordinator pushes skips per rank, each tagged with the registration id it
-//     was computed from.
+//   * OnPlan: the coordinator pushes per rank the tensors it writes (older coordinators: the
+//     ones it skips), each tagged with the registration id it was computed from.
 //   * Apply: a save writes its registered plan cut down by the skips only when the tags match;
 //     otherwise, and with no plan at all, the rank writes everything (the merge keeps one copy).
 //     The cut-down plan has its own data-file layout and is cached until plan or registration
@@ -77,7 +77,11 @@ class WriterPlanFilter {
   };
   struct Skips {
     uint64_t registration_id = 0;  // the registration they were computed from
-    std::set<std::string> names;   // tensors the rank does not write
+    // The plan lists what the rank writes (`names` are written, everything else skipped), or,
+    // from an older coordinator, what it skips (`names` are skipped).
+    bool write_list = false;
+    std::set<std::string> names;
+    bool Skipped(const std::string& name) const { return (names.count(name) != 0) != write_list; }
   };
   struct Subset {
     std::shared_ptr<const CapturePlan> registered;

@@ -25,20 +25,6 @@ std::string RankList(const std::vector<uint32_t>& ranks) {
   return out + "]";
 }
 
-// Equal for two shards iff they are replicas of each other.
-std::string ShardKeyOf(std::string_view name, std::string_view dtype,
-                       const google::protobuf::RepeatedField<uint64_t>& shape,
-                       const ckptd::v1::ShardGeometry& geometry) {
-  std::string key(name);
-  key += '\0';
-  key += dtype;
-  key += '\0';
-  for (uint64_t d : shape) key += std::to_string(d) + ",";
-  key += '\0';
-  key += geometry.SerializeAsString();
-  return key;
-}
-
 }  // namespace
 
 CoordinatorCore::CoordinatorCore(Config config, FileSystem* fs, CommitEngine* shared_commit)
@@ -50,7 +36,8 @@ CoordinatorCore::CoordinatorCore(Config config, FileSystem* fs, CommitEngine* sh
                               CommitEngine::Config{config_.storage_root, config_.keep,
                                                    config_.writer, config_.on_commit_point},
                               fs)),
-      commit_(shared_commit != nullptr ? shared_commit : owned_commit_.get()) {}
+      commit_(shared_commit != nullptr ? shared_commit : owned_commit_.get()),
+      layouts_(config_.layout_ask_timeout) {}
 
 CoordinatorCore::~CoordinatorCore() { Stop(); }
 
@@ -69,6 +56,7 @@ Result<std::vector<std::string>> CoordinatorCore::Start() {
     report.insert(report.end(), lines.begin(), lines.end());
   }
   commit_thread_.Start();
+  plan_thread_.Start();
   started_ = true;
   timer_ = std::thread([this] { TimerLoop(); });
   return report;
@@ -146,6 +134,7 @@ void CoordinatorCore::Stop() {
   }
   cv_.NotifyAll();
   if (timer_.joinable()) timer_.join();
+  plan_thread_.Stop();
   commit_thread_.Stop();
   MutexLock lock(mu_);
   nodes_.clear();
@@ -206,8 +195,8 @@ void CoordinatorCore::LoseNode(const std::string& node_id, const std::string& wh
     if (j.nodes.count(node_id) == 0) continue;
     // Its trainers' registrations went with it: nobody skips a replica it was to write.
     std::vector<uint32_t> gone;
-    for (const auto& [rank, reg] : j.registrations) {
-      if (reg.node_id == node_id) gone.push_back(rank);
+    if (auto on = j.ranks_by_node.find(node_id); on != j.ranks_by_node.end()) {
+      gone.assign(on->second.begin(), on->second.end());
     }
     for (uint32_t rank : gone) WithdrawRank(j, rank);
     MaybePlan(name, j);
@@ -425,8 +414,10 @@ Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
   return resp;
 }
 
-Status CoordinatorCore::ReportRegistration(const ckptd::v1::ReportRegistrationRequest& req) {
-  if (config_.on_registration) config_.on_registration(req.ByteSizeLong());
+Result<ckptd::v1::ReportRegistrationResponse> CoordinatorCore::ReportRegistration(
+    const ckptd::v1::ReportRegistrationRequest& req) {
+  const size_t request_bytes = req.ByteSizeLong();
+  ckptd::v1::ReportRegistrationResponse resp;
   RETURN_IF_ERROR(ValidateJobName(req.job()));
   const std::string ctx = "job '" + req.job() + "' rank " + std::to_string(req.rank()) +
                           " from node '" + EscapeForLog(req.node_id()) + "'";
@@ -435,74 +426,141 @@ Status CoordinatorCore::ReportRegistration(const ckptd::v1::ReportRegistrationRe
                            std::to_string(req.world_size()));
   }
   if (req.withdrawn()) {
+    if (config_.on_registration) config_.on_registration(request_bytes, 0);
     MutexLock lock(mu_);
     if (!req.restore_session().empty()) {
       restore_points_.OnSessionEnded(req.job(), req.rank(), req.restore_session());
     }
     auto j = jobs_.find(req.job());
-    if (j == jobs_.end()) return Status::Ok();
+    if (j == jobs_.end()) return resp;
     auto have = j->second.registrations.find(req.rank());
     // Only the registration it names: the rank may have registered anew elsewhere meanwhile.
     if (req.registration_id() == 0 || have == j->second.registrations.end() ||
         have->second.node_id != req.node_id() ||
         have->second.registration_id != req.registration_id()) {
-      return Status::Ok();
+      return resp;
     }
     WithdrawRank(j->second, req.rank());
     MaybePlan(req.job(), j->second);
-    return Status::Ok();
+    return resp;
   }
-  RankRegistration reg;
-  reg.rank = req.rank();
-  reg.node_id = req.node_id();
-  reg.registration_id = req.registration_id();
-  reg.shards.reserve(req.shards_size());
-  std::string fingerprint = req.node_id() + "\n";
-  for (const auto& s : req.shards()) {
-    PlannedShard p;
-    p.name = s.name();
-    p.key = ShardKeyOf(s.name(), s.dtype(), s.global_shape(), s.geometry());
-    p.bytes = s.bytes();
-    fingerprint += p.key;
-    fingerprint += '\n';
-    reg.shards.push_back(std::move(p));
+  LayoutFingerprint claimed;
+  if (!req.layout_fingerprint().empty() &&
+      !LayoutFingerprint::FromBytes(req.layout_fingerprint(), &claimed)) {
+    return InvalidArgument(ctx + ": a layout fingerprint of " +
+                           std::to_string(req.layout_fingerprint().size()) + " bytes (not 16)");
   }
+  // A layout sent (or one from a daemon that always sends it) is parsed and checked here,
+  // outside the mutex: O(its shards), once per distinct layout when daemons send fingerprints.
+  std::shared_ptr<const RankLayout> layout;
+  if (req.shards_size() > 0 || claimed.empty()) {
+    ASSIGN_OR_RETURN(layout, MakeRankLayout(req.shards(), claimed, ctx));
+  }
+  if (config_.on_registration) {
+    config_.on_registration(request_bytes, layout ? layout->wire_bytes : 0);
+  }
+  const LayoutFingerprint fingerprint = layout ? layout->fingerprint : claimed;
   MutexLock lock(mu_);
   if (nodes_.count(req.node_id()) == 0) return FailedPrecondition(ctx + ": node not registered");
+  if (layout) {
+    layout = layouts_.Intern(std::move(layout));
+  } else {
+    layout = layouts_.Find(fingerprint);
+    if (!layout && layouts_.Ask(fingerprint, Clock::now())) {
+      resp.set_need_layout(true);  // nothing recorded: the rank registers when it answers
+      return resp;
+    }
+  }
   JobRecord& j = jobs_[req.job()];
   j.nodes.insert(req.node_id());
   if (j.world_size != req.world_size()) {
     j.registrations.clear();
-    j.registration_keys.clear();
+    j.ranks_by_node.clear();
+    j.waiting = 0;
+    ++j.registrations_version;
     j.world_size = req.world_size();
     j.plan_dirty = true;
   }
-  auto& have = j.registration_keys[req.rank()];
-  if (have != fingerprint) {
-    have = std::move(fingerprint);
-    j.registrations[req.rank()] = std::move(reg);
-    j.plan_dirty = true;
-  } else if (auto& kept = j.registrations[req.rank()];
-             kept.registration_id != reg.registration_id) {
-    // The same shards registered anew (a trainer that reconnected): the plan stands, and the
-    // node needs it under the new id before the rank skips anything.
-    kept.registration_id = reg.registration_id;
-    if (!j.plan_dirty && j.plan && !j.plan_revoked) SendPlan(req.job(), j, req.node_id());
+  auto have = j.registrations.find(req.rank());
+  if (have != j.registrations.end() && have->second.node_id == req.node_id() &&
+      have->second.fingerprint == fingerprint && have->second.layout != nullptr) {
+    if (have->second.registration_id != req.registration_id()) {
+      // The same shards registered anew (a trainer that reconnected): the plan stands, and the
+      // node needs it under the new id before the rank skips anything.
+      have->second.registration_id = req.registration_id();
+      if (!j.plan_dirty && j.plan && !j.plan_revoked) SendPlan(req.job(), j, req.node_id());
+    }
+  } else {
+    SetRank(j, req.rank(), RankRecord{req.node_id(), req.registration_id(), fingerprint, layout});
+    if (!layout) {
+      layouts_.AddWaiter(fingerprint, LayoutRegistry::Waiter{req.job(), req.rank(),
+                                                             req.registration_id(), req.node_id()});
+      resp.set_layout_pending(true);
+    }
   }
+  if (layout) ResolveWaiters(layout);
   MaybePlan(req.job(), j);
-  return Status::Ok();
+  return resp;
+}
+
+void CoordinatorCore::SetRank(JobRecord& j, uint32_t rank, RankRecord record) {
+  auto [it, fresh] = j.registrations.try_emplace(rank);
+  if (!fresh) {
+    if (!it->second.layout) --j.waiting;
+    auto on = j.ranks_by_node.find(it->second.node_id);
+    if (on != j.ranks_by_node.end()) {
+      on->second.erase(rank);
+      if (on->second.empty()) j.ranks_by_node.erase(on);
+    }
+  }
+  if (!record.layout) ++j.waiting;
+  j.ranks_by_node[record.node_id].insert(rank);
+  it->second = std::move(record);
+  ++j.registrations_version;
+  j.plan_dirty = true;
 }
 
 void CoordinatorCore::WithdrawRank(JobRecord& j, uint32_t rank) {
-  j.registrations.erase(rank);
-  j.registration_keys.erase(rank);
+  auto it = j.registrations.find(rank);
+  if (it == j.registrations.end()) return;
+  if (!it->second.layout) --j.waiting;
+  auto on = j.ranks_by_node.find(it->second.node_id);
+  if (on != j.ranks_by_node.end()) {
+    on->second.erase(rank);
+    if (on->second.empty()) j.ranks_by_node.erase(on);
+  }
+  j.registrations.erase(it);
+  ++j.registrations_version;
   j.plan_dirty = true;
+}
+
+bool CoordinatorCore::Complete(const JobRecord& j) {
+  return j.world_size != 0 && j.registrations.size() == j.world_size && j.waiting == 0;
+}
+
+void CoordinatorCore::ResolveWaiters(const std::shared_ptr<const RankLayout>& layout) {
+  for (const auto& w : layouts_.TakeWaiters(layout->fingerprint)) {
+    auto j = jobs_.find(w.job);
+    if (j == jobs_.end()) continue;
+    auto r = j->second.registrations.find(w.rank);
+    // Only the registration that waited: the rank may have registered otherwise since.
+    if (r == j->second.registrations.end() || r->second.layout != nullptr ||
+        r->second.registration_id != w.registration_id ||
+        r->second.fingerprint != layout->fingerprint) {
+      continue;
+    }
+    r->second.layout = layout;
+    --j->second.waiting;
+    ++j->second.registrations_version;
+    j->second.plan_dirty = true;
+    MaybePlan(w.job, j->second);
+  }
 }
 
 void CoordinatorCore::MaybePlan(const std::string& job, JobRecord& j) {
   if (!j.plan_dirty) return;
-  if (j.registrations.size() != j.world_size) {
-    // A registration changed and not every rank has re-registered: until they have, nobody
+  if (!Complete(j)) {
+    // A registration changed and not every rank has registered again: until they have, nobody
     // skips anything (the old plan stays only to check steps already in flight under it).
     if (j.plan && !j.plan_revoked) {
       j.plan_revoked = true;
@@ -510,21 +568,59 @@ void CoordinatorCore::MaybePlan(const std::string& job, JobRecord& j) {
     }
     return;
   }
-  j.plan_revoked = false;
-  std::vector<const RankRegistration*> ranks;
-  ranks.reserve(j.registrations.size());
-  for (const auto& [r, reg] : j.registrations) ranks.push_back(&reg);
-  const auto start = Clock::now();
-  j.plan = std::make_shared<const WriterAssignment>(PlanWriters(ranks, j.plan.get()));
-  j.plan_dirty = false;
-  ++j.plan_version;
-  if (config_.on_plan) {
-    config_.on_plan(job, std::chrono::duration<double>(Clock::now() - start).count());
+  if (j.plan_queued) return;  // the plan thread looks again when it is done
+  j.plan_queued = true;
+  ++plans_in_flight_;
+  if (!plan_thread_.Post([this, job] { PlanJob(job); })) {
+    j.plan_queued = false;  // stopping: registrations live in memory and go with the process
+    --plans_in_flight_;
+    cv_.NotifyAll();
   }
+}
+
+void CoordinatorCore::PlanJob(const std::string& job) {
+  std::vector<PlanRank> inputs;
+  std::shared_ptr<const WriterAssignment> previous;
+  uint64_t version = 0;
+  {
+    MutexLock lock(mu_);
+    auto it = jobs_.find(job);
+    if (it == jobs_.end() || !it->second.plan_dirty || !Complete(it->second)) {
+      if (it != jobs_.end()) it->second.plan_queued = false;
+      --plans_in_flight_;
+      cv_.NotifyAll();
+      return;
+    }
+    JobRecord& j = it->second;
+    inputs.reserve(j.registrations.size());
+    for (const auto& [rank, r] : j.registrations)
+      inputs.push_back(PlanRank{rank, r.node_id, r.layout});
+    previous = j.plan;
+    version = j.registrations_version;
+  }
+  const auto start = Clock::now();
+  auto plan = PlanWriters(std::move(inputs), previous);
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  MutexLock lock(mu_);
+  --plans_in_flight_;
+  cv_.NotifyAll();
+  JobRecord& j = jobs_[job];
+  j.plan_queued = false;
+  if (j.registrations_version != version) {
+    MaybePlan(job, j);  // registrations changed while planning: plan them (or revoke)
+    return;
+  }
+  j.plan = std::move(plan);
+  j.plan_dirty = false;
+  j.plan_revoked = false;
+  ++j.plan_version;
+  if (config_.on_plan) config_.on_plan(job, seconds);
   spdlog::info(
-      "job '{}': writer plan v{} for {} ranks: {} of {} registered bytes written, in {} ms", job,
-      j.plan_version, ranks.size(), j.plan->unique_bytes, j.plan->registered_bytes,
-      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count());
+      "job '{}': writer plan v{} for {} ranks ({} distinct layouts, {} distinct shards): {} of {} "
+      "registered bytes written, in {:.1f} ms{}",
+      job, j.plan_version, j.plan->inputs.size(), j.plan->distinct_layouts, j.plan->distinct_shards,
+      j.plan->unique_bytes, j.plan->registered_bytes, seconds * 1e3,
+      j.plan == previous ? " (the previous plan, unchanged)" : "");
   for (const auto& node : j.nodes) SendPlan(job, j, node);
 }
 
@@ -535,18 +631,26 @@ void CoordinatorCore::SendPlan(const std::string& job, JobRecord& j, const std::
   auto* p = e.mutable_plan();
   p->set_job(job);
   p->set_version(j.plan_version);
-  for (const auto& [rank, reg] : j.registrations) {
-    if (j.plan_revoked) break;  // an empty plan: every rank writes everything
-    if (reg.node_id != node) continue;
-    // A daemon that sends no registration id predates the NodeManifest.skipped check: it
-    // writes everything, which is always safe.
-    if (reg.registration_id == 0) continue;
-    auto* rs = p->add_ranks();
-    rs->set_rank(rank);
-    rs->set_registration_id(reg.registration_id);
-    auto skips = j.plan->skips.find(rank);
-    if (skips != j.plan->skips.end()) {
-      for (const auto& name : skips->second) rs->add_skip(name);
+  auto on = j.ranks_by_node.find(node);
+  if (!j.plan_revoked && on != j.ranks_by_node.end()) {  // revoked: every rank writes everything
+    for (uint32_t rank : on->second) {
+      const RankRecord& r = j.registrations.at(rank);
+      // A daemon that sends no registration id predates the NodeManifest.skipped check: it
+      // writes everything, which is always safe.
+      if (r.registration_id == 0 || !r.layout) continue;
+      // Only a rank whose registration the plan was computed from (the same layout on the same
+      // node); one registered otherwise since writes everything until the next plan.
+      const ptrdiff_t index = j.plan->IndexOf(rank);
+      if (index < 0) continue;
+      const PlanRank& planned = j.plan->inputs[static_cast<size_t>(index)];
+      if (planned.layout != r.layout || planned.node_id != r.node_id) continue;
+      auto* rs = p->add_ranks();
+      rs->set_rank(rank);
+      rs->set_registration_id(r.registration_id);
+      rs->set_write_listed(true);
+      for (uint32_t shard : j.plan->writes[static_cast<size_t>(index)]) {
+        rs->add_write(r.layout->shards[shard].name);
+      }
     }
   }
   n->second.sink->Send(e);
@@ -675,6 +779,20 @@ void CoordinatorCore::TimerLoop() {
       nodes_[id].lost_at.reset();
       LoseNode(id, "its lease of " + std::to_string(config_.lease.count()) + " ms expired");
     }
+    for (const auto& [fingerprint, w] : layouts_.OverdueAsks(now)) {
+      auto n = nodes_.find(w.node_id);
+      if (n == nodes_.end() || !n->second.sink) continue;  // asked again at the next deadline
+      spdlog::info("job '{}': layout {} asked again, of rank {} on node '{}'", w.job,
+                   fingerprint.ToHex(), w.rank, w.node_id);
+      ckptd::v1::CoordinatorEvent e;
+      auto* l = e.mutable_layout();
+      l->set_job(w.job);
+      l->set_rank(w.rank);
+      l->set_registration_id(w.registration_id);
+      l->set_layout_fingerprint(fingerprint.ToBytes());
+      n->second.sink->Send(e);
+    }
+    if (auto due = layouts_.NextDeadline()) next = std::min(next, *due);
     for (auto& [job, j] : jobs_) {
       for (auto& [step, s] : j.steps) {
         if (Terminal(s.state) || s.committing || s.state == ckptd::v1::STEP_STATE_PERSISTED) {
@@ -711,12 +829,16 @@ CoordinatorCore::Snapshot CoordinatorCore::TakeSnapshot() {
     v.ranks_registered = static_cast<uint32_t>(j.registrations.size());
     v.version = j.plan_version;
     v.in_force = j.plan && !j.plan_revoked && !j.plan_dirty;
+    v.ranks_waiting = j.waiting;
     if (j.plan) {
       v.unique_bytes = j.plan->unique_bytes;
       v.registered_bytes = j.plan->registered_bytes;
+      v.distinct_layouts = j.plan->distinct_layouts;
+      v.distinct_shards = j.plan->distinct_shards;
     }
     out.plans.push_back(std::move(v));
   }
+  out.layouts_known = layouts_.live_layouts();
   for (const auto& [id, node] : nodes_) {
     NodeView v;
     v.node_id = id;
@@ -762,16 +884,16 @@ Result<std::vector<uint64_t>> CoordinatorCore::List(const std::string& job) {
   return commit_->List(job);
 }
 
-std::optional<WriterAssignment> CoordinatorCore::CurrentPlan(const std::string& job) {
+std::shared_ptr<const WriterAssignment> CoordinatorCore::CurrentPlan(const std::string& job) {
   MutexLock lock(mu_);
   auto j = jobs_.find(job);
-  if (j == jobs_.end() || !j->second.plan) return std::nullopt;
-  return *j->second.plan;
+  if (j == jobs_.end()) return nullptr;
+  return j->second.plan;
 }
 
 void CoordinatorCore::WaitIdle() {
   MutexLock lock(mu_);
-  cv_.Wait(mu_, [&]() REQUIRES(mu_) { return commits_in_flight_ == 0; });
+  cv_.Wait(mu_, [&]() REQUIRES(mu_) { return commits_in_flight_ == 0 && plans_in_flight_ == 0; });
 }
 
 }  // namespace ckpt

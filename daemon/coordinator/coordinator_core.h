@@ -27,14 +27,26 @@
 //     and the step directory is removed (each daemon also removes its own leftovers once its
 //     writers have let go of them). Training is never blocked: only events are sent.
 //   * registrations of all ranks of a job give the writer plan (writer_plan.h); it is recomputed
-//     only when a registration changes and pushed to each node of the job, each rank's skips
-//     tagged with the registration they were computed from (a rank registered anew since skips
-//     nothing). A rank's registration ends with its trainer (the node withdraws it) or its node;
-//     until every rank has registered again, the plan is revoked and every rank writes all it
-//     holds. So the first save after a restart — any layout — writes everything, and the next
-//     uses the new plan. Each node manifest lists what its ranks skipped, and the merge checks
-//     that some rank wrote it (manifest_io.h): a plan that changed under a step can fail that
-//     step, never commit a hole.
+//     only when a registration changes, off the request threads (the plan thread), and pushed
+//     to each node of the job, each rank's writes tagged with the registration they were
+//     computed from (a rank registered anew since writes everything). A rank's registration
+//     ends with its trainer (the node withdraws it) or its node; until every rank has
+//     registered again, the plan is revoked and every rank writes all it holds. So the first
+//     save after a restart — any layout — writes everything, and the next uses the new plan.
+//     Each node manifest lists what its ranks skipped, and the merge checks that some rank
+//     wrote it (manifest_io.h): a plan that changed under a step can fail that step, never
+//     commit a hole.
+//
+// Cost model — what grows with what (R ranks on N nodes, L distinct layouts of T tensors,
+// S distinct shards; measured in bench/coordinator, bench/README.md "Coordinator"):
+//   * a registration naming a known layout: O(1) bytes on the wire and O(log R) here; a new
+//     layout O(T), once per distinct layout (layout_registry.h), not once per rank;
+//   * memory: O(R) small rank records + O(L·T) for the distinct layouts + O(S) for the plan;
+//   * a plan: O(R + L·T + S log S) on the plan thread (writer_plan.h); a restart whose ranks
+//     come back with the same layouts on the same nodes reuses the previous plan;
+//   * a plan's events: O(S + R) in all, each node getting the writes of its own ranks;
+//   * a node lost: O(its ranks) per job; a heartbeat (Watch) or step report never waits for a
+//     plan (the mutex is not held while planning).
 //
 // Thread safety: every public method may be called from any thread; state is guarded by mu_.
 // Sinks are called with mu_ held and must only queue (never call back into the core).
@@ -55,6 +67,7 @@
 #include "common/file_system.h"
 #include "common/mutex.h"
 #include "daemon/coordinator/commit_engine.h"
+#include "daemon/coordinator/layout_registry.h"
 #include "daemon/coordinator/restore_points.h"
 #include "daemon/coordinator/writer_plan.h"
 #include "daemon/task_pool.h"
@@ -75,6 +88,9 @@ class CoordinatorCore {
     uint32_t keep = 0;
     std::chrono::milliseconds step_timeout{std::chrono::minutes(10)};
     std::chrono::milliseconds lease{std::chrono::seconds(10)};
+    // How long a registration asked for its layout has to send it before another registration
+    // of the same layout is asked instead (layout_registry.h).
+    std::chrono::milliseconds layout_ask_timeout{std::chrono::seconds(3)};
     size_t finished_steps_kept = 64;  // per job, to answer late reports
     // A step the recovery scan removed is answered ABORTED when a daemon reports it again: it
     // was in flight on a live daemon when the coordinator restarted. False in process: the
@@ -91,11 +107,12 @@ class CoordinatorCore {
     // Counting hooks for the coordinator's Prometheus metrics (coordinator_metrics.h). Each may
     // be called with the core's mutex held: it must only count, never call back.
     //   on_registration: every ReportRegistration request handled, with its serialized size
-    //                    (the request as received, before validation);
+    //                    (the request as received, before validation) and the bytes of the
+    //                    layout it carried (0 when it named a known layout by fingerprint);
     //   on_plan:         a writer plan computed for `job`, and how long PlanWriters took;
     //   on_commit:       `step` of `job` committed, seconds since its last rank report (what
     //                    the commit itself cost the job: the wait after its last rank persisted).
-    std::function<void(size_t bytes)> on_registration;
+    std::function<void(size_t bytes, size_t layout_bytes)> on_registration;
     std::function<void(const std::string& job, double seconds)> on_plan;
     std::function<void(const std::string& job, uint64_t step, double seconds)> on_commit;
   };
@@ -125,11 +142,15 @@ class CoordinatorCore {
     bool in_force = false;
     uint64_t unique_bytes = 0;
     uint64_t registered_bytes = 0;
+    uint32_t ranks_waiting = 0;  // registered by fingerprint, their layout not yet known
+    size_t distinct_layouts = 0;
+    size_t distinct_shards = 0;
   };
   struct Snapshot {
     std::vector<StepView> steps;  // not yet COMMITTED / ABORTED / FAILED, by job then step
     std::vector<NodeView> nodes;
     std::vector<PlanView> plans;  // jobs that registered tensors
+    size_t layouts_known = 0;     // distinct layouts held (all jobs)
   };
   // `shared_commit`: the CommitEngine of the daemon it runs in (its pins, which keep a step being
   // loaded from retention, then apply to commits here); null: its own, from `config`.
@@ -148,7 +169,11 @@ class CoordinatorCore {
   void DetachNode(const std::string& node_id, const NodeSink* sink);
 
   Result<ckptd::v1::ReportRanksResponse> ReportRanks(const ckptd::v1::ReportRanksRequest& req);
-  Status ReportRegistration(const ckptd::v1::ReportRegistrationRequest& req);
+  // A rank's registration: its shards, or the fingerprint of a layout sent before (the answer
+  // then says whether the coordinator needs the layout itself or holds the rank until it
+  // arrives).
+  Result<ckptd::v1::ReportRegistrationResponse> ReportRegistration(
+      const ckptd::v1::ReportRegistrationRequest& req);
 
   Result<std::optional<uint64_t>> Latest(const std::string& job);
   // The step `rank` of `world_size` restores from: Latest, resolved once per restart of the
@@ -160,8 +185,8 @@ class CoordinatorCore {
   Snapshot TakeSnapshot();
 
   // Test and benchmark hooks.
-  std::optional<WriterAssignment> CurrentPlan(const std::string& job);
-  // Blocks until no commit is queued or running (benchmarks).
+  std::shared_ptr<const WriterAssignment> CurrentPlan(const std::string& job);
+  // Blocks until no commit and no plan is queued or running (benchmarks).
   void WaitIdle();
 
  private:
@@ -179,13 +204,23 @@ class CoordinatorCore {
     std::chrono::steady_clock::time_point deadline;
     bool committing = false;
   };
+  // One rank's registration: O(1), its layout shared with every rank of the same layout.
+  struct RankRecord {
+    std::string node_id;
+    uint64_t registration_id = 0;
+    LayoutFingerprint fingerprint;
+    std::shared_ptr<const RankLayout> layout;  // null while waiting for it (layout_registry.h)
+  };
   struct JobRecord {
     std::map<uint64_t, StepRecord> steps;
     std::set<std::string> nodes;
-    std::map<uint32_t, RankRegistration> registrations;
-    std::map<uint32_t, std::string> registration_keys;  // rank → fingerprint of its shards
+    std::map<uint32_t, RankRecord> registrations;
+    std::map<std::string, std::set<uint32_t>> ranks_by_node;  // of `registrations`
+    uint32_t waiting = 0;                // registrations whose layout is not known yet
+    uint64_t registrations_version = 0;  // grows with every change of `registrations`
     uint32_t world_size = 0;
     bool plan_dirty = false;
+    bool plan_queued = false;   // a plan task is queued or running on the plan thread
     bool plan_revoked = false;  // nodes were told to write everything
     uint64_t plan_version = 0;
     std::shared_ptr<const WriterAssignment> plan;  // null until every rank registered
@@ -205,8 +240,15 @@ class CoordinatorCore {
   void Broadcast(const std::string& job, const ckptd::v1::CoordinatorEvent& e) REQUIRES(mu_);
   void SendPlan(const std::string& job, JobRecord& j, const std::string& only_node) REQUIRES(mu_);
   void MaybePlan(const std::string& job, JobRecord& j) REQUIRES(mu_);
-  // With mu_ held (`j` is one of jobs_; a static function, so the analysis cannot check it).
+  // On the plan thread: computes the job's plan without the mutex and installs it if the
+  // registrations did not change meanwhile.
+  void PlanJob(const std::string& job) EXCLUDES(mu_);
+  // With mu_ held (`j` is one of jobs_; static functions, so the analysis cannot check it).
   static void WithdrawRank(JobRecord& j, uint32_t rank);
+  static void SetRank(JobRecord& j, uint32_t rank, RankRecord record);
+  static bool Complete(const JobRecord& j);
+  // `layout` arrived: the registrations waiting for it are registered.
+  void ResolveWaiters(const std::shared_ptr<const RankLayout>& layout) REQUIRES(mu_);
   void TryCommit(const std::string& job) REQUIRES(mu_);
   void OnCommitted(const std::string& job, uint64_t step, Status st);
   void LoseNode(const std::string& node_id, const std::string& why) REQUIRES(mu_);
@@ -227,11 +269,14 @@ class CoordinatorCore {
   std::unique_ptr<CommitEngine> owned_commit_;
   CommitEngine* commit_;
   TaskPool commit_thread_{1, 0, "commit"};
+  TaskPool plan_thread_{1, 0, "plan"};
   Mutex mu_;
   CondVar cv_;
   std::map<std::string, JobRecord> jobs_ GUARDED_BY(mu_);
   std::map<std::string, NodeRecord> nodes_ GUARDED_BY(mu_);
   RestorePoints restore_points_ GUARDED_BY(mu_);
+  LayoutRegistry layouts_ GUARDED_BY(mu_);
+  int plans_in_flight_ GUARDED_BY(mu_) = 0;
   int commits_in_flight_ GUARDED_BY(mu_) = 0;
   bool stopping_ GUARDED_BY(mu_) = false;
   std::thread timer_;

@@ -50,6 +50,9 @@ class CoordinatorMetrics::CoreCollector final : public prometheus::Collectable {
     gauge("ckpt_coordinator_jobs",
           "Jobs the coordinator knows of (nodes, steps in flight or writer plans)",
           static_cast<double>(jobs.size()));
+    gauge("ckpt_coordinator_layouts",
+          "Distinct registered layouts held (one per fingerprint, shared by every rank of it)",
+          static_cast<double>(s.layouts_known));
     return out;
   }
 
@@ -98,6 +101,17 @@ CoordinatorMetrics::CoordinatorMetrics(const std::string& version)
                               .Help("Serialized bytes of every registration request handled")
                               .Register(*registry_)
                               .Add({})),
+      layout_bytes_(BuildCounter()
+                        .Name("ckpt_coordinator_layout_bytes_total")
+                        .Help("Serialized bytes of the layouts (shard lists) registrations carried")
+                        .Register(*registry_)
+                        .Add({})),
+      layouts_received_(BuildCounter()
+                            .Name("ckpt_coordinator_layouts_received_total")
+                            .Help("Registrations that carried a layout (the others named one by "
+                                  "fingerprint)")
+                            .Register(*registry_)
+                            .Add({})),
       plans_(BuildCounter()
                  .Name("ckpt_coordinator_plan_computations_total")
                  .Help("Writer plans computed")
@@ -119,7 +133,9 @@ CoordinatorMetrics::CoordinatorMetrics(const std::string& version)
 CoordinatorMetrics::~CoordinatorMetrics() = default;
 
 void CoordinatorMetrics::Hook(CoordinatorCore::Config& config) {
-  config.on_registration = [this](size_t bytes) { OnRegistration(bytes); };
+  config.on_registration = [this](size_t bytes, size_t layout_bytes) {
+    OnRegistration(bytes, layout_bytes);
+  };
   config.on_plan = [this](const std::string&, double seconds) { OnPlan(seconds); };
   config.on_commit = [this](const std::string&, uint64_t, double seconds) { OnCommit(seconds); };
 }
@@ -162,9 +178,11 @@ void CoordinatorMetrics::OnStepState(const std::string& job, uint64_t step,
 
 void CoordinatorMetrics::OnCommit(double seconds) { commit_latency_.Observe(seconds); }
 
-void CoordinatorMetrics::OnRegistration(size_t bytes) {
+void CoordinatorMetrics::OnRegistration(size_t bytes, size_t layout_bytes) {
   registrations_.Increment();
   registration_bytes_.Increment(static_cast<double>(bytes));
+  layout_bytes_.Increment(static_cast<double>(layout_bytes));
+  if (layout_bytes > 0) layouts_received_.Increment();
 }
 
 void CoordinatorMetrics::OnPlan(double seconds) {

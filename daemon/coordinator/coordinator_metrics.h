@@ -13,6 +13,10 @@
 //                                                        committed (MANIFEST, LATEST, retention)
 //   ckpt_coordinator_registration_requests_total         ReportRegistration requests handled
 //   ckpt_coordinator_registration_bytes_total            their serialized size, summed
+//   ckpt_coordinator_layout_bytes_total                  of which layouts (shard lists): a rank
+//                                                        naming a known layout adds nothing
+//   ckpt_coordinator_layouts_received_total              registrations that carried a layout
+//   ckpt_coordinator_layouts                             distinct layouts held (gauge)
 //   ckpt_coordinator_plan_computations_total             writer plans computed
 //   ckpt_coordinator_plan_duration_seconds               histogram: time PlanWriters took
 //
@@ -65,7 +69,7 @@ class CoordinatorMetrics {
 
   void OnStepState(const std::string& job, uint64_t step, ckptd::v1::StepState state);
   void OnCommit(double seconds);
-  void OnRegistration(size_t bytes);
+  void OnRegistration(size_t bytes, size_t layout_bytes);
   void OnPlan(double seconds);
 
  private:
@@ -79,6 +83,8 @@ class CoordinatorMetrics {
   prometheus::Histogram& commit_latency_;
   prometheus::Counter& registrations_;
   prometheus::Counter& registration_bytes_;
+  prometheus::Counter& layout_bytes_;
+  prometheus::Counter& layouts_received_;
   prometheus::Counter& plans_;
   prometheus::Histogram& plan_seconds_;
   Mutex mu_;

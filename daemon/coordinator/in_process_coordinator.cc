@@ -82,9 +82,10 @@ void InProcessCoordinator::ReportRegistration(ckptd::v1::ReportRegistrationReque
   const std::string job = request.job();
   const uint32_t rank = request.rank();
   const bool posted = worker_.Post([this, request = std::move(request)] {
-    if (Status st = core_.ReportRegistration(request); !st.ok()) {
+    // The full layout always (no wire to save): the core never answers need_layout to it.
+    if (auto st = core_.ReportRegistration(request); !st.ok()) {
       spdlog::warn("embedded coordinator: registration of job '{}' rank {}: {}", request.job(),
-                   request.rank(), st.ToString());
+                   request.rank(), st.status().ToString());
     }
   });
   // Stopped: registrations live in memory only, and this memory goes with the process.

@@ -5,6 +5,7 @@
 #include <boost/asio/post.hpp>
 #include <random>
 
+#include "common/layout_fingerprint.h"
 #include "common/logging.h"
 
 namespace ckpt {
@@ -110,6 +111,10 @@ void CoordinatorLink::WatchLoop() {
       PostToLoop([this] { handler_->OnCoordinatorConnected(); });
       ckptd::v1::CoordinatorEvent event;
       while (reader->Read(&event)) {
+        if (event.has_layout()) {
+          ResendLayout(event.layout());  // the link's own business: the node state never sees it
+          continue;
+        }
         PostToLoop([this, e = event] { handler_->OnCoordinatorEvent(e); });
       }
       st = reader->Finish();
@@ -182,14 +187,78 @@ void CoordinatorLink::ReportRanks(ckptd::v1::ReportRanksRequest request) {
 
 void CoordinatorLink::ReportRegistration(ckptd::v1::ReportRegistrationRequest request) {
   request.set_node_id(config_.node_id);
-  Enqueue([this, req = std::move(request)] {
+  Enqueue([this, req = std::move(request)]() mutable { SendRegistration(std::move(req)); });
+}
+
+void CoordinatorLink::SendRegistration(ckptd::v1::ReportRegistrationRequest full) {
+  const std::string key = full.job() + '\0' + std::to_string(full.rank());
+  auto call = [&](const ckptd::v1::ReportRegistrationRequest& req,
+                  ckptd::v1::ReportRegistrationResponse* resp) {
     grpc::ClientContext ctx;
     Deadline(ctx);
-    ckptd::v1::ReportRegistrationResponse resp;
-    grpc::Status st = stub_->ReportRegistration(&ctx, req, &resp);
+    grpc::Status st = stub_->ReportRegistration(&ctx, req, resp);
     if (!st.ok()) {
       spdlog::warn("coordinator: registration of job '{}' rank {}: {}", req.job(), req.rank(),
                    st.error_message());
+    }
+    return st.ok();
+  };
+  ckptd::v1::ReportRegistrationResponse resp;
+  if (full.withdrawn()) {
+    {
+      MutexLock lock(mu_);
+      pending_layouts_.erase(key);
+    }
+    call(full, &resp);
+    return;
+  }
+  // By fingerprint first: a data-parallel replica of a rank registered before sends 16 bytes
+  // instead of its layout (proto/README.md, "Registration by fingerprint").
+  full.set_layout_fingerprint(FingerprintLayout(full.shards()).ToBytes());
+  ckptd::v1::ReportRegistrationRequest brief = full;
+  brief.clear_shards();
+  if (!call(brief, &resp)) return;
+  if (resp.need_layout()) {
+    resp.Clear();
+    if (!call(full, &resp)) return;
+  }
+  MutexLock lock(mu_);
+  if (resp.layout_pending()) {
+    pending_layouts_[key] = std::move(full);  // sent again if the coordinator asks for it
+  } else {
+    pending_layouts_.erase(key);
+  }
+}
+
+void CoordinatorLink::ResendLayout(const ckptd::v1::LayoutRequest& ask) {
+  const std::string key = ask.job() + '\0' + std::to_string(ask.rank());
+  ckptd::v1::ReportRegistrationRequest full;
+  {
+    MutexLock lock(mu_);
+    auto it = pending_layouts_.find(key);
+    if (it == pending_layouts_.end() || it->second.registration_id() != ask.registration_id()) {
+      return;  // a registration since replaced: the coordinator hears the new one
+    }
+    full = it->second;
+  }
+  spdlog::info("coordinator: sends the layout of job '{}' rank {} again, as asked", ask.job(),
+               ask.rank());
+  Enqueue([this, full = std::move(full)]() mutable {
+    // With its shards at once: the coordinator asked for them.
+    const std::string key = full.job() + '\0' + std::to_string(full.rank());
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    ckptd::v1::ReportRegistrationResponse resp;
+    grpc::Status st = stub_->ReportRegistration(&ctx, full, &resp);
+    if (!st.ok()) {
+      spdlog::warn("coordinator: layout of job '{}' rank {}: {}", full.job(), full.rank(),
+                   st.error_message());
+      return;
+    }
+    MutexLock lock(mu_);
+    auto it = pending_layouts_.find(key);
+    if (it != pending_layouts_.end() && it->second.registration_id() == full.registration_id()) {
+      pending_layouts_.erase(it);
     }
   });
 }

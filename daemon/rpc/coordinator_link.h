@@ -10,9 +10,11 @@
 //     everything it still has in flight (reports are idempotent: sets of ranks and cumulative
 //     node manifests), so a restarted coordinator or a dropped connection loses nothing.
 //   * the sender thread sends reports and queries in the order they were queued, each with a
-//     deadline. A report that cannot be delivered is dropped with a warning — the re-report
-//     after reconnecting replaces it. A report's answer that the step already ended globally is
-//     posted to the loop as an event.
+//     deadline. A rank's registration goes by fingerprint first and with its layout only when
+//     the coordinator asks (need_layout, or later a LayoutRequest event for a registration it
+//     held as pending): N data-parallel ranks send one layout, not N. A report that cannot be
+//     delivered is dropped with a warning — the re-report after reconnecting replaces it. A
+//     report's answer that the step already ended globally is posted to the loop as an event.
 // Nothing here blocks the loop or a trainer; queues are bounded (kMaxQueued).
 // Thread safety: all public methods may be called from any thread; callbacks run on the loop.
 #pragma once
@@ -23,6 +25,7 @@
 #include <chrono>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -71,6 +74,10 @@ class CoordinatorLink final : public CoordinatorPort {
   void SendLoop();
   // False when the task was dropped (stopping, or kMaxQueued reached).
   bool Enqueue(std::function<void()> task);
+  // On the sender thread: one registration, by fingerprint, then with its layout if asked.
+  void SendRegistration(ckptd::v1::ReportRegistrationRequest full);
+  // On the watch thread: the coordinator asks again for a layout it held a registration for.
+  void ResendLayout(const ckptd::v1::LayoutRequest& ask);
   void PostToLoop(std::function<void()> f);
   void Deadline(grpc::ClientContext& ctx) const;
 
@@ -85,6 +92,8 @@ class CoordinatorLink final : public CoordinatorPort {
   Mutex mu_;
   CondVar cv_;
   std::deque<std::function<void()>> queue_ GUARDED_BY(mu_);
+  // "job\0rank" → the full registration the coordinator holds as pending (by fingerprint).
+  std::map<std::string, ckptd::v1::ReportRegistrationRequest> pending_layouts_ GUARDED_BY(mu_);
   bool stopping_ GUARDED_BY(mu_) = false;
   grpc::ClientContext* watch_ctx_ GUARDED_BY(mu_) = nullptr;  // cancelled by Stop
   std::thread watch_thread_;

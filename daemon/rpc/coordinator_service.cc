@@ -134,9 +134,11 @@ grpc::ServerUnaryReactor* CoordinatorService::ReportRanks(grpc::CallbackServerCo
 
 grpc::ServerUnaryReactor* CoordinatorService::ReportRegistration(
     grpc::CallbackServerContext* ctx, const ckptd::v1::ReportRegistrationRequest* req,
-    ckptd::v1::ReportRegistrationResponse*) {
+    ckptd::v1::ReportRegistrationResponse* resp) {
   auto* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(core_->ReportRegistration(*req)));
+  auto answer = core_->ReportRegistration(*req);
+  if (answer.ok()) *resp = std::move(answer).value();
+  reactor->Finish(ToGrpcStatus(answer.status()));
   return reactor;
 }
 

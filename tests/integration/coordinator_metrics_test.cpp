@@ -95,3 +95,50 @@ TEST_CASE("coordinator metrics: a scrape shows the job's commit, registrations a
     }
   }
 }
+
+// Registration by fingerprint on the real path (daemon/rpc/coordinator_link.cc →
+// ckpt-coordinator): four data-parallel ranks of one layout on two daemons send that layout
+// once; the other three name it by its fingerprint.
+TEST_CASE("coordinator metrics: N ranks of one layout send it once",
+          "[coordinator][metrics][registration]") {
+  TempDir dir;
+  CoordinatorProcess::Options o;
+  o.socket = dir / "coord.sock";
+  o.storage_root = dir / "root";
+  o.log_path = dir / "coordinator.log";
+  o.flags = {"--metrics", "127.0.0.1:0"};
+  CoordinatorProcess coordinator(o);
+  auto admin = ckptd::v1::Admin::NewStub(
+      grpc::CreateChannel(coordinator.address(), grpc::InsecureChannelCredentials()));
+  const std::string metrics = ConfigValue(GetStatus(*admin), "metrics-bound");
+  REQUIRE_THAT(metrics, Catch::StartsWith("127.0.0.1:"));
+
+  auto nodes = StartNodes(dir, dir / "root", coordinator.address(), 2);
+  constexpr uint32_t kWorld = 4;
+  std::vector<std::unique_ptr<ModelRank>> ranks;
+  for (uint32_t r = 0; r < kWorld; ++r) {
+    ranks.push_back(std::make_unique<ModelRank>(nodes[r % 2]->socket(), "dp", r, kWorld,
+                                                /*tp=*/1, /*tensors=*/16));
+  }
+  for (auto& r : ranks) REQUIRE_OK(r->SaveStep(1));
+  for (auto& r : ranks) REQUIRE_OK(r->WaitCommitted(1));
+  std::string page;
+  REQUIRE(PollUntil([&] {
+    page = HttpGet(metrics, "/metrics");
+    return Sample(page, "ckpt_coordinator_plan_computations_total") >= 1;
+  }));
+  INFO(page);
+  CHECK(Sample(page, "ckpt_coordinator_layouts_received_total") == 1);
+  CHECK(Sample(page, "ckpt_coordinator_layouts") == 1);
+  CHECK(Sample(page, "ckpt_coordinator_registration_requests_total") >= kWorld);
+  const double layout = Sample(page, "ckpt_coordinator_layout_bytes_total");
+  const double all = Sample(page, "ckpt_coordinator_registration_bytes_total");
+  CHECK(layout > 16 * 20);  // 16 shard keys
+  // Everything else is a few dozen bytes per request: job, rank, ids and the fingerprint.
+  CHECK(all - layout < 200 * (Sample(page, "ckpt_coordinator_registration_requests_total")));
+  CHECK(all < 2 * layout + 1000);
+
+  // The plan is in force: the next step is written once per replica, and commits.
+  for (auto& r : ranks) REQUIRE_OK(r->SaveStep(2));
+  for (auto& r : ranks) REQUIRE_OK(r->WaitCommitted(2));
+}

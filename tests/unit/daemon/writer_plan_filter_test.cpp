@@ -30,6 +30,19 @@ pb::WriterPlan PlanSkipping(uint32_t rank, uint64_t registration_id,
   return plan;
 }
 
+pb::WriterPlan PlanWriting(uint32_t rank, uint64_t registration_id,
+                           const std::vector<std::string>& write) {
+  pb::WriterPlan plan;
+  plan.set_job("job");
+  plan.set_version(1);
+  auto* r = plan.add_ranks();
+  r->set_rank(rank);
+  r->set_registration_id(registration_id);
+  r->set_write_listed(true);
+  for (const auto& name : write) r->add_write(name);
+  return plan;
+}
+
 std::vector<std::string> Names(const std::vector<RegisteredTensor>& tensors) {
   std::vector<std::string> names;
   for (const auto& t : tensors) names.push_back(t.name);
@@ -94,6 +107,20 @@ TEST_CASE("writer plan filter: skips apply only to the registration they were co
     REQUIRE(again.ok());
     CHECK(*again == *applied);
     CHECK(filter.SkipsOf(3) == std::set<std::string>{"b"});
+  }
+  SECTION("a plan listing what the rank writes leaves it exactly that, even nothing") {
+    filter.OnPlan(PlanWriting(3, reg->registration_id(), {"c", "not-registered"}));
+    auto applied = filter.Apply(3, plan);
+    REQUIRE(applied.ok());
+    CHECK(Names((*applied)->tensors) == std::vector<std::string>{"c"});
+    CHECK(Names((*applied)->skipped) == std::vector<std::string>{"a", "b"});
+    CHECK(filter.SkipsOf(3) == std::set<std::string>{"a", "b"});
+    filter.OnPlan(PlanWriting(3, reg->registration_id(), {}));
+    auto nothing = filter.Apply(3, plan);
+    REQUIRE(nothing.ok());
+    CHECK((*nothing)->tensors.empty());
+    CHECK((*nothing)->skipped.size() == 3);
+    CHECK((*nothing)->total_bytes == 0);
   }
   SECTION("a plan computed from an earlier registration is not applied") {
     filter.OnPlan(PlanSkipping(3, reg->registration_id(), {"b"}));

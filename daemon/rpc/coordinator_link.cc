@@ -190,26 +190,27 @@ void CoordinatorLink::ReportRegistration(ckptd::v1::ReportRegistrationRequest re
   Enqueue([this, req = std::move(request)]() mutable { SendRegistration(std::move(req)); });
 }
 
+bool CoordinatorLink::CallReportRegistration(const ckptd::v1::ReportRegistrationRequest& req,
+                                             ckptd::v1::ReportRegistrationResponse* resp) {
+  grpc::ClientContext ctx;
+  Deadline(ctx);
+  grpc::Status st = stub_->ReportRegistration(&ctx, req, resp);
+  if (!st.ok()) {
+    spdlog::warn("coordinator: registration of job '{}' rank {}{}: {}", req.job(), req.rank(),
+                 req.shards_size() > 0 ? " (with its layout)" : "", st.error_message());
+  }
+  return st.ok();
+}
+
 void CoordinatorLink::SendRegistration(ckptd::v1::ReportRegistrationRequest full) {
   const std::string key = full.job() + '\0' + std::to_string(full.rank());
-  auto call = [&](const ckptd::v1::ReportRegistrationRequest& req,
-                  ckptd::v1::ReportRegistrationResponse* resp) {
-    grpc::ClientContext ctx;
-    Deadline(ctx);
-    grpc::Status st = stub_->ReportRegistration(&ctx, req, resp);
-    if (!st.ok()) {
-      spdlog::warn("coordinator: registration of job '{}' rank {}: {}", req.job(), req.rank(),
-                   st.error_message());
-    }
-    return st.ok();
-  };
   ckptd::v1::ReportRegistrationResponse resp;
   if (full.withdrawn()) {
     {
       MutexLock lock(mu_);
       pending_layouts_.erase(key);
     }
-    call(full, &resp);
+    CallReportRegistration(full, &resp);
     return;
   }
   // By fingerprint first: a data-parallel replica of a rank registered before sends 16 bytes
@@ -217,10 +218,10 @@ void CoordinatorLink::SendRegistration(ckptd::v1::ReportRegistrationRequest full
   full.set_layout_fingerprint(FingerprintLayout(full.shards()).ToBytes());
   ckptd::v1::ReportRegistrationRequest brief = full;
   brief.clear_shards();
-  if (!call(brief, &resp)) return;
+  if (!CallReportRegistration(brief, &resp)) return;
   if (resp.need_layout()) {
     resp.Clear();
-    if (!call(full, &resp)) return;
+    if (!CallReportRegistration(full, &resp)) return;
   }
   MutexLock lock(mu_);
   if (resp.layout_pending()) {
@@ -246,15 +247,8 @@ void CoordinatorLink::ResendLayout(const ckptd::v1::LayoutRequest& ask) {
   Enqueue([this, full = std::move(full)]() mutable {
     // With its shards at once: the coordinator asked for them.
     const std::string key = full.job() + '\0' + std::to_string(full.rank());
-    grpc::ClientContext ctx;
-    Deadline(ctx);
     ckptd::v1::ReportRegistrationResponse resp;
-    grpc::Status st = stub_->ReportRegistration(&ctx, full, &resp);
-    if (!st.ok()) {
-      spdlog::warn("coordinator: layout of job '{}' rank {}: {}", full.job(), full.rank(),
-                   st.error_message());
-      return;
-    }
+    if (!CallReportRegistration(full, &resp)) return;
     MutexLock lock(mu_);
     auto it = pending_layouts_.find(key);
     if (it != pending_layouts_.end() && it->second.registration_id() == full.registration_id()) {

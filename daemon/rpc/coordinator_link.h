@@ -74,6 +74,9 @@ class CoordinatorLink final : public CoordinatorPort {
   void SendLoop();
   // False when the task was dropped (stopping, or kMaxQueued reached).
   bool Enqueue(std::function<void()> task);
+  // One ReportRegistration call with the RPC deadline; false (logged) when it failed.
+  bool CallReportRegistration(const ckptd::v1::ReportRegistrationRequest& req,
+                              ckptd::v1::ReportRegistrationResponse* resp);
   // On the sender thread: one registration, by fingerprint, then with its layout if asked.
   void SendRegistration(ckptd::v1::ReportRegistrationRequest full);
   // On the watch thread: the coordinator asks again for a layout it held a registration for.

@@ -31,21 +31,31 @@ std::string ConfigValue(const ckptd::v1::GetStatusResponse& s, const std::string
   return "";
 }
 
+// A coordinator serving /metrics on an ephemeral port, and that port (from its admin status).
+struct ScrapedCoordinator {
+  explicit ScrapedCoordinator(const TempDir& dir)
+      : coordinator(CoordinatorProcess::Options{dir / "coord.sock",
+                                                dir / "root",
+                                                dir / "coordinator.log",
+                                                {"--metrics", "127.0.0.1:0"},
+                                                {}}) {
+    auto admin = ckptd::v1::Admin::NewStub(
+        grpc::CreateChannel(coordinator.address(), grpc::InsecureChannelCredentials()));
+    metrics = ConfigValue(GetStatus(*admin), "metrics-bound");
+    REQUIRE_THAT(metrics, Catch::StartsWith("127.0.0.1:"));
+  }
+  CoordinatorProcess coordinator;
+  std::string metrics;  // host:port
+};
+
 }  // namespace
 
 TEST_CASE("coordinator metrics: a scrape shows the job's commit, registrations and nodes",
           "[coordinator][metrics][ops]") {
   TempDir dir;
-  CoordinatorProcess::Options o;
-  o.socket = dir / "coord.sock";
-  o.storage_root = dir / "root";
-  o.log_path = dir / "coordinator.log";
-  o.flags = {"--metrics", "127.0.0.1:0"};
-  CoordinatorProcess coordinator(o);
-  auto admin = ckptd::v1::Admin::NewStub(
-      grpc::CreateChannel(coordinator.address(), grpc::InsecureChannelCredentials()));
-  const std::string metrics = ConfigValue(GetStatus(*admin), "metrics-bound");
-  REQUIRE_THAT(metrics, Catch::StartsWith("127.0.0.1:"));
+  ScrapedCoordinator scraped(dir);
+  const CoordinatorProcess& coordinator = scraped.coordinator;
+  const std::string& metrics = scraped.metrics;
   CHECK_THAT(coordinator.Log(),
              Catch::Contains("metrics: Prometheus endpoint http://" + metrics + "/metrics"));
 
@@ -102,16 +112,9 @@ TEST_CASE("coordinator metrics: a scrape shows the job's commit, registrations a
 TEST_CASE("coordinator metrics: N ranks of one layout send it once",
           "[coordinator][metrics][registration]") {
   TempDir dir;
-  CoordinatorProcess::Options o;
-  o.socket = dir / "coord.sock";
-  o.storage_root = dir / "root";
-  o.log_path = dir / "coordinator.log";
-  o.flags = {"--metrics", "127.0.0.1:0"};
-  CoordinatorProcess coordinator(o);
-  auto admin = ckptd::v1::Admin::NewStub(
-      grpc::CreateChannel(coordinator.address(), grpc::InsecureChannelCredentials()));
-  const std::string metrics = ConfigValue(GetStatus(*admin), "metrics-bound");
-  REQUIRE_THAT(metrics, Catch::StartsWith("127.0.0.1:"));
+  ScrapedCoordinator scraped(dir);
+  const CoordinatorProcess& coordinator = scraped.coordinator;
+  const std::string& metrics = scraped.metrics;
 
   auto nodes = StartNodes(dir, dir / "root", coordinator.address(), 2);
   constexpr uint32_t kWorld = 4;

@@ -18,29 +18,35 @@ namespace pb = ckptd::v1;
 constexpr LayoutOptions kLayout{4096, 4096};
 using Registrations = TestRegistrations;
 
-pb::WriterPlan PlanSkipping(uint32_t rank, uint64_t registration_id,
-                            const std::vector<std::string>& skip) {
+// A plan for one rank: the names it skips (as older coordinators send) or, with `write_list`,
+// the names it writes.
+pb::WriterPlan PlanFor(uint32_t rank, uint64_t registration_id,
+                       const std::vector<std::string>& names, bool write_list) {
   pb::WriterPlan plan;
   plan.set_job("job");
   plan.set_version(1);
   auto* r = plan.add_ranks();
   r->set_rank(rank);
   r->set_registration_id(registration_id);
-  for (const auto& name : skip) r->add_skip(name);
+  r->set_write_listed(write_list);
+  for (const auto& name : names) {
+    if (write_list) {
+      r->add_write(name);
+    } else {
+      r->add_skip(name);
+    }
+  }
   return plan;
+}
+
+pb::WriterPlan PlanSkipping(uint32_t rank, uint64_t registration_id,
+                            const std::vector<std::string>& skip) {
+  return PlanFor(rank, registration_id, skip, false);
 }
 
 pb::WriterPlan PlanWriting(uint32_t rank, uint64_t registration_id,
                            const std::vector<std::string>& write) {
-  pb::WriterPlan plan;
-  plan.set_job("job");
-  plan.set_version(1);
-  auto* r = plan.add_ranks();
-  r->set_rank(rank);
-  r->set_registration_id(registration_id);
-  r->set_write_listed(true);
-  for (const auto& name : write) r->add_write(name);
-  return plan;
+  return PlanFor(rank, registration_id, write, true);
 }
 
 std::vector<std::string> Names(const std::vector<RegisteredTensor>& tensors) {

@@ -572,8 +572,9 @@ def main(argv=None, prog=None):
     import sys
 
     parser = argparse.ArgumentParser(
-        prog=prog, description="Convert ckptd checkpoints to and from torch.save files, with no "
-        "daemon running.")
+        prog=prog or "python3 -m ckptd.offline",
+        description="Convert ckptd checkpoints to and from torch.save files, with no daemon "
+        "running.")
     sub = parser.add_subparsers(dest="command", required=True)
     exp = sub.add_parser("export", help="write a committed step as a torch.save file")
     exp.add_argument("dir", metavar="DIR", help="committed step directory")

@@ -8,27 +8,25 @@
 //
 //   ckptctl [--json] inspect DIR        what the MANIFEST says: tensors, shards, ranks, totals
 //   ckptctl [--json] verify DIR         re-read every byte and check every checksum
-//   ckptctl export DIR --format safetensors --out FILE [--only model|optimizer|all]
-//                      [--tensors GLOB]
-//                                      full tensors into one file; --only model leaves out the
-//                                      optimizer state (optimizer.state.*, as ckptd.torch names
-//                                      it), --tensors keeps the names matching a glob
+//   ckptctl export DIR --format safetensors|torch --out FILE [--include-optimizer]
+//                      [--only PREFIX] [--tensors GLOB]
+//                                      full tensors into one file, model weights only by default
+//   ckptctl import FILE --storage-root ROOT --job JOB [--step N]
+//                                      a torch.save state_dict as a committed step
+//   (export_commands.h)
 //
 // Exit codes: 0 success; 1 the command ran and found a problem (a checksum mismatch, a missing or
 // short data file, an export that could not be completed); 2 usage errors and checkpoints that
 // cannot be opened (no MANIFEST, damaged MANIFEST).
-#include <fnmatch.h>
-
 #include <CLI/CLI.hpp>
-#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <set>
-#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "client/ckptctl/export_commands.h"
 #include "client/ckptctl/json_writer.h"
 #include "client/ckptctl/online_commands.h"
 #include "common/checkpoint_reader.h"
@@ -47,10 +45,6 @@ using ckptd::v1::TensorEntry;
 constexpr int kExitOk = 0;
 constexpr int kExitProblem = 1;
 constexpr int kExitUsage = 2;
-
-// Export reads a tensor at most this many bytes at a time (--max-memory), so its memory stays
-// bounded however large one tensor is.
-constexpr const char* kDefaultExportMemory = "256MiB";
 
 // A name for a terminal: valid UTF-8 as is (tensor names are often non-ASCII), never cut short;
 // control characters (C0, DEL, C1), backslash and bytes that are not UTF-8 as \xNN.
@@ -303,179 +297,16 @@ int Verify(const std::string& dir, bool json) {
   return problems->empty() ? kExitOk : kExitProblem;
 }
 
-// ---------------------------------------------------------------- export
-
-// Which tensors an export writes. ckptd.torch.Checkpointer stores a model's optimizer state next
-// to its weights, as optimizer.state.<param name>.<key>; a weights file for inference or another
-// framework wants the model only, hence --only. --tensors narrows further by name (fnmatch(3)
-// without FNM_PATHNAME: '*' also matches '.').
-struct Selection {
-  std::string only = "all";  // all | model | optimizer
-  std::string glob;          // empty: every name
-
-  static constexpr std::string_view kOptimizerPrefix = "optimizer.state.";
-
-  bool Keeps(const std::string& name) const {
-    const bool optimizer = name.starts_with(kOptimizerPrefix);
-    if ((only == "model" && optimizer) || (only == "optimizer" && !optimizer)) return false;
-    return glob.empty() || ::fnmatch(glob.c_str(), name.c_str(), 0) == 0;
-  }
-  std::string ToString() const {
-    return "--only " + only + (glob.empty() ? "" : " --tensors '" + glob + "'");
-  }
-};
-
-std::vector<const TensorEntry*> Select(const Manifest& m, const Selection& selection) {
-  std::vector<const TensorEntry*> out;
-  for (const auto& t : m.tensors()) {
-    if (selection.Keeps(t.name())) out.push_back(&t);
-  }
-  return out;
-}
-
-// The safetensors header: {"<name>": {"dtype", "shape", "data_offsets"}, ..., "__metadata__"}
-// padded with spaces so that the data starts at a multiple of 8.
-Result<std::string> SafetensorsHeader(const Manifest& m,
-                                      std::span<const TensorEntry* const> tensors) {
-  JsonWriter w;
-  w.BeginObject();
-  std::set<std::string> keys;
-  uint64_t offset = 0;
-  for (const TensorEntry* entry : tensors) {
-    const TensorEntry& t = *entry;
-    ASSIGN_OR_RETURN(TensorSize size, SizeOf(t));
-    if (t.name() == "__metadata__") {
-      return InvalidArgument(
-          "tensor '__metadata__' cannot be exported: the name is reserved by "
-          "safetensors");
-    }
-    // Names that are not valid UTF-8 are written with U+FFFD; two such names may collide.
-    if (!keys.insert(JsonQuote(t.name())).second) {
-      return InvalidArgument("tensor '" + EscapeForLog(t.name()) +
-                             "' has the same safetensors name as another tensor once its "
-                             "invalid UTF-8 is replaced");
-    }
-    w.Key(t.name()).BeginObject().Field("dtype", size.dtype.safetensors).Key("shape").BeginArray();
-    for (uint64_t d : t.global_shape()) w.Uint(d);
-    w.EndArray().Key("data_offsets").BeginArray().Uint(offset).Uint(offset + size.bytes).EndArray();
-    w.EndObject();
-    offset += size.bytes;
-  }
-  w.Key("__metadata__")
-      .BeginObject()
-      .Field("format", "pt")  // what Hugging Face loaders expect
-      .Field("job", m.job())
-      .Field("step", std::to_string(m.step()))  // safetensors metadata values are strings
-      .Field("world_size", std::to_string(m.world_size()))
-      .EndObject();
-  w.EndObject();
-  std::string header = w.Take();
-  header.append((8 - header.size() % 8) % 8, ' ');
-  return header;
-}
-
-// Appends the bytes of `tensors` to `out` from `offset` on, tensor by tensor, at most
-// `slice_bytes` at a time (at least one element).
-Status WriteTensorData(CheckpointReader& reader, std::span<const TensorEntry* const> tensors,
-                       File& out, uint64_t offset, uint64_t slice_bytes) {
-  std::vector<std::byte> buffer;
-  for (const TensorEntry* entry : tensors) {
-    const TensorEntry& t = *entry;
-    ASSIGN_OR_RETURN(TensorSize size, SizeOf(t));
-    if (size.bytes == 0) continue;
-    Shape shape(t.global_shape().begin(), t.global_shape().end());
-    const uint64_t es = size.dtype.element_size;
-    const uint64_t slice_numel = std::max<uint64_t>(slice_bytes / es, 1);
-    for (uint64_t first = 0; first < size.numel; first += slice_numel) {
-      const uint64_t n = std::min(slice_numel, size.numel - first);
-      // The whole tensor when it fits one slice; flat slices of it otherwise.
-      auto geometry =
-          n == size.numel ? ShardGeometry::Full(shape) : ShardGeometry::Flat(shape, first, n);
-      RETURN_IF_ERROR(geometry, "tensor '" + EscapeForLog(t.name()) + "'");
-      buffer.resize(n * es);
-      CheckpointReader::Request request{t.name(), *geometry, t.dtype(), buffer};
-      RETURN_IF_ERROR(reader.Read({&request, 1}));
-      RETURN_IF_ERROR(out.PWriteAll(buffer.data(), buffer.size(), offset));
-      offset += buffer.size();
-    }
-  }
-  return Status::Ok();
-}
-
-Status ExportSafetensors(CheckpointReader& reader, std::span<const TensorEntry* const> tensors,
-                         const std::string& out_path, uint64_t slice_bytes) {
-  FileSystem* fs = PosixFileSystem();
-  ASSIGN_OR_RETURN(std::string header, SafetensorsHeader(reader.manifest(), tensors));
-  const std::string tmp = out_path + ".tmp";
-  OpenOptions o;
-  o.write = o.create = o.truncate = true;
-  ASSIGN_OR_RETURN(auto file, fs->Open(tmp, o));
-  auto fail = [&](Status s) {
-    file->Close().IgnoreError();
-    fs->Remove(tmp).IgnoreError();
-    return s;
-  };
-  char length[8];
-  for (int i = 0; i < 8; ++i) length[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
-  Status s = file->PWriteAll(length, sizeof length, 0);
-  if (s.ok()) s = file->PWriteAll(header.data(), header.size(), sizeof length);
-  if (s.ok()) {
-    s = WriteTensorData(reader, tensors, *file, sizeof length + header.size(), slice_bytes);
-  }
-  if (s.ok()) s = file->DataSync();
-  if (s.ok()) s = file->Close();
-  if (s.ok()) s = fs->Rename(tmp, out_path);
-  if (!s.ok()) return fail(std::move(s));
-  return fs->SyncDir(DirName(out_path));
-}
-
-int Export(const std::string& dir, const std::string& format, const std::string& out_path,
-           const std::string& max_memory, const Selection& selection) {
-  auto reader = OpenOrReport(dir);
-  if (!reader.ok()) return kExitUsage;
-  if (format != "safetensors") {
-    PrintError("unknown export format '" + format + "' (known: safetensors)");
-    return kExitUsage;
-  }
-  auto slice_bytes = ParseByteSize(max_memory);
-  if (!slice_bytes.ok() || *slice_bytes == 0) {
-    PrintError("--max-memory: " + (slice_bytes.ok() ? std::string("must be positive")
-                                                    : slice_bytes.status().message()));
-    return kExitUsage;
-  }
-  const Manifest& m = (*reader)->manifest();
-  const std::vector<const TensorEntry*> tensors = Select(m, selection);
-  if (tensors.empty()) {
-    // An empty weights file is never what was meant: most likely a mistyped glob.
-    PrintError("no tensor of " + dir + " matches " + selection.ToString() + " (" +
-               std::to_string(m.tensors_size()) + " tensors in the checkpoint)");
-    return kExitProblem;
-  }
-  Status s = ExportSafetensors(**reader, tensors, out_path, *slice_bytes);
-  if (!s.ok()) {
-    PrintError("exporting " + dir + " to " + out_path + ": " + s.ToString());
-    return kExitProblem;
-  }
-  uint64_t bytes = 0;
-  for (const TensorEntry* t : tensors) {
-    auto size = SizeOf(*t);
-    if (size.ok()) bytes += size->bytes;
-  }
-  std::cout << "exported " << tensors.size() << " of " << m.tensors_size() << " tensors (" << bytes
-            << " bytes) of job " << m.job() << " step " << m.step() << " to " << out_path << "\n";
-  return kExitOk;
-}
-
 }  // namespace
 }  // namespace ckpt::ctl
 
 int main(int argc, char** argv) {
   using namespace ckpt::ctl;
   CLI::App app{
-      "ckptctl: observe ckptd daemons and inspect, verify and export their checkpoints.\n"
+      "ckptctl: observe ckptd daemons and inspect, verify, export and import their checkpoints.\n"
       "Online commands (status, list, describe, watch, health) ask a daemon or coordinator over\n"
       "its admin endpoint; offline commands (inspect, verify, export) work on a committed step\n"
-      "directory (<storage-root>/<job>/step-<step:010d>)."};
+      "directory (<storage-root>/<job>/step-<step:010d>), import on a storage root."};
   app.require_subcommand(1);
   app.fallthrough();  // subcommands inherit it: `ckptctl inspect DIR --json` works too
   bool json = false;
@@ -518,34 +349,14 @@ int main(int argc, char** argv) {
   health->add_option("--service", health_service, "service name to check (default: the server)");
 
   std::string dir;
-  std::string format;
-  std::string out;
   auto* inspect = app.add_subcommand("inspect", "show a checkpoint's manifest");
   inspect->add_option("DIR", dir, "step directory")->required()->check(CLI::ExistingDirectory);
   auto* verify = app.add_subcommand(
       "verify",
       "re-read every byte of a checkpoint and check every checksum (exit 1 on any problem)");
   verify->add_option("DIR", dir, "step directory")->required()->check(CLI::ExistingDirectory);
-  auto* exp = app.add_subcommand(
-      "export", "write a checkpoint's full tensors (all, or a selection) to another format");
-  exp->add_option("DIR", dir, "step directory")->required()->check(CLI::ExistingDirectory);
-  exp->add_option("--format", format, "output format")
-      ->required()
-      ->check(CLI::IsMember({"safetensors"}));
-  exp->add_option("--out", out, "output file (written to FILE.tmp, then renamed)")->required();
-  std::string max_memory = kDefaultExportMemory;
-  exp->add_option("--max-memory", max_memory,
-                  "largest part of one tensor held in memory at a time (e.g. 1GiB)")
-      ->capture_default_str();
-  Selection selection;
-  exp->add_option("--only", selection.only,
-                  "model: leave out optimizer state (tensors named optimizer.state.*, as "
-                  "ckptd.torch.Checkpointer saves it); optimizer: only that; all: every tensor")
-      ->check(CLI::IsMember({"all", "model", "optimizer"}))
-      ->capture_default_str();
-  exp->add_option("--tensors", selection.glob,
-                  "only tensors whose names match this glob (fnmatch; '*' matches dots too), "
-                  "e.g. 'layers.*.weight'");
+  ConversionCommands conversions;
+  AddConversionCommands(app, conversions);
 
   try {
     app.parse(argc, argv);
@@ -571,6 +382,6 @@ int main(int argc, char** argv) {
   if (health->parsed()) return RunHealth(target, health_service);
   if (inspect->parsed()) return Inspect(dir, json);
   if (verify->parsed()) return Verify(dir, json);
-  if (exp->parsed()) return Export(dir, format, out, max_memory, selection);
+  if (auto rc = RunConversionCommands(conversions)) return *rc;
   return kExitUsage;
 }

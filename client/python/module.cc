@@ -291,6 +291,20 @@ PYBIND11_MODULE(_ckptd, m) {
     }
   });
 
+  // What cmake/Cuda.cmake chose for the client library this module links (setup.py prints it at
+  // build time; this tells an installed package).
+  m.def(
+      "built_with_cuda",
+      [] {
+#if CKPT_HAVE_CUDA
+        return true;
+#else
+        return false;
+#endif
+      },
+      "True when the client was built with the CUDA path (CUDA tensors handed over as IPC "
+      "handles); False: CUDA tensors raise UNIMPLEMENTED.");
+
   m.def(
       "launch_environment",
       [] {

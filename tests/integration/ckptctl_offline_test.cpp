@@ -1,5 +1,7 @@
 // The real ckptctl binary on a checkpoint the test writes: inspect (text and --json), verify
-// (clean, then a flipped byte), export to safetensors parsed back here, and exit codes.
+// (clean, then a flipped byte), export to safetensors parsed back here with the selection flags
+// (model weights only by default, --include-optimizer, --only PREFIX, --tensors GLOB, the old
+// --only values refused), the torch converter's missing-Python error, and exit codes.
 // The binary comes from $CKPT_BIN_DIR (set by ctest), else build/bin.
 #include <sys/wait.h>
 
@@ -54,8 +56,9 @@ struct Run {
   std::string out;  // stdout and stderr together
 };
 
-Run Ckptctl(const std::vector<std::string>& args) {
-  std::string cmd = ShellQuote(BinDir() + "/ckptctl");
+// `env`: NAME=VALUE assignments (shell-quoted by the caller) put before the command.
+Run Ckptctl(const std::vector<std::string>& args, const std::string& env = "") {
+  std::string cmd = env + (env.empty() ? "" : " ") + ShellQuote(BinDir() + "/ckptctl");
   for (const auto& a : args) cmd += " " + ShellQuote(a);
   cmd += " 2>&1";
   Run r;
@@ -543,7 +546,8 @@ TEST_CASE("ckptctl export writes a safetensors file with every full tensor", "[c
 
 // A checkpoint as ckptd.torch.Checkpointer names it: model tensors under their state_dict names,
 // optimizer state under optimizer.state.<param name>.<key>.
-TEST_CASE("ckptctl export --only and --tensors select what is written", "[ckptctl]") {
+TEST_CASE("ckptctl export: model weights unless --include-optimizer; --only, --tensors narrow",
+          "[ckptctl]") {
   TempDir dir;
   const std::string step_dir = JoinPath(dir.path(), StepDirName(7));
   std::mt19937_64 rng(testing::TestSeed());
@@ -590,19 +594,29 @@ TEST_CASE("ckptctl export --only and --tensors select what is written", "[ckptct
     return names;  // sorted: the header is read into a map
   };
   using Names = std::vector<std::string>;
-  CHECK(export_names({}) ==
-        Names{"fc1.bias", "fc1.weight", "fc2.weight", "optimizer.state.fc1.weight.exp_avg",
-              "optimizer.state.fc1.weight.step", "optimizer.state.fc2.weight.exp_avg"});
-  CHECK(export_names({"--only", "all"}).size() == 6);
-  CHECK(export_names({"--only", "model"}) == Names{"fc1.bias", "fc1.weight", "fc2.weight"});
-  CHECK(export_names({"--only", "optimizer"}) == Names{"optimizer.state.fc1.weight.exp_avg",
-                                                       "optimizer.state.fc1.weight.step",
-                                                       "optimizer.state.fc2.weight.exp_avg"});
+  const Names all = {"fc1.bias",
+                     "fc1.weight",
+                     "fc2.weight",
+                     "optimizer.state.fc1.weight.exp_avg",
+                     "optimizer.state.fc1.weight.step",
+                     "optimizer.state.fc2.weight.exp_avg"};
+  // Model weights only by default; --include-optimizer adds the optimizer state.
+  CHECK(export_names({}) == Names{"fc1.bias", "fc1.weight", "fc2.weight"});
+  CHECK(export_names({"--include-optimizer"}) == all);
+  // --only PREFIX: a model tensor's name, an optimizer state tensor's parameter name.
+  CHECK(export_names({"--only", "fc1."}) == Names{"fc1.bias", "fc1.weight"});
+  CHECK(export_names({"--only", "fc1.", "--include-optimizer"}) ==
+        Names{"fc1.bias", "fc1.weight", "optimizer.state.fc1.weight.exp_avg",
+              "optimizer.state.fc1.weight.step"});
+  CHECK(export_names({"--only", "optimizer.state.", "--include-optimizer"}) ==
+        Names{"optimizer.state.fc1.weight.exp_avg", "optimizer.state.fc1.weight.step",
+              "optimizer.state.fc2.weight.exp_avg"});
+  // --tensors GLOB: the stored name.
   CHECK(export_names({"--tensors", "*.weight"}) == Names{"fc1.weight", "fc2.weight"});
-  CHECK(export_names({"--only", "optimizer", "--tensors", "*fc2*"}) ==
-        Names{"optimizer.state.fc2.weight.exp_avg"});
+  CHECK(export_names({"--include-optimizer", "--tensors", "*fc2*"}) ==
+        Names{"fc2.weight", "optimizer.state.fc2.weight.exp_avg"});
 
-  // Nothing selected: an error, and no file; an unknown --only is a usage error.
+  // Nothing selected: an error, and no file.
   const std::string none = out_dir / "none.safetensors";
   Run empty = Ckptctl(
       {"export", step_dir, "--format", "safetensors", "--out", none, "--tensors", "decoder.*"});
@@ -610,14 +624,60 @@ TEST_CASE("ckptctl export --only and --tensors select what is written", "[ckptct
   CHECK(empty.exit_code == 1);
   CHECK(Contains(empty.out, "no tensor"));
   CHECK(!std::filesystem::exists(none));
-  Run bad =
-      Ckptctl({"export", step_dir, "--format", "safetensors", "--out", none, "--only", "weights"});
-  INFO(bad.out);
-  CHECK(bad.exit_code == 2);
+  Run optimizer_only = Ckptctl(
+      {"export", step_dir, "--format", "safetensors", "--out", none, "--only", "optimizer."});
+  INFO(optimizer_only.out);
+  CHECK(optimizer_only.exit_code == 1);
+  CHECK(Contains(optimizer_only.out, "model weights only"));
+
+  // The previous contract's --only model|optimizer|all: a usage error naming the new flags, for
+  // both formats, before anything is read or written.
+  for (const std::string format : {"safetensors", "torch"}) {
+    for (const std::string old : {"model", "optimizer", "all"}) {
+      Run run = Ckptctl({"export", step_dir, "--format", format, "--out", none, "--only", old});
+      INFO(format << " --only " << old << ": " << run.out);
+      CHECK(run.exit_code == 2);
+      CHECK(Contains(run.out, "--only takes a name prefix now, not '" + old + "'"));
+      CHECK(Contains(run.out, "--include-optimizer"));
+      CHECK(Contains(run.out, "--only '" + old + ".'"));
+      CHECK(!std::filesystem::exists(none));
+    }
+  }
   Run help = Ckptctl({"export", "--help"});
+  CHECK(Contains(help.out, "--include-optimizer"));
   CHECK(help.exit_code == 0);
   CHECK(Contains(help.out, "--only"));
   CHECK(Contains(help.out, "--tensors"));
+}
+
+// torch files are converted by the ckptd Python package, run with $CKPTCTL_PYTHON (default
+// python3); the conversions themselves are tested with PyTorch in tests/python/test_offline.py.
+TEST_CASE("ckptctl export --format torch and import name the Python they could not start",
+          "[ckptctl]") {
+  Checkpoint ck;
+  TempDir out_dir;
+  const std::string missing = out_dir / "no-such-python";
+  const std::string env = "CKPTCTL_PYTHON=" + ShellQuote(missing);
+  const std::string out = out_dir / "model.pt";
+  Run exp = Ckptctl({"export", ck.step_dir, "--format", "torch", "--out", out}, env);
+  INFO(exp.out);
+  CHECK(exp.exit_code == 1);
+  CHECK(Contains(exp.out, missing));
+  CHECK(Contains(exp.out, "CKPTCTL_PYTHON"));
+  CHECK(!std::filesystem::exists(out));
+
+  const std::string file = out_dir / "weights.pt";
+  std::ofstream(file) << "not read";
+  Run imp = Ckptctl({"import", file, "--storage-root", out_dir.path(), "--job", "j"}, env);
+  INFO(imp.out);
+  CHECK(imp.exit_code == 1);
+  CHECK(Contains(imp.out, missing));
+  CHECK(!std::filesystem::exists(out_dir / "j"));
+
+  Run bad_job = Ckptctl({"import", file, "--storage-root", out_dir.path(), "--job", "../up"});
+  INFO(bad_job.out);
+  CHECK(bad_job.exit_code == 2);
+  CHECK(Contains(bad_job.out, "../up"));
 }
 
 }  // namespace

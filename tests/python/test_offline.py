@@ -7,11 +7,17 @@ tensor reads back bit-exact, regions across shards read right, torch.save files 
 of model + optimizer load into fresh PyTorch objects, a flipped data byte fails with a checksum
 error naming the tensor, and a torch.save file written back into a ckptd checkpoint passes
 `ckptctl verify` and restores through a new daemon into a fresh Checkpointer.
+
+ckptd.load_checkpoint reads the 2-rank step whole. The ckptctl binary's torch conversions:
+`export --format torch` (model weights only by default, --include-optimizer, --only PREFIX,
+--tensors GLOB) read back with torch.load, and `import` of a plain state_dict and of a
+{"model", "optimizer", "param_names"} file restored by a Checkpointer bit-exact.
 """
 
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import unittest
 
@@ -24,6 +30,16 @@ import ckptd_testutil as util
 
 JOB = "offline"
 SHARDED = "offline-sharded"
+CKPTCTL = os.path.join(util.BIN_DIR, "ckptctl")
+
+
+def ckptctl(*args):
+    """Runs the ckptctl binary; (exit code, stdout and stderr together). Its torch conversions
+    run in this test's Python (the one with PyTorch), whatever python3 is first on PATH."""
+    env = dict(os.environ, CKPTCTL_PYTHON=sys.executable)
+    run = subprocess.run([CKPTCTL] + list(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, env=env, timeout=120)
+    return run.returncode, run.stdout
 
 
 def make_model():
@@ -269,6 +285,136 @@ class OfflineTest(unittest.TestCase):
                 c.load(targets)
                 self.assertEqual(c.last_load.step, 0)
             for k, v in targets.items():
+                self.assertTrue(same_tensor(v, self.model_state[k]), k)
+
+
+    # -- ckptd.load_checkpoint ------------------------------------------------------------------
+
+    def test_load_checkpoint_assembles_two_ranks_row_shards(self):
+        step_dir = os.path.join(self.root, SHARDED, "step-0000000004")
+        got = ckptd.load_checkpoint(step_dir)
+        self.assertEqual(sorted(got), ["W", "v"])
+        self.assertTrue(same_tensor(got["W"], self.W))  # rows 0-3 from rank 0, 4-7 from rank 1
+        self.assertTrue(same_tensor(got["v"], self.v))
+        self.assertEqual(list(ckptd.load_checkpoint(step_dir, names=["v"])), ["v"])
+        self.assertError("NOT_FOUND", ckptd.load_checkpoint, step_dir, names=["W", "u"],
+                         contains=("'u'",))
+        self.assertError("INVALID_ARGUMENT", ckptd.load_checkpoint, step_dir, names="W")
+        # A Checkpointer's step: every tensor, optimizer state under its stored names.
+        full = ckptd.load_checkpoint(os.path.join(self.root, JOB, "step-0000000001"))
+        for name, want in self.model_state.items():
+            self.assertTrue(same_tensor(full[name], want), name)
+        for index, st in self.opt_state["state"].items():
+            for key, want in st.items():
+                name = "optimizer.state.%s.%s" % (self.param_names[index], key)
+                self.assertTrue(same_tensor(full[name], want), name)
+        # A save that never committed is not a checkpoint.
+        leftover = os.path.join(self.root, JOB, "step-0000000009")
+        with self.assertRaises(ckptd.Error) as cm:
+            ckptd.load_checkpoint(leftover)
+        self.assertIn("MANIFEST", str(cm.exception))
+
+    # -- ckptctl export --format torch / import ---------------------------------------------------
+
+    def test_ckptctl_export_torch_is_the_model(self):
+        step_dir = os.path.join(self.root, JOB, "step-0000000001")
+        out = self.path("ctl-model.pt")
+        rc, text = ckptctl("export", step_dir, "--format", "torch", "--out", out)
+        self.assertEqual(rc, 0, text)
+        self.assertIn("job offline step 1", text)
+        fresh = make_model()
+        fresh.load_state_dict(torch.load(out))  # strict: exactly the model's keys
+        for k, v in fresh.state_dict().items():
+            self.assertTrue(same_tensor(v, self.model_state[k]), k)
+        self.assertFalse(os.path.exists(out + ".tmp"))
+
+        rc, text = ckptctl("export", step_dir, "--format", "torch", "--out", out,
+                           "--include-optimizer")
+        self.assertEqual(rc, 0, text)
+        bundle = torch.load(out)
+        self.assertEqual(bundle["param_names"], self.param_names)
+        model = make_model()
+        opt = torch.optim.AdamW(model.parameters(), lr=0.5)
+        model.load_state_dict(bundle["model"])
+        opt.load_state_dict(bundle["optimizer"])
+        self.assertOptimizerState(opt.state_dict(), self.opt_state)
+
+        # --only PREFIX (with the optimizer: the state of those parameters), --tensors GLOB.
+        rc, text = ckptctl("export", step_dir, "--format", "torch", "--out", out, "--only", "3.",
+                           "--include-optimizer")
+        self.assertEqual(rc, 0, text)
+        part = torch.load(out)
+        self.assertEqual(sorted(part["model"]), ["3.bias", "3.weight"])
+        kept = {self.param_names[i] for i in part["optimizer"]["state"]}
+        self.assertEqual(kept, {"3.bias", "3.weight"})
+        # (the same Selection in process: each ckptctl call above starts a Python with PyTorch)
+        ckptd.offline.export_torch(step_dir, out, ckptd.offline.Selection(only="3."))
+        self.assertEqual(sorted(torch.load(out)), ["3.bias", "3.weight"])
+        ckptd.offline.export_torch(step_dir, out, ckptd.offline.Selection(tensors="*.weight"))
+        self.assertEqual(sorted(torch.load(out)), ["0.weight", "1.weight", "3.weight"])
+
+        # Errors: nothing selected (no file), the old --only values, a directory that is no step.
+        none = self.path("none.pt")
+        rc, text = ckptctl("export", step_dir, "--format", "torch", "--out", none, "--only",
+                           "decoder.")
+        self.assertEqual(rc, 1, text)
+        self.assertIn("no tensor", text)
+        self.assertFalse(os.path.exists(none))
+        rc, text = ckptctl("export", step_dir, "--format", "torch", "--out", none, "--only",
+                           "model")
+        self.assertEqual(rc, 2, text)
+        self.assertIn("--include-optimizer", text)
+        rc, text = ckptctl("export", os.path.join(self.root, JOB, "step-0000000009"), "--format",
+                           "torch", "--out", none)
+        self.assertEqual(rc, 2, text)
+        self.assertIn("MANIFEST", text)
+        self.assertFalse(os.path.exists(none))
+
+    def test_ckptctl_import_restores_bit_exact(self):
+        # A Checkpointer-shaped file as a training script writes it, and a plain state_dict.
+        bundle = self.path("trained.pt")
+        torch.save({"model": self.model_state, "optimizer": self.opt_state,
+                    "param_names": self.param_names}, bundle)
+        weights = self.path("plain.pt")
+        torch.save(self.model_state, weights)
+        daemon = util.Daemon(directory=self.path("ctl-importer"))
+        os.makedirs(daemon.root)
+        rc, text = ckptctl("import", bundle, "--storage-root", daemon.root, "--job", "ctl-full")
+        self.assertEqual(rc, 0, text)
+        self.assertIn("step 0", text)  # a new job starts at 0
+        rc, text = ckptctl("import", bundle, "--storage-root", daemon.root, "--job", "ctl-full")
+        self.assertEqual(rc, 0, text)
+        self.assertIn("step 1", text)  # then the step after the newest committed one
+        rc, text = ckptctl("import", weights, "--storage-root", daemon.root, "--job", "ctl-plain",
+                           "--step", "7")
+        self.assertEqual(rc, 0, text)
+        self.assertEqual(ckptd.offline.steps(daemon.root, "ctl-plain"), [7])
+        rc, text = ckptctl("verify", os.path.join(daemon.root, "ctl-plain", "step-0000000007"))
+        self.assertEqual(rc, 0, text)
+        # An optimizer without parameter names cannot be mapped: a clear error, no step.
+        nameless = self.path("nameless.pt")
+        torch.save({"model": self.model_state, "optimizer": self.opt_state}, nameless)
+        rc, text = ckptctl("import", nameless, "--storage-root", daemon.root, "--job", "ctl-x")
+        self.assertEqual(rc, 1, text)
+        self.assertIn("param_names", text)
+        self.assertEqual(ckptd.offline.steps(daemon.root, "ctl-x"), [])
+
+        with daemon:
+            model = make_model()
+            opt = torch.optim.AdamW(model.parameters(), lr=0.5)
+            with daemon.client("ctl-full") as client:
+                ck = ckptd.torch.Checkpointer(client, model, opt, on_error="raise")
+                self.assertEqual(ck.load(), 1)
+            for k, v in model.state_dict().items():
+                self.assertTrue(same_tensor(v, self.model_state[k]), k)
+            self.assertOptimizerState(opt.state_dict(), self.opt_state)
+
+            plain = make_model()
+            torch.nn.init.zeros_(plain[0].weight)
+            with daemon.client("ctl-plain") as client:
+                ck = ckptd.torch.Checkpointer(client, plain, None, on_error="raise")
+                self.assertEqual(ck.load(), 7)
+            for k, v in plain.state_dict().items():
                 self.assertTrue(same_tensor(v, self.model_state[k]), k)
 
 

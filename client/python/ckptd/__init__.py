@@ -35,7 +35,8 @@ import threading
 from ._ckptd import Error  # noqa: F401  (re-exported: ckptd.Error)
 from . import _ckptd
 
-__all__ = ["Client", "Shard", "FlatShard", "Error", "LoadInfo", "DEFAULT_SOCKET", "dtype_name"]
+__all__ = ["Client", "Shard", "FlatShard", "Error", "LoadInfo", "DEFAULT_SOCKET", "dtype_name",
+           "load_checkpoint"]
 
 DEFAULT_SOCKET = "/run/ckptd/ckptd.sock"
 
@@ -520,6 +521,17 @@ class Client:
     def __repr__(self):
         return "ckptd.Client(job=%r, rank=%d, world_size=%d, socket=%r)" % (
             self.job, self.rank, self.world_size, self.socket)
+
+
+def load_checkpoint(step_dir, names=None):
+    """{name: full CPU tensor} of a committed step directory (``<root>/<job>/step-<step:010d>``),
+    read from storage with no daemon: every stored tensor (optimizer state included, under its
+    stored names), or only ``names``; each tensor is assembled whole from the shards the ranks
+    wrote and every checksum piece is verified. Raises ckptd.Error: NOT_FOUND (no MANIFEST, an
+    unknown name), DATA_LOSS (damaged bytes), FAILED_PRECONDITION (a tensor saved only in part).
+    See ckptd.offline.load_checkpoint, which this is."""
+    from . import offline
+    return offline.load_checkpoint(step_dir, names)
 
 
 def __getattr__(name):

@@ -10,6 +10,10 @@
     ckptd.offline.to_torch_save("/ckpt", "myjob", 300, "model.pt")               # weights only
     ckptd.offline.to_torch_save("/ckpt", "myjob", 300, "full.pt", what="checkpointer")
     ckptd.offline.from_torch_save("pretrained.pt", "/ckpt", "finetune", step=0)
+    ckptd.load_checkpoint("/ckpt/myjob/step-0000000300")   # {name: full CPU tensor}
+
+The same module is the converter behind ``ckptctl export --format torch`` and ``ckptctl import``
+(:func:`main`; ``python3 -m ckptd.offline --help``).
 
 Everything here follows the on-disk format (proto/README.md §1) through the same C++ reader the
 daemon loads with (common/checkpoint_reader.h): a step exists iff its MANIFEST does (directories
@@ -39,7 +43,8 @@ from ckptd import checkpointer_meta
 from ckptd import _ckptd
 
 __all__ = ["steps", "latest", "open", "Checkpoint", "TensorInfo", "to_torch_save",
-           "from_torch_save", "OPTIMIZER_PREFIX"]
+           "from_torch_save", "load_checkpoint", "export_torch", "import_torch", "Selection",
+           "OPTIMIZER_PREFIX"]
 
 # What ckptd.torch.Checkpointer names optimizer state tensors with.
 OPTIMIZER_PREFIX = "optimizer.state."
@@ -240,13 +245,15 @@ class Checkpoint:
             out.update(meta["model_other"])
         return out
 
-    def optimizer_state_dict(self):
+    def optimizer_state_dict(self, keep=None):
         """The optimizer's state_dict in PyTorch's own format — ``{"state": {index: {key: value}},
         "param_groups": [{..., "params": [index, ...]}]}`` with indices in param_groups order — as
         ``optimizer.load_state_dict`` takes it, rebuilt from a Checkpointer's metadata (rank 0's
         param_groups and state layout) and the stored whole state tensors. Also returns the
         parameter names in index order. ckptd.Error FAILED_PRECONDITION for a step that was not
-        written by ckptd.torch.Checkpointer."""
+        written by ckptd.torch.Checkpointer. ``keep`` (a callable taking the stored tensor name,
+        ``optimizer.state.<param name>.<key>``) leaves out the state tensors it refuses, and a
+        parameter's non-tensor state with the last of them."""
         meta = self.checkpointer_meta()
         if meta is None:
             raise _error("job '%s' step %d was not written by ckptd.torch.Checkpointer: it has no "
@@ -263,13 +270,17 @@ class Checkpoint:
             entries = saved["state"].get(pname)
             if not entries:
                 continue
-            st = {}
+            st, kept_tensor = {}, keep is None
             for key, entry in entries.items():
                 if entry[0] == "value":
                     st[key] = entry[1]
-                else:
-                    st[key] = self.read("%s%s.%s" % (OPTIMIZER_PREFIX, pname, key))
-            state[index] = st
+                    continue
+                name = "%s%s.%s" % (OPTIMIZER_PREFIX, pname, key)
+                if keep is None or keep(name):
+                    st[key] = self.read(name)
+                    kept_tensor = True
+            if kept_tensor:
+                state[index] = st
         return {"state": state, "param_groups": groups}, names
 
 
@@ -298,6 +309,13 @@ def to_torch_save(root, job, step, path, what="model"):
         meta = ck.checkpointer_meta()
         obj = {"model": ck.model_state_dict(), "optimizer": optimizer,
                "extra_state": meta.get("extra_state"), "param_names": names}
+    _atomic_torch_save(obj, path, torch)
+    return ck.step
+
+
+def _atomic_torch_save(obj, path, torch):
+    """torch.save(obj) to ``path``.tmp, fsync'd, renamed over ``path``, directory synced: a reader
+    sees the old file or the whole new one, never a torn one."""
     path = os.fspath(path)
     tmp = path + ".tmp"
     try:
@@ -317,7 +335,6 @@ def to_torch_save(root, job, step, path, what="model"):
         os.fsync(directory)
     finally:
         os.close(directory)
-    return ck.step
 
 
 def _is_bundle(obj):
@@ -420,3 +437,205 @@ def from_torch_save(path, root, job, step, param_names=None):
                       t.numel() * t.element_size()))
     _ckptd.offline_write(os.fspath(root), job, step, specs, extra, "ckptd.offline.from_torch_save")
     return _ckptd.offline_step_dir(os.fspath(root), job, step)
+
+
+# -- whole-checkpoint reads, export and import (ckptd.load_checkpoint, ckptctl export / import) --
+
+def load_checkpoint(step_dir, names=None):
+    """{name: full CPU tensor} of the committed step directory ``step_dir``
+    (``<root>/<job>/step-<step:010d>``), read from storage with no daemon: every tensor, or those
+    in ``names``, each assembled whole from whatever shards the ranks stored, every checksum piece
+    verified. ckptd.Error NOT_FOUND for a directory without a MANIFEST or an unknown name,
+    DATA_LOSS for damaged bytes, FAILED_PRECONDITION for a tensor saved only in part on purpose
+    (it has no whole value: ask for the others by ``names``, or read its regions with
+    :meth:`Checkpoint.read`). Unlike :meth:`Checkpoint.model_state_dict` this returns tensors
+    only, optimizer state included, under their stored names, and unpickles nothing."""
+    ck = Checkpoint(step_dir)
+    if names is None:
+        names = list(ck.tensors)
+        partial = [n for n in names if ck.tensors[n].partial]
+        if partial:
+            raise _error("job '%s' step %d: tensor%s %s %s saved in part on purpose and cannot be "
+                         "read whole; pass names= without %s"
+                         % (ck.job, ck.step, "s" if len(partial) > 1 else "",
+                            ", ".join(repr(n) for n in partial[:3]),
+                            "were" if len(partial) > 1 else "was",
+                            "them" if len(partial) > 1 else "it"), "FAILED_PRECONDITION")
+    elif isinstance(names, str):
+        raise _error("names must be a list of tensor names, not the string %r" % (names,))
+    return {name: ck.read(name) for name in names}
+
+
+class Selection:
+    """Which tensors an export writes — the same rule as ``ckptctl export`` (client/ckptctl/
+    export_commands.cc): model tensors always; optimizer state (``optimizer.state.*``) only with
+    ``include_optimizer``; ``only`` a name prefix, matched against a model tensor's name and
+    against the parameter name of optimizer state (so ``only="encoder."`` keeps the encoder's
+    weights and, with the optimizer, their Adam moments); ``tensors`` a glob (fnmatch, ``*``
+    matches dots too) matched against the stored name. Callable on a stored name."""
+
+    def __init__(self, include_optimizer=False, only=None, tensors=None):
+        self.include_optimizer = bool(include_optimizer)
+        self.only = only or None
+        self.tensors = tensors or None
+
+    def __call__(self, name):
+        subject = name
+        if name.startswith(OPTIMIZER_PREFIX):
+            if not self.include_optimizer:
+                return False
+            subject = name[len(OPTIMIZER_PREFIX):]
+        if self.only is not None and not (subject.startswith(self.only)
+                                          or name.startswith(self.only)):
+            return False
+        return self.tensors is None or fnmatch.fnmatchcase(name, self.tensors)
+
+    @property
+    def filters(self):
+        """Whether ``only`` or ``tensors`` narrows the selection."""
+        return self.only is not None or self.tensors is not None
+
+    def __str__(self):
+        parts = ["--include-optimizer" if self.include_optimizer else "model weights only"]
+        if self.only is not None:
+            parts.append("--only %r" % self.only)
+        if self.tensors is not None:
+            parts.append("--tensors %r" % self.tensors)
+        return " ".join(parts)
+
+
+def export_torch(step_dir, path, selection=None):
+    """Writes the committed step directory ``step_dir`` (or an open :class:`Checkpoint`) as a
+    ``torch.save`` file at ``path`` (``path``.tmp, fsync'd, renamed) and returns (the
+    :class:`Checkpoint`, tensors written, their bytes). ``selection`` a
+    :class:`Selection` (default: model weights only). What the file holds:
+
+    - without the optimizer: the model's state_dict ``{name: tensor}`` —
+      ``model.load_state_dict(torch.load(path))`` takes it; with no filter, the model's non-tensor
+      state of a Checkpointer checkpoint too;
+    - with ``include_optimizer``, for a checkpoint written by ckptd.torch.Checkpointer:
+      ``{"model": ..., "optimizer": ..., "extra_state": ..., "param_names": [...]}`` as
+      :func:`to_torch_save` ``what="checkpointer"`` writes it (the optimizer state cut to the
+      selection), which ``ckptctl import`` reads back;
+    - with ``include_optimizer``, for any other checkpoint: one flat ``{name: tensor}``, optimizer
+      state under its stored names.
+
+    ckptd.Error NOT_FOUND when nothing is selected (no file is written)."""
+    torch = ckptd._import_torch()
+    selection = selection or Selection()
+    ck = step_dir if isinstance(step_dir, Checkpoint) else Checkpoint(step_dir)
+    meta = ck.checkpointer_meta() if selection.include_optimizer or not selection.filters else None
+    model_names = [n for n in ck.names("model") if selection(n)]
+    optimizer_names = [n for n in ck.names("optimizer") if selection(n)]
+    if not model_names and not optimizer_names:
+        raise _error("no tensor of job '%s' step %d (%s) matches %s (%d tensors in the checkpoint)"
+                     % (ck.job, ck.step, ck.path, selection, len(ck.tensors)), "NOT_FOUND")
+    model = {n: ck.read(n) for n in model_names}
+    if not selection.filters and meta and meta.get("model_other"):
+        model.update(meta["model_other"])
+    if not selection.include_optimizer:
+        obj = model
+    elif meta is not None:
+        optimizer, names = ck.optimizer_state_dict(keep=selection)
+        obj = {"model": model, "optimizer": optimizer, "extra_state": meta.get("extra_state"),
+               "param_names": names}
+    else:
+        obj = dict(model)
+        obj.update((n, ck.read(n)) for n in optimizer_names)
+    _atomic_torch_save(obj, path, torch)
+    written = model_names + optimizer_names
+    nbytes = 0
+    for n in written:
+        info = ck.tensors[n]
+        numel = 1
+        for d in info.shape:
+            numel *= d
+        nbytes += numel * torch.empty((), dtype=info.dtype).element_size()
+    return ck, len(written), nbytes
+
+
+def import_torch(path, root, job, step=None, param_names=None):
+    """:func:`from_torch_save` with ``step`` None meaning the step after the job's newest committed
+    one (0 for a new job). Returns (step, step directory)."""
+    if step is None:
+        committed = steps(root, job)
+        step = committed[-1] + 1 if committed else 0
+    return step, from_torch_save(path, root, job, step, param_names=param_names)
+
+
+def main(argv=None, prog=None):
+    """The command line of ``ckptctl export --format torch`` and ``ckptctl import`` (ckptctl runs
+    it with the same arguments) — also ``python3 -m ckptd.offline``. Exit codes as ckptctl's: 0
+    done, 1 the conversion failed (damaged data, nothing selected, an unreadable file), 2 usage
+    errors and checkpoints that cannot be opened."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(
+        prog=prog or "python3 -m ckptd.offline",
+        description="Convert ckptd checkpoints to and from torch.save files, with no daemon "
+        "running.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    exp = sub.add_parser("export", help="write a committed step as a torch.save file")
+    exp.add_argument("dir", metavar="DIR", help="committed step directory")
+    exp.add_argument("--out", required=True, help="output file (FILE.tmp, then renamed)")
+    exp.add_argument("--include-optimizer", action="store_true",
+                     help="add the optimizer state (default: model weights only)")
+    exp.add_argument("--only", metavar="PREFIX", help="only tensors whose name (or parameter "
+                     "name, for optimizer state) starts with PREFIX")
+    exp.add_argument("--tensors", metavar="GLOB", help="only tensors whose stored names match")
+    imp = sub.add_parser("import", help="write a torch.save file as a committed ckptd step")
+    imp.add_argument("file", metavar="FILE", help="a torch.save state_dict, or {\"model\": ..., "
+                     "\"optimizer\": ..., \"param_names\": [...]}")
+    imp.add_argument("--storage-root", required=True, help="the daemon's storage root")
+    imp.add_argument("--job", required=True, help="job name")
+    imp.add_argument("--step", type=int, help="step to write (default: after the newest "
+                     "committed step of the job, 0 for a new job)")
+    args = parser.parse_args(argv)
+    name = prog or "ckptd.offline"
+
+    def fail(message, rc):
+        sys.stderr.write("%s: error: %s\n" % (name, message))
+        return rc
+
+    if args.command == "export":
+        if args.only is not None and args.only in ("model", "optimizer", "all"):
+            return fail(_OLD_ONLY % {"value": args.only}, 2)
+        try:
+            ck = Checkpoint(args.dir)
+        except ckptd.Error as e:
+            return fail("cannot open checkpoint %s: %s" % (args.dir, e), 2)
+        try:
+            ck, count, nbytes = export_torch(
+                ck, args.out, Selection(args.include_optimizer, args.only, args.tensors))
+        except Exception as e:  # noqa: BLE001 - a command line reports, it does not trace back
+            return fail("exporting %s to %s: %s" % (args.dir, args.out, _describe_error(e)), 1)
+        print("exported %d of %d tensors (%d bytes) of job %s step %d to %s"
+              % (count, len(ck.tensors), nbytes, ck.job, ck.step, args.out))
+        return 0
+    try:
+        step, step_dir = import_torch(args.file, args.storage_root, args.job, args.step)
+    except Exception as e:  # noqa: BLE001 - torch.load of a foreign file raises many kinds
+        return fail("importing %s into job '%s' under %s: %s"
+                    % (args.file, args.job, args.storage_root, _describe_error(e)), 1)
+    print("imported %s as job %s step %d: %s" % (args.file, args.job, step, step_dir))
+    return 0
+
+
+def _describe_error(e):
+    """ckptd.Error's message as is; any other exception with its type, which often says more
+    than its text (a KeyError's is just the key)."""
+    return str(e) if isinstance(e, ckptd.Error) else "%s: %s" % (type(e).__name__, e)
+
+
+# The old export selection (--only model|optimizer|all) and what replaced it; ckptctl says the
+# same (client/ckptctl/export_commands.cc).
+_OLD_ONLY = ("--only takes a name prefix now, not '%(value)s': model weights are exported by "
+             "default, --include-optimizer adds the optimizer state, and --only PREFIX / --tensors "
+             "GLOB narrow by name (for tensors whose names start with '%(value)s', write --only "
+             "'%(value)s.')")
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main())

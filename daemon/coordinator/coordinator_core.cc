@@ -263,12 +263,13 @@ void CoordinatorCore::Decide(const std::string& job, uint64_t step, StepRecord& 
   d->set_state(state);
   d->set_reason(reason);
   d->set_skipped(s.skipped);
-  Broadcast(job, e);
+  // Counted before it is announced: whoever hears of the decision finds it in the metrics.
   if (config_.on_step_state) config_.on_step_state(job, step, state, reason);
   if (state == ckptd::v1::STEP_STATE_COMMITTED && config_.on_commit) {
     config_.on_commit(job, step,
                       std::chrono::duration<double>(Clock::now() - s.last_report).count());
   }
+  Broadcast(job, e);
   if (state == ckptd::v1::STEP_STATE_ABORTED || state == ckptd::v1::STEP_STATE_FAILED) {
     s.manifests.clear();
     ++commits_in_flight_;

@@ -546,7 +546,7 @@ TEST_CASE("ckptctl export writes a safetensors file with every full tensor", "[c
 
 // A checkpoint as ckptd.torch.Checkpointer names it: model tensors under their state_dict names,
 // optimizer state under optimizer.state.<param name>.<key>.
-TEST_CASE("ckptctl export: model weights unless --include-optimizer; --only, --tensors narrow",
+TEST_CASE("ckptctl export: model weights unless --include-optimizer, --only and --tensors narrow",
           "[ckptctl]") {
   TempDir dir;
   const std::string step_dir = JoinPath(dir.path(), StepDirName(7));

@@ -81,7 +81,7 @@ std::vector<uint64_t> Committed(const std::string& root, const std::string& job)
 
 }  // namespace
 
-TEST_CASE("retention: milestones survive --keep; a pin survives retention and restarts",
+TEST_CASE("retention: milestones survive --keep, a pin survives retention and restarts",
           "[daemon][ops][retention]") {
   TempDir dir;
   auto options = DaemonProcess::InDir(dir);

@@ -3,9 +3,10 @@
 // root under the same commit protocol, and both serve a gRPC endpoint under the same TLS rule
 // (daemon/rpc/grpc_server.h), so these keys mean the same thing in both and must not drift:
 //
-//   storage-root, keep, step-timeout, log-level, metrics (the Prometheus /metrics endpoint,
-//   daemon/admin/metrics_endpoint.h; the defaults differ: ckptd serves it on 127.0.0.1:7461
-//   unless emptied, ckpt-coordinator only when asked)
+//   storage-root, keep, keep-every, admin-read-only, step-timeout, log-level, metrics (the
+//   Prometheus /metrics endpoint, daemon/admin/metrics_endpoint.h; the defaults differ: ckptd
+//   serves it on 127.0.0.1:7461 unless emptied, ckpt-coordinator only when asked)
+//
 //   a served gRPC endpoint: <address key>, <prefix>tls-cert, <prefix>tls-key,
 //   <prefix>tls-client-ca, <prefix>allow-plaintext — the daemon's admin endpoint has the prefix
 //   "admin-" (admin, admin-tls-cert, ...), the coordinator's none (listen, tls-cert, ...).
@@ -30,7 +31,26 @@ Option<Config> StorageRoot(std::string Config::*member) {
 
 template <class Config>
 Option<Config> Keep(uint32_t Config::*member) {
-  return {"keep", "committed checkpoints kept per job (0 = all)", Integer(member)};
+  return {"keep",
+          "committed checkpoints kept per job, not counting milestones (keep-every) and pinned "
+          "steps; the newest is always kept (0 = all)",
+          Integer(member)};
+}
+
+template <class Config>
+Option<Config> KeepEvery(uint32_t Config::*member) {
+  return {"keep-every",
+          "steps that are multiples of this are milestones, kept for good whatever keep says "
+          "(0 = no milestones)",
+          Integer(member)};
+}
+
+template <class Config>
+Option<Config> AdminReadOnly(bool Config::*member) {
+  return {"admin-read-only",
+          "refuse the admin API's pin, unpin and delete (PERMISSION_DENIED); status, list, "
+          "describe and watch still answer",
+          Boolean(member)};
 }
 
 template <class Config>

@@ -54,7 +54,10 @@ namespace {
 // "<help> [default: 1GiB] [env CKPTD_HOST_POOL]": the one line --help shows for a key.
 std::string HelpLine(const CommandLine& cli, const KeyDoc& doc) {
   std::string line = doc.help;
-  if (!doc.default_value.empty()) line += " [default: " + doc.default_value + "]";
+  // Every default is shown, an empty one as "" (for most keys it means off or absent; a help
+  // line that says what an empty value means, like node-id's hostname, says so itself).
+  line +=
+      " [default: " + (doc.default_value.empty() ? std::string("\"\"") : doc.default_value) + "]";
   if (!cli.env_prefix.empty()) line += " [env " + EnvName(cli.env_prefix, doc.key) + "]";
   return line;
 }

@@ -40,6 +40,7 @@ const OptionTable<DaemonConfig>& Table() {
               {"coordinator", "address of ckpt-coordinator (absent: embedded coordinator)",
                Str(&C::coordinator)},
               config_keys::Keep(&C::keep),
+              config_keys::KeepEvery(&C::keep_every),
               {"slot-size", "pool slot / write size, e.g. 16MiB", Bytes(&C::slot_size)},
               {"checksum-chunk", "bytes covered by one checksum, e.g. 1MiB",
                Bytes(&C::checksum_chunk)},
@@ -89,6 +90,7 @@ const OptionTable<DaemonConfig>& Table() {
           },
           config_keys::EndpointTls("admin-", admin_serves, "admin clients", admin),
           {
+              config_keys::AdminReadOnly(&C::admin_read_only),
               {"shared-jobs",
                "comma-separated jobs whose checkpoints any job may load (e.g. a base model)",
                List<C, std::string>(&C::shared_jobs,

@@ -25,7 +25,8 @@ struct DaemonConfig {
   uint64_t host_pool = 1ull << 30;
   std::string node_id;      // default: hostname
   std::string coordinator;  // empty: embedded
-  uint32_t keep = 0;
+  uint32_t keep = 0;        // rolling committed steps kept per job (commit_engine.h); 0 = all
+  uint32_t keep_every = 0;  // milestones: steps that are multiples of it are kept; 0 = none
   uint64_t slot_size = 16ull << 20;
   uint64_t checksum_chunk = 1ull << 20;
   int capture_threads = 2;
@@ -54,6 +55,7 @@ struct DaemonConfig {
   std::string admin_tls_key;
   std::string admin_tls_client_ca;       // PEM; require client certificates signed by it
   bool admin_allow_plaintext = false;    // admin without TLS off loopback
+  bool admin_read_only = false;          // refuse the admin API's pin / unpin / delete
   std::vector<std::string> shared_jobs;  // any session may load these jobs' checkpoints
 
   // YAML of the effective configuration (what --print-config prints).

@@ -128,7 +128,12 @@ int RunDaemon(const DaemonConfig& config) {
     return 1;
   }
 
-  CommitEngine commit({config.storage_root, config.keep, std::string("ckptd ") + kVersion}, fs);
+  CommitEngine::Config commit_config;
+  commit_config.storage_root = config.storage_root;
+  commit_config.keep = config.keep;
+  commit_config.keep_every = config.keep_every;
+  commit_config.writer = std::string("ckptd ") + kVersion;
+  CommitEngine commit(std::move(commit_config), fs);
   boost::asio::io_context io;
   // Single node: the coordinator runs in process. This daemon is then the only writer of the
   // root, and its recovery scan commits what every rank persisted and removes every other
@@ -255,6 +260,9 @@ int RunDaemon(const DaemonConfig& config) {
   admin_sources.node_id = config.node_id;
   admin_sources.version = kVersion;
   admin_sources.config = config.Summary();
+  // Pin / unpin / delete belong to the engine that commits: ours only when embedded.
+  if (config.coordinator.empty()) admin_sources.commit = &commit;
+  admin_sources.coordinator = config.coordinator;
   NodeAdminProvider admin_provider(io, std::move(admin_sources));
   SystemdStatus systemd_status;
   observers.Add(&metrics);
@@ -270,9 +278,10 @@ int RunDaemon(const DaemonConfig& config) {
     }
     admin_provider.AddConfig("metrics-bound", metrics.bound_address());
   }
-  AdminServer admin({config.admin, config.admin_tls_cert, config.admin_tls_key,
-                     config.admin_tls_client_ca, config.admin_allow_plaintext},
-                    &admin_provider);
+  AdminServer admin(
+      {config.admin, config.admin_tls_cert, config.admin_tls_key, config.admin_tls_client_ca,
+       config.admin_allow_plaintext, config.admin_read_only},
+      &admin_provider);
   SystemdWatchdog watchdog(io);
   LocalServer server(io, server_config, &services);  // binds nothing until started
   // ---- end of operations setup ----

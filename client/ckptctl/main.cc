@@ -2,6 +2,7 @@
 // admin endpoint (--admin host:port or unix:PATH; see online_commands.h):
 //
 //   ckptctl [--admin ADDR] [--json] status | list JOB | describe JOB STEP | watch | health
+//   ckptctl [--admin ADDR] pin JOB STEP | unpin JOB STEP | delete JOB STEP
 //
 // Offline commands work on a committed step directory (<root>/<job>/step-<step:010d>) without
 // a daemon:
@@ -304,9 +305,10 @@ int main(int argc, char** argv) {
   using namespace ckpt::ctl;
   CLI::App app{
       "ckptctl: observe ckptd daemons and inspect, verify, export and import their checkpoints.\n"
-      "Online commands (status, list, describe, watch, health) ask a daemon or coordinator over\n"
-      "its admin endpoint; offline commands (inspect, verify, export) work on a committed step\n"
-      "directory (<storage-root>/<job>/step-<step:010d>), import on a storage root."};
+      "Online commands (status, list, describe, watch, health, pin, unpin, delete) ask a daemon\n"
+      "or coordinator over its admin endpoint; offline commands (inspect, verify, export) work\n"
+      "on a committed step directory (<storage-root>/<job>/step-<step:010d>), import on a\n"
+      "storage root."};
   app.require_subcommand(1);
   app.fallthrough();  // subcommands inherit it: `ckptctl inspect DIR --json` works too
   bool json = false;
@@ -343,6 +345,16 @@ int main(int argc, char** argv) {
       ->add_option("--interval-ms", watch_options.progress_interval_ms,
                    "progress sample interval (at least 100)")
       ->capture_default_str();
+  auto* pin = app.add_subcommand("pin", "keep a committed checkpoint from retention (durable)");
+  pin->add_option("JOB", job, "job name")->required();
+  pin->add_option("STEP", step, "step")->required();
+  auto* unpin = app.add_subcommand("unpin", "hand a pinned checkpoint back to retention");
+  unpin->add_option("JOB", job, "job name")->required();
+  unpin->add_option("STEP", step, "step")->required();
+  auto* del = app.add_subcommand(
+      "delete", "remove a committed checkpoint (never the newest, a pinned or an in-flight one)");
+  del->add_option("JOB", job, "job name")->required();
+  del->add_option("STEP", step, "step")->required();
   std::string health_service;
   auto* health = app.add_subcommand(
       "health", "print SERVING or NOT_SERVING; exit 0 only when SERVING (for exec probes)");
@@ -366,7 +378,7 @@ int main(int argc, char** argv) {
   }
   target.json = json;
   if (status->parsed() || list->parsed() || describe->parsed() || watch->parsed() ||
-      health->parsed()) {
+      health->parsed() || pin->parsed() || unpin->parsed() || del->parsed()) {
     auto t = ckpt::ParseDuration(timeout);
     if (!t.ok() || t->count() <= 0) {
       PrintError("--timeout '" + timeout +
@@ -380,6 +392,9 @@ int main(int argc, char** argv) {
   if (describe->parsed()) return RunDescribe(target, job, step);
   if (watch->parsed()) return RunWatch(target, watch_options);
   if (health->parsed()) return RunHealth(target, health_service);
+  if (pin->parsed()) return RunStepOperation(target, StepOperation::kPin, job, step);
+  if (unpin->parsed()) return RunStepOperation(target, StepOperation::kUnpin, job, step);
+  if (del->parsed()) return RunStepOperation(target, StepOperation::kDelete, job, step);
   if (inspect->parsed()) return Inspect(dir, json);
   if (verify->parsed()) return Verify(dir, json);
   if (auto rc = RunConversionCommands(conversions)) return *rc;

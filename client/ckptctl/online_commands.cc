@@ -4,6 +4,7 @@
 #include <ctime>
 #include <iomanip>
 #include <iostream>
+#include <set>
 #include <sstream>
 
 #include "ckptd/v1/admin.grpc.pb.h"
@@ -210,9 +211,63 @@ int RunList(const AdminTarget& target, const std::string& job) {
   }
   std::cout << "job '" << job << "': " << reply.steps_size() << " committed checkpoint"
             << (reply.steps_size() == 1 ? "" : "s") << "\n";
+  const std::set<uint64_t> pinned(reply.pinned().begin(), reply.pinned().end());
   for (uint64_t step : reply.steps()) {
     std::cout << "  " << step << (reply.has_latest() && reply.latest() == step ? "  (latest)" : "")
-              << "\n";
+              << (pinned.count(step) != 0 ? "  (pinned)" : "") << "\n";
+  }
+  return kExitOk;
+}
+
+int RunStepOperation(const AdminTarget& target, StepOperation op, const std::string& job,
+                     uint64_t step) {
+  auto stub = Connect(target);
+  if (!stub.ok()) return Fail(stub.status().ToString());
+  const char* verb = op == StepOperation::kPin     ? "pin"
+                     : op == StepOperation::kUnpin ? "unpin"
+                                                   : "delete";
+  const std::string what = std::string(verb) + " " + job + " " + std::to_string(step);
+  auto ctx = ContextWithDeadline(target.timeout);
+  grpc::Status st;
+  std::string json;
+  std::string done;
+  switch (op) {
+    case StepOperation::kPin: {
+      ckptd::v1::PinCheckpointRequest request;
+      request.set_job(job);
+      request.set_step(step);
+      ckptd::v1::PinCheckpointResponse reply;
+      st = (*stub)->PinCheckpoint(ctx.get(), request, &reply);
+      json = ToJson(reply);
+      done = "pinned: retention keeps it until `ckptctl unpin`";
+      break;
+    }
+    case StepOperation::kUnpin: {
+      ckptd::v1::UnpinCheckpointRequest request;
+      request.set_job(job);
+      request.set_step(step);
+      ckptd::v1::UnpinCheckpointResponse reply;
+      st = (*stub)->UnpinCheckpoint(ctx.get(), request, &reply);
+      json = ToJson(reply);
+      done = "unpinned: retention may remove it at the next commit";
+      break;
+    }
+    case StepOperation::kDelete: {
+      ckptd::v1::DeleteCheckpointRequest request;
+      request.set_job(job);
+      request.set_step(step);
+      ckptd::v1::DeleteCheckpointResponse reply;
+      st = (*stub)->DeleteCheckpoint(ctx.get(), request, &reply);
+      json = ToJson(reply);
+      done = "deleted (" + reply.path() + ")";
+      break;
+    }
+  }
+  if (!st.ok()) return Fail(DescribeRpcError(what, st, target));
+  if (target.json) {
+    std::cout << json << "\n";
+  } else {
+    std::cout << "job '" << job << "' step " << step << ": " << done << "\n";
   }
   return kExitOk;
 }

@@ -8,6 +8,12 @@
 //   watch [--job JOB]    state changes as they happen and live progress (rate, ETA) of
 //                        in-flight steps; --max-events N ends after N events
 //   health               SERVING or NOT_SERVING; the exit code is what an exec probe needs
+//   pin JOB STEP         keep a committed step from retention until unpinned (durable)
+//   unpin JOB STEP       hand a pinned step back to retention (the next commit may remove it)
+//   delete JOB STEP      remove a committed step now; never the newest committed step, a
+//                        pinned one or one in flight. The server (a daemon with the embedded
+//                        coordinator, or ckpt-coordinator) refuses all three when it runs with
+//                        admin-read-only.
 //
 // --json prints the proto3 JSON mapping of the reply (field names as in admin.proto; 64-bit
 // integers are JSON strings, as that mapping prescribes); watch prints one JSON object per line.
@@ -26,6 +32,9 @@ int RunStatus(const AdminTarget& target);
 int RunList(const AdminTarget& target, const std::string& job);
 int RunDescribe(const AdminTarget& target, const std::string& job, uint64_t step);
 int RunHealth(const AdminTarget& target, const std::string& service);
+enum class StepOperation { kPin, kUnpin, kDelete };
+int RunStepOperation(const AdminTarget& target, StepOperation op, const std::string& job,
+                     uint64_t step);
 struct WatchOptions {
   std::string job;          // empty: every job
   uint64_t max_events = 0;  // 0: until interrupted or the stream ends

@@ -31,6 +31,25 @@ class AdminProvider {
                                Reply<ckptd::v1::ListCheckpointsResponse> reply) = 0;
   virtual void DescribeCheckpoint(const std::string& job, uint64_t step,
                                   Reply<ckptd::v1::DescribeCheckpointResponse> reply) = 0;
+  // Operator operations on one committed step (CommitEngine's PinForOperator, UnpinForOperator,
+  // DeleteCommitted; their errors). They belong to the process whose engine commits the job;
+  // a provider that has none keeps these defaults, which answer UNIMPLEMENTED. Whether the
+  // caller may ask at all (admin-read-only) is the AdminService's check, made before these run.
+  virtual void PinCheckpoint(const std::string& job, uint64_t step,
+                             Reply<ckptd::v1::PinCheckpointResponse> reply) {
+    reply(Unimplemented("pin of job '" + job + "' step " + std::to_string(step) +
+                        ": this server does not manage checkpoints"));
+  }
+  virtual void UnpinCheckpoint(const std::string& job, uint64_t step,
+                               Reply<ckptd::v1::UnpinCheckpointResponse> reply) {
+    reply(Unimplemented("unpin of job '" + job + "' step " + std::to_string(step) +
+                        ": this server does not manage checkpoints"));
+  }
+  virtual void DeleteCheckpoint(const std::string& job, uint64_t step,
+                                Reply<ckptd::v1::DeleteCheckpointResponse> reply) {
+    reply(Unimplemented("delete of job '" + job + "' step " + std::to_string(step) +
+                        ": this server does not manage checkpoints"));
+  }
   // Outlives the AdminServer that serves this provider.
   virtual WatchHub& watch_hub() = 0;
 };

@@ -3,7 +3,7 @@
 namespace ckpt {
 
 AdminServer::AdminServer(Config config, AdminProvider* provider)
-    : config_(std::move(config)), service_(provider) {}
+    : config_(std::move(config)), service_(provider, config_.read_only) {}
 
 AdminServer::~AdminServer() { Stop(std::chrono::milliseconds(0)); }
 

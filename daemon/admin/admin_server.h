@@ -32,6 +32,7 @@ class AdminServer {
     std::string tls_key;           // PEM file
     std::string tls_client_ca;     // PEM file; non-empty: require client certificates
     bool allow_plaintext = false;  // plaintext off loopback (admin-allow-plaintext)
+    bool read_only = false;        // refuse pin / unpin / delete (admin-read-only)
   };
 
   AdminServer(Config config, AdminProvider* provider);

@@ -137,6 +137,56 @@ grpc::ServerUnaryReactor* AdminService::DescribeCheckpoint(
   return reactor;
 }
 
+Status AdminService::CheckWritable(const std::string& what) const {
+  if (!read_only_) return Status::Ok();
+  return PermissionDenied(what + ": this admin endpoint is read-only (admin-read-only: true)");
+}
+
+grpc::ServerUnaryReactor* AdminService::PinCheckpoint(
+    grpc::CallbackServerContext* ctx, const ckptd::v1::PinCheckpointRequest* request,
+    ckptd::v1::PinCheckpointResponse* response) {
+  auto* reactor = ctx->DefaultReactor();
+  auto reply = FinishWith(reactor, response);
+  Status allowed =
+      CheckWritable("pin of job '" + request->job() + "' step " + std::to_string(request->step()));
+  if (!allowed.ok()) {
+    reply(allowed);
+  } else {
+    provider_->PinCheckpoint(request->job(), request->step(), std::move(reply));
+  }
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::UnpinCheckpoint(
+    grpc::CallbackServerContext* ctx, const ckptd::v1::UnpinCheckpointRequest* request,
+    ckptd::v1::UnpinCheckpointResponse* response) {
+  auto* reactor = ctx->DefaultReactor();
+  auto reply = FinishWith(reactor, response);
+  Status allowed = CheckWritable("unpin of job '" + request->job() + "' step " +
+                                 std::to_string(request->step()));
+  if (!allowed.ok()) {
+    reply(allowed);
+  } else {
+    provider_->UnpinCheckpoint(request->job(), request->step(), std::move(reply));
+  }
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::DeleteCheckpoint(
+    grpc::CallbackServerContext* ctx, const ckptd::v1::DeleteCheckpointRequest* request,
+    ckptd::v1::DeleteCheckpointResponse* response) {
+  auto* reactor = ctx->DefaultReactor();
+  auto reply = FinishWith(reactor, response);
+  Status allowed = CheckWritable("delete of job '" + request->job() + "' step " +
+                                 std::to_string(request->step()));
+  if (!allowed.ok()) {
+    reply(allowed);
+  } else {
+    provider_->DeleteCheckpoint(request->job(), request->step(), std::move(reply));
+  }
+  return reactor;
+}
+
 grpc::ServerWriteReactor<ckptd::v1::WatchEventsResponse>* AdminService::WatchEvents(
     grpc::CallbackServerContext*, const ckptd::v1::WatchEventsRequest* request) {
   return new WatchReactor(provider_->watch_hub(), *request);

@@ -7,6 +7,10 @@
 // Watch streams: each holds at most kMaxQueuedEvents unsent events; a client that falls further
 // behind is ended with RESOURCE_EXHAUSTED rather than growing the daemon's memory. Progress
 // samples of a step are forwarded at most once per the request's progress_interval_ms.
+// Access: the endpoint's transport rule decides who reaches it at all (loopback, a Unix socket,
+// or TLS with client certificates: daemon/rpc/grpc_server.h); with `read_only` (the
+// admin-read-only key) the operations that change storage — PinCheckpoint, UnpinCheckpoint,
+// DeleteCheckpoint — are refused with PERMISSION_DENIED before the provider sees them.
 // Thread safety: gRPC calls it from its own threads; the provider must outlive the server.
 #pragma once
 
@@ -21,7 +25,8 @@ class AdminService final : public ckptd::v1::Admin::CallbackService {
  public:
   static constexpr size_t kMaxQueuedEvents = 4096;
 
-  explicit AdminService(AdminProvider* provider) : provider_(provider) {}
+  explicit AdminService(AdminProvider* provider, bool read_only = false)
+      : provider_(provider), read_only_(read_only) {}
 
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
                                       const ckptd::v1::GetStatusRequest* request,
@@ -34,9 +39,22 @@ class AdminService final : public ckptd::v1::Admin::CallbackService {
       ckptd::v1::DescribeCheckpointResponse* response) override;
   grpc::ServerWriteReactor<ckptd::v1::WatchEventsResponse>* WatchEvents(
       grpc::CallbackServerContext* ctx, const ckptd::v1::WatchEventsRequest* request) override;
+  grpc::ServerUnaryReactor* PinCheckpoint(grpc::CallbackServerContext* ctx,
+                                          const ckptd::v1::PinCheckpointRequest* request,
+                                          ckptd::v1::PinCheckpointResponse* response) override;
+  grpc::ServerUnaryReactor* UnpinCheckpoint(grpc::CallbackServerContext* ctx,
+                                            const ckptd::v1::UnpinCheckpointRequest* request,
+                                            ckptd::v1::UnpinCheckpointResponse* response) override;
+  grpc::ServerUnaryReactor* DeleteCheckpoint(
+      grpc::CallbackServerContext* ctx, const ckptd::v1::DeleteCheckpointRequest* request,
+      ckptd::v1::DeleteCheckpointResponse* response) override;
 
  private:
+  // PERMISSION_DENIED for an operation under read_only_; OK otherwise.
+  Status CheckWritable(const std::string& what) const;
+
   AdminProvider* provider_;
+  bool read_only_;
 };
 
 }  // namespace ckpt

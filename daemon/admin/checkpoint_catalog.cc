@@ -16,7 +16,13 @@ Result<ckptd::v1::ListCheckpointsResponse> ListCommittedCheckpoints(FileSystem* 
   if (!exists) return out;  // a job that never committed has no checkpoints
   ASSIGN_OR_RETURN(auto steps, ListCommittedSteps(fs, job_dir),
                    "list checkpoints of job '" + job + "'");
-  for (uint64_t s : steps) out.add_steps(s);
+  for (uint64_t s : steps) {
+    out.add_steps(s);
+    ASSIGN_OR_RETURN(bool pinned,
+                     fs->Exists(JoinPath(StepDir(root, job, s), std::string(kPinnedFileName))),
+                     "list checkpoints of job '" + job + "'");
+    if (pinned) out.add_pinned(s);
+  }
   ASSIGN_OR_RETURN(auto latest, ResolveLatest(fs, job_dir), "latest of job '" + job + "'");
   if (latest) out.set_latest(*latest);
   return out;
@@ -34,6 +40,27 @@ Result<ckptd::v1::DescribeCheckpointResponse> DescribeCommittedCheckpoint(FileSy
   ckptd::v1::DescribeCheckpointResponse out;
   ASSIGN_OR_RETURN(*out.mutable_manifest(), ReadManifest(fs, dir), what);
   out.set_path(dir);
+  return out;
+}
+
+Result<ckptd::v1::PinCheckpointResponse> PinCheckpoint(CommitEngine* commit, const std::string& job,
+                                                       uint64_t step) {
+  RETURN_IF_ERROR(commit->PinForOperator(job, step));
+  return ckptd::v1::PinCheckpointResponse();
+}
+
+Result<ckptd::v1::UnpinCheckpointResponse> UnpinCheckpoint(CommitEngine* commit,
+                                                           const std::string& job, uint64_t step) {
+  RETURN_IF_ERROR(commit->UnpinForOperator(job, step));
+  return ckptd::v1::UnpinCheckpointResponse();
+}
+
+Result<ckptd::v1::DeleteCheckpointResponse> DeleteCheckpoint(CommitEngine* commit,
+                                                             const std::string& job,
+                                                             uint64_t step) {
+  RETURN_IF_ERROR(commit->DeleteCommitted(job, step));
+  ckptd::v1::DeleteCheckpointResponse out;
+  out.set_path(StepDir(commit->config().storage_root, job, step));
   return out;
 }
 

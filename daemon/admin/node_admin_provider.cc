@@ -169,6 +169,46 @@ void NodeAdminProvider::DescribeCheckpoint(const std::string& job, uint64_t step
   }
 }
 
+template <typename T>
+void NodeAdminProvider::RunOperation(const std::string& what,
+                                     std::function<Result<T>(CommitEngine*)> op, Reply<T> reply) {
+  if (sources_.commit == nullptr) {
+    reply(FailedPrecondition(what + ": node " + sources_.node_id +
+                             " commits through the global coordinator at " + sources_.coordinator +
+                             ", which owns the job's checkpoints; ask it "
+                             "(ckptctl --admin " +
+                             sources_.coordinator + ")"));
+    return;
+  }
+  auto shared = std::make_shared<Reply<T>>(std::move(reply));
+  if (!PostToStorage([this, op = std::move(op), shared] { (*shared)(op(sources_.commit)); })) {
+    (*shared)(Unavailable(what + ": node " + sources_.node_id + " is shutting down"));
+  }
+}
+
+void NodeAdminProvider::PinCheckpoint(const std::string& job, uint64_t step,
+                                      Reply<ckptd::v1::PinCheckpointResponse> reply) {
+  RunOperation<ckptd::v1::PinCheckpointResponse>(
+      "pin of job '" + job + "' step " + std::to_string(step),
+      [job, step](CommitEngine* c) { return ckpt::PinCheckpoint(c, job, step); }, std::move(reply));
+}
+
+void NodeAdminProvider::UnpinCheckpoint(const std::string& job, uint64_t step,
+                                        Reply<ckptd::v1::UnpinCheckpointResponse> reply) {
+  RunOperation<ckptd::v1::UnpinCheckpointResponse>(
+      "unpin of job '" + job + "' step " + std::to_string(step),
+      [job, step](CommitEngine* c) { return ckpt::UnpinCheckpoint(c, job, step); },
+      std::move(reply));
+}
+
+void NodeAdminProvider::DeleteCheckpoint(const std::string& job, uint64_t step,
+                                         Reply<ckptd::v1::DeleteCheckpointResponse> reply) {
+  RunOperation<ckptd::v1::DeleteCheckpointResponse>(
+      "delete of job '" + job + "' step " + std::to_string(step),
+      [job, step](CommitEngine* c) { return ckpt::DeleteCheckpoint(c, job, step); },
+      std::move(reply));
+}
+
 void NodeAdminProvider::OnStepState(const std::string& job, uint64_t step, StepState state,
                                     const std::string& reason) {
   if (state == ckptd::v1::STEP_STATE_ABORTED || state == ckptd::v1::STEP_STATE_FAILED) {

@@ -3,8 +3,9 @@
 // streams) and an AdminProvider (status, list, describe).
 //
 // Threads: observer calls arrive on the daemon's loop. GetStatus posts to the loop, where it
-// reads NodeState::Snapshot() and its own client table, then replies from there; list and
-// describe run on the storage thread (file I/O). While watch streams are open, a timer on the
+// reads NodeState::Snapshot() and its own client table, then replies from there; list,
+// describe and the operator operations (pin, unpin, delete: CommitEngine) run on the storage
+// thread (file I/O). While watch streams are open, a timer on the
 // loop samples in-flight steps every kProgressTick and publishes their progress.
 //
 // Shutdown: Close() answers UNAVAILABLE to status calls still waiting for the loop (which may
@@ -41,7 +42,12 @@ class NodeAdminProvider final : public AdminProvider, public DaemonObserver {
     const HostPool* pool = nullptr;
     const HotCache* hot = nullptr;
     FileSystem* fs = nullptr;
-    TaskPool* storage = nullptr;  // list and describe run here
+    TaskPool* storage = nullptr;  // list, describe, pin, unpin and delete run here
+    // The engine that commits this node's jobs when the coordinator is embedded (pin, unpin and
+    // delete go to it); null under a global coordinator, whose address `coordinator` names:
+    // those operations then belong to it and are refused here.
+    CommitEngine* commit = nullptr;
+    std::string coordinator;
     std::string storage_root;
     std::string node_id;
     std::string version;
@@ -70,6 +76,12 @@ class NodeAdminProvider final : public AdminProvider, public DaemonObserver {
                        Reply<ckptd::v1::ListCheckpointsResponse> reply) override;
   void DescribeCheckpoint(const std::string& job, uint64_t step,
                           Reply<ckptd::v1::DescribeCheckpointResponse> reply) override;
+  void PinCheckpoint(const std::string& job, uint64_t step,
+                     Reply<ckptd::v1::PinCheckpointResponse> reply) override;
+  void UnpinCheckpoint(const std::string& job, uint64_t step,
+                       Reply<ckptd::v1::UnpinCheckpointResponse> reply) override;
+  void DeleteCheckpoint(const std::string& job, uint64_t step,
+                        Reply<ckptd::v1::DeleteCheckpointResponse> reply) override;
   WatchHub& watch_hub() override { return hub_; }
 
   // DaemonObserver (loop)
@@ -83,6 +95,11 @@ class NodeAdminProvider final : public AdminProvider, public DaemonObserver {
 
  private:
   bool PostToStorage(std::function<void()> f);
+  // Runs `op` (an operator operation on the commit engine) on the storage thread; refuses at
+  // once when this daemon has no engine of its own (it runs under a global coordinator).
+  template <typename T>
+  void RunOperation(const std::string& what, std::function<Result<T>(CommitEngine*)> op,
+                    Reply<T> reply);
   void ArmTick();
   void Tick();
 

@@ -5,6 +5,7 @@
 #include "common/atomic_file.h"
 #include "common/logging.h"
 #include "common/manifest_io.h"
+#include "common/names.h"
 #include "common/step_layout.h"
 
 namespace ckpt {
@@ -84,30 +85,167 @@ Result<ckptd::v1::Manifest> CommitEngine::Commit(std::span<const ckptd::v1::Node
   return manifest;
 }
 
+std::vector<uint64_t> CommitEngine::RetentionVictims(const std::vector<uint64_t>& committed,
+                                                     const std::set<uint64_t>& pinned,
+                                                     const std::set<uint64_t>& held, uint32_t keep,
+                                                     uint32_t keep_every) {
+  if (keep == 0 || committed.empty()) return {};
+  // The rolling window: every committed step but the milestones and the pinned ones.
+  std::vector<uint64_t> window;
+  for (uint64_t step : committed) {
+    const bool milestone = keep_every != 0 && step % keep_every == 0;
+    if (!milestone && pinned.count(step) == 0) window.push_back(step);
+  }
+  if (window.size() <= keep) return {};
+  size_t excess = window.size() - keep;
+  std::vector<uint64_t> victims;
+  for (uint64_t step : window) {
+    if (excess == 0) break;
+    if (step == committed.back()) break;  // never the newest committed step
+    if (held.count(step) != 0) continue;  // being loaded: the next one goes instead
+    victims.push_back(step);
+    --excess;
+  }
+  return victims;
+}
+
+Result<bool> CommitEngine::IsPinned(const std::string& job, uint64_t step) const {
+  return fs_->Exists(
+      JoinPath(StepDir(config_.storage_root, job, step), std::string(kPinnedFileName)));
+}
+
+Status CommitEngine::RemoveStepDir(const std::string& job, uint64_t step) {
+  const std::string dir = StepDir(config_.storage_root, job, step);
+  RETURN_IF_ERROR(fs_->SyncDir(dir));
+  return fs_->RemoveAll(dir);
+}
+
 Status CommitEngine::ApplyRetention(const std::string& job) {
   if (config_.keep == 0) return Status::Ok();
+  MutexLock removal(removal_mu_);
   const std::string job_dir = JobDir(config_.storage_root, job);
   ASSIGN_OR_RETURN(auto committed, ListCommittedSteps(fs_, job_dir));
   if (committed.size() <= config_.keep) return Status::Ok();
-  size_t excess = committed.size() - config_.keep;
-  for (size_t i = 0; i + 1 < committed.size() && excess > 0; ++i) {  // never the newest
-    const uint64_t step = committed[i];
-    const std::string dir = StepDir(config_.storage_root, job, step);
-    {
-      // The pin check and the MANIFEST removal are one step for Pin/PinLatest: a load pins
-      // either before (the step stays) or after (it finds no MANIFEST and says so), never in
-      // between with the step's files going away under it.
-      MutexLock lock(mu_);
-      if (pins_.count({job, step}) != 0) continue;
-      // MANIFEST first: from then on the step is merely an uncommitted leftover.
-      RETURN_IF_ERROR(fs_->Remove(JoinPath(dir, std::string(kManifestFileName))));
+  std::vector<uint64_t> victims;
+  {
+    // The pin checks and the MANIFEST removals are one step for loads (Pin/PinLatest) and for
+    // operator pins (PinForOperator takes mu_ too): a step is held or pinned either before
+    // (it stays) or after (its MANIFEST is gone: the load or the pin says so), never in
+    // between with the step's files going away under it.
+    MutexLock lock(mu_);
+    std::set<uint64_t> pinned;
+    for (uint64_t step : committed) {
+      ASSIGN_OR_RETURN(bool is_pinned, IsPinned(job, step));
+      if (is_pinned) pinned.insert(step);
     }
-    RETURN_IF_ERROR(fs_->SyncDir(dir));
-    RETURN_IF_ERROR(fs_->RemoveAll(dir));
-    spdlog::info("job '{}': retention removed step {} (keep {})", job, step, config_.keep);
-    --excess;
+    std::set<uint64_t> held;
+    for (auto it = pins_.lower_bound({job, 0}); it != pins_.end() && it->first.first == job; ++it) {
+      held.insert(it->first.second);
+    }
+    victims = RetentionVictims(committed, pinned, held, config_.keep, config_.keep_every);
+    for (uint64_t step : victims) {
+      // MANIFEST first: from then on the step is merely an uncommitted leftover.
+      RETURN_IF_ERROR(fs_->Remove(
+          JoinPath(StepDir(config_.storage_root, job, step), std::string(kManifestFileName))));
+    }
   }
-  return fs_->SyncDir(job_dir);
+  for (uint64_t step : victims) {
+    RETURN_IF_ERROR(RemoveStepDir(job, step));
+    spdlog::info("job '{}': retention removed step {} (keep {}, keep-every {})", job, step,
+                 config_.keep, config_.keep_every);
+  }
+  return victims.empty() ? Status::Ok() : fs_->SyncDir(job_dir);
+}
+
+Status CommitEngine::PinForOperator(const std::string& job, uint64_t step) {
+  const std::string what = "pin of job '" + job + "' step " + std::to_string(step);
+  RETURN_IF_ERROR(ValidateJobName(job), what);
+  const std::string dir = StepDir(config_.storage_root, job, step);
+  // Under mu_: retention removes a MANIFEST only under mu_ after reading the markers, so a step
+  // is either pinned before retention looks (it stays) or found uncommitted here.
+  MutexLock lock(mu_);
+  ASSIGN_OR_RETURN(bool committed, fs_->Exists(JoinPath(dir, std::string(kManifestFileName))),
+                   what);
+  if (!committed) {
+    return NotFound(what + ": no committed step " + std::to_string(step) + " of job '" + job +
+                    "' (no MANIFEST in " + dir + ")");
+  }
+  const auto now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  RETURN_IF_ERROR(WriteFileAtomically(fs_, JoinPath(dir, std::string(kPinnedFileName)),
+                                      "pinned by the operator at unix ms " +
+                                          std::to_string(now_ms) + " (" + config_.writer + ")\n"),
+                  what);
+  spdlog::info("job '{}': step {} pinned by the operator", job, step);
+  return Status::Ok();
+}
+
+Status CommitEngine::UnpinForOperator(const std::string& job, uint64_t step) {
+  const std::string what = "unpin of job '" + job + "' step " + std::to_string(step);
+  RETURN_IF_ERROR(ValidateJobName(job), what);
+  const std::string dir = StepDir(config_.storage_root, job, step);
+  MutexLock lock(mu_);
+  ASSIGN_OR_RETURN(bool committed, fs_->Exists(JoinPath(dir, std::string(kManifestFileName))),
+                   what);
+  if (!committed) {
+    return NotFound(what + ": no committed step " + std::to_string(step) + " of job '" + job +
+                    "' (no MANIFEST in " + dir + ")");
+  }
+  ASSIGN_OR_RETURN(bool pinned, IsPinned(job, step), what);
+  if (!pinned) return FailedPrecondition(what + ": the step is not pinned");
+  RETURN_IF_ERROR(fs_->Remove(JoinPath(dir, std::string(kPinnedFileName))), what);
+  RETURN_IF_ERROR(fs_->SyncDir(dir), what);
+  spdlog::info("job '{}': step {} unpinned by the operator", job, step);
+  return Status::Ok();
+}
+
+Status CommitEngine::DeleteCommitted(const std::string& job, uint64_t step) {
+  const std::string what = "delete of job '" + job + "' step " + std::to_string(step);
+  RETURN_IF_ERROR(ValidateJobName(job), what);
+  const std::string job_dir = JobDir(config_.storage_root, job);
+  const std::string dir = StepDir(config_.storage_root, job, step);
+  MutexLock removal(removal_mu_);
+  {
+    MutexLock lock(mu_);
+    ASSIGN_OR_RETURN(bool committed, fs_->Exists(JoinPath(dir, std::string(kManifestFileName))),
+                     what);
+    if (!committed) {
+      ASSIGN_OR_RETURN(bool exists, fs_->Exists(dir), what);
+      if (!exists) return NotFound(what + ": no such step (" + dir + " does not exist)");
+      return FailedPrecondition(what +
+                                ": the step is not committed (in flight, or being "
+                                "removed); only committed steps can be deleted");
+    }
+    ASSIGN_OR_RETURN(auto steps, ListCommittedSteps(fs_, job_dir), what);
+    if (!steps.empty() && steps.back() == step) {
+      return FailedPrecondition(what +
+                                ": it is the newest committed step of the job, which is "
+                                "never deleted (restores would fall back to an older one)");
+    }
+    ASSIGN_OR_RETURN(bool pinned, IsPinned(job, step), what);
+    if (pinned) return FailedPrecondition(what + ": the step is pinned; unpin it first");
+    if (pins_.count({job, step}) != 0) {
+      return FailedPrecondition(what + ": a load is reading the step; try again once it ended");
+    }
+    // MANIFEST first: from then on the step is merely an uncommitted leftover.
+    RETURN_IF_ERROR(fs_->Remove(JoinPath(dir, std::string(kManifestFileName))), what);
+  }
+  RETURN_IF_ERROR(RemoveStepDir(job, step), what);
+  RETURN_IF_ERROR(fs_->SyncDir(job_dir), what);
+  spdlog::info("job '{}': step {} deleted by the operator", job, step);
+  return Status::Ok();
+}
+
+Result<std::vector<uint64_t>> CommitEngine::ListPinned(const std::string& job) const {
+  RETURN_IF_ERROR(ValidateJobName(job), "list pinned steps");
+  std::vector<uint64_t> out;
+  ASSIGN_OR_RETURN(auto steps, ListCommittedSteps(fs_, JobDir(config_.storage_root, job)));
+  for (uint64_t step : steps) {
+    ASSIGN_OR_RETURN(bool pinned, IsPinned(job, step));
+    if (pinned) out.push_back(step);
+  }
+  return out;
 }
 
 Status CommitEngine::RemoveStep(const std::string& job, uint64_t step) {

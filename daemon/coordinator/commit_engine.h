@@ -6,13 +6,34 @@
 // A crash before the MANIFEST rename leaves a step directory without MANIFEST, which no loader
 // ever reads and which RemoveUncommitted deletes at the next start; a crash after it leaves a
 // committed step whose LATEST may lag — ResolveLatest falls back to the newest MANIFEST.
-// Retention deletes the MANIFEST first (so a half-deleted step is merely uncommitted), never
-// the newest committed step, never a pinned one (being loaded), and never an in-flight step
-// (those have no MANIFEST and are not candidates).
 //
-// Used by the embedded coordinator of a single-node daemon and by ckpt-coordinator alike.
-// Thread safety: Commit/RemoveStep/RemoveUncommitted are called from one thread (the storage
-// thread); Latest/List/Pin/Unpin from any.
+// Retention (after every commit, per job, when keep > 0). The committed steps fall in three kinds:
+//   * milestones — step % keep_every == 0 (keep_every > 0): kept for good;
+//   * operator-pinned — a PINNED marker file in the step directory (PinForOperator): kept until
+//     unpinned;
+//   * the rest, the rolling window, of which the newest `keep` are kept.
+// Milestones and pinned steps are outside the window: they neither count towards `keep` nor
+// push a rolling step out. The newest committed step is never removed, whatever its kind. A
+// window step that a load holds (Pin / PinLatest, in memory) is skipped and the next window
+// step (oldest first) goes instead, so the window stays at `keep`; the held one is removed by a
+// later commit once released. Removal deletes the MANIFEST first (so a half-deleted step is merely
+// uncommitted, and in-flight steps, which have no MANIFEST, are never candidates), then the
+// directory. RetentionVictims is the rule without I/O.
+//
+// Operator operations (the Admin API's Pin / Unpin / Delete). Pin writes the PINNED marker with
+// the atomic-file helper (temp + fdatasync + rename + fsync of the step directory), so a pin
+// survives a restart of the daemon or coordinator and is honoured by whichever engine applies
+// retention to the root. It is distinct from a load's hold: unpinning never releases a load's
+// hold, and a load ending never removes a marker. Delete removes one committed step the same way
+// retention does, and refuses the newest committed step, a step that is not committed (in
+// flight, or being removed), a pinned step and a step a load holds. All three take validated
+// job names only (common/names.h), so no request leaves the root.
+//
+// Used by the embedded coordinator of a single-node daemon and by ckpt-coordinator alike; the
+// operator operations belong to the engine that commits the job (docs/design.md §2.5).
+// Thread safety: Commit/RemoveStep/RemoveUncommitted are called from one thread (the commit or
+// storage thread); everything else from any. Retention and Delete serialise on removal_mu_;
+// the pin checks and the MANIFEST removals they guard happen under mu_.
 #pragma once
 
 #include <cstdint>
@@ -31,15 +52,22 @@
 
 namespace ckpt {
 
+// The operator pin's marker in a step directory: present = pinned. Its contents (when and by
+// what it was pinned) are for people; only its presence counts.
+inline constexpr std::string_view kPinnedFileName = "PINNED";
+
 class CommitEngine {
  public:
   struct Config {
     std::string storage_root;
-    uint32_t keep = 0;  // committed steps kept per job; 0 = all
+    uint32_t keep = 0;  // rolling (non-milestone, unpinned) committed steps kept per job; 0 = all
     std::string writer = "ckptd";
     // Test hook: called at the named points of Commit ("before-manifest", "after-manifest",
     // "after-latest"); the coordinator's crash tests make it kill the process there.
     std::function<void(std::string_view point)> on_point;
+    // Steps that are multiples of this are milestones, kept for good; 0 = none. Last, so that
+    // the positional initialisers of the fields above stay valid.
+    uint32_t keep_every = 0;
   };
   CommitEngine(Config config, FileSystem* fs) : config_(std::move(config)), fs_(fs) {}
 
@@ -61,22 +89,47 @@ class CommitEngine {
   Result<std::optional<uint64_t>> Latest(const std::string& job) const;
   Result<std::vector<uint64_t>> List(const std::string& job) const;
 
-  // A pinned step is never deleted by retention (a load is reading it). A step pinned after
-  // retention removed its MANIFEST stays uncommitted: the pinning load finds no MANIFEST.
+  // A step a load holds is never deleted by retention (the load is reading it). A step held
+  // after retention removed its MANIFEST stays uncommitted: the load finds no MANIFEST.
   void Pin(const std::string& job, uint64_t step);
   // Latest and Pin in one step, so retention cannot remove the step in between. The caller
   // unpins a step it got.
   Result<std::optional<uint64_t>> PinLatest(const std::string& job);
   void Unpin(const std::string& job, uint64_t step);
 
+  // ---- operator operations (durable; see the essay above) ----
+  // Writes the step's PINNED marker. Errors: INVALID_ARGUMENT for a bad job name, NOT_FOUND
+  // when the step is not committed. Pinning a pinned step is not an error.
+  Status PinForOperator(const std::string& job, uint64_t step);
+  // Removes the marker; the step becomes a rolling step again and the next commit's retention
+  // may remove it. NOT_FOUND when the step is not committed; FAILED_PRECONDITION when it is not
+  // pinned.
+  Status UnpinForOperator(const std::string& job, uint64_t step);
+  // Deletes a committed step (MANIFEST first). NOT_FOUND when no such step exists;
+  // FAILED_PRECONDITION when it is the newest committed step, not committed (in flight), pinned,
+  // or held by a load.
+  Status DeleteCommitted(const std::string& job, uint64_t step);
+  // The operator-pinned committed steps of a job, ascending.
+  Result<std::vector<uint64_t>> ListPinned(const std::string& job) const;
+
+  // Which of `committed` (ascending, the job's committed steps) retention removes, given which
+  // are operator-pinned and which a load holds: the rule of the essay, without I/O. Ascending.
+  static std::vector<uint64_t> RetentionVictims(const std::vector<uint64_t>& committed,
+                                                const std::set<uint64_t>& pinned,
+                                                const std::set<uint64_t>& held, uint32_t keep,
+                                                uint32_t keep_every);
+
   const Config& config() const { return config_; }
   FileSystem* fs() const { return fs_; }
 
  private:
   Status ApplyRetention(const std::string& job);
+  Status RemoveStepDir(const std::string& job, uint64_t step);
+  Result<bool> IsPinned(const std::string& job, uint64_t step) const;
 
   Config config_;
   FileSystem* fs_;
+  Mutex removal_mu_ ACQUIRED_BEFORE(mu_);  // one removal pass (retention or Delete) at a time
   mutable Mutex mu_;
   std::map<std::pair<std::string, uint64_t>, int> pins_ GUARDED_BY(mu_);
 };

@@ -139,6 +139,53 @@ void CoordinatorAdminProvider::DescribeCheckpoint(
   }
 }
 
+namespace {
+
+// Runs an operator operation on `commit` from the provider's worker thread.
+template <typename T>
+std::function<void()> Operation(CommitEngine* commit, std::function<Result<T>(CommitEngine*)> op,
+                                std::shared_ptr<AdminProvider::Reply<T>> reply) {
+  return [commit, op = std::move(op), reply] {
+    if (commit == nullptr) {
+      (*reply)(Unimplemented("this coordinator has no commit engine to operate on"));
+      return;
+    }
+    (*reply)(op(commit));
+  };
+}
+
+}  // namespace
+
+void CoordinatorAdminProvider::PinCheckpoint(const std::string& job, uint64_t step,
+                                             Reply<ckptd::v1::PinCheckpointResponse> reply) {
+  auto shared = std::make_shared<decltype(reply)>(std::move(reply));
+  if (!Post(Operation<ckptd::v1::PinCheckpointResponse>(
+          sources_.commit,
+          [job, step](CommitEngine* c) { return ckpt::PinCheckpoint(c, job, step); }, shared))) {
+    (*shared)(ShuttingDown());
+  }
+}
+
+void CoordinatorAdminProvider::UnpinCheckpoint(const std::string& job, uint64_t step,
+                                               Reply<ckptd::v1::UnpinCheckpointResponse> reply) {
+  auto shared = std::make_shared<decltype(reply)>(std::move(reply));
+  if (!Post(Operation<ckptd::v1::UnpinCheckpointResponse>(
+          sources_.commit,
+          [job, step](CommitEngine* c) { return ckpt::UnpinCheckpoint(c, job, step); }, shared))) {
+    (*shared)(ShuttingDown());
+  }
+}
+
+void CoordinatorAdminProvider::DeleteCheckpoint(const std::string& job, uint64_t step,
+                                                Reply<ckptd::v1::DeleteCheckpointResponse> reply) {
+  auto shared = std::make_shared<decltype(reply)>(std::move(reply));
+  if (!Post(Operation<ckptd::v1::DeleteCheckpointResponse>(
+          sources_.commit,
+          [job, step](CommitEngine* c) { return ckpt::DeleteCheckpoint(c, job, step); }, shared))) {
+    (*shared)(ShuttingDown());
+  }
+}
+
 void CoordinatorAdminProvider::SampleLoop() {
   MutexLock lock(mu_);
   while (!cv_.WaitFor(mu_, kProgressTick, [this]() REQUIRES(mu_) { return closed_; })) {

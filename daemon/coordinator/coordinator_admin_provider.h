@@ -7,6 +7,8 @@
 //                recent aborts and failures with their reasons, and the config summary.
 //   List/Describe the committed steps under the storage root (checkpoint_catalog.h), the same
 //                files the daemons read.
+//   Pin/Unpin/Delete a committed step through the core's commit engine (Sources::commit): the
+//                coordinator commits its daemons' jobs, so these operations belong here.
 //   WatchEvents  every state the core decides (CoordinatorCore::Config::on_step_state →
 //   OnStepState),
 //                and while a stream is open, progress samples of in-flight steps every
@@ -45,6 +47,7 @@ class CoordinatorAdminProvider final : public AdminProvider {
     std::string node_id = "coordinator";
     std::string version;
     std::vector<std::pair<std::string, std::string>> config;  // key, value for the summary
+    CommitEngine* commit = nullptr;  // the core's; pin / unpin / delete go to it
   };
 
   explicit CoordinatorAdminProvider(Sources sources);
@@ -68,6 +71,12 @@ class CoordinatorAdminProvider final : public AdminProvider {
                        Reply<ckptd::v1::ListCheckpointsResponse> reply) override;
   void DescribeCheckpoint(const std::string& job, uint64_t step,
                           Reply<ckptd::v1::DescribeCheckpointResponse> reply) override;
+  void PinCheckpoint(const std::string& job, uint64_t step,
+                     Reply<ckptd::v1::PinCheckpointResponse> reply) override;
+  void UnpinCheckpoint(const std::string& job, uint64_t step,
+                       Reply<ckptd::v1::UnpinCheckpointResponse> reply) override;
+  void DeleteCheckpoint(const std::string& job, uint64_t step,
+                        Reply<ckptd::v1::DeleteCheckpointResponse> reply) override;
   WatchHub& watch_hub() override { return hub_; }
 
  private:

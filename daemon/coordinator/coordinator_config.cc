@@ -23,13 +23,14 @@ const OptionTable<CoordinatorConfig>& Table() {
               config_keys::EndpointAddress("listen", serves, endpoint),
               storage_root,
               config_keys::Keep(&C::keep),
+              config_keys::KeepEvery(&C::keep_every),
               config_keys::StepTimeout(&C::step_timeout),
               {"lease", "a node whose event stream stays closed this long is lost, e.g. 10s",
                Duration(&C::lease)},
               config_keys::Metrics(&C::metrics),
           },
           config_keys::EndpointTls("", serves, "daemons", endpoint),
-          {config_keys::LogLevel(&C::log_level)},
+          {config_keys::AdminReadOnly(&C::admin_read_only), config_keys::LogLevel(&C::log_level)},
       }));
   return table;
 }

@@ -19,7 +19,8 @@ namespace ckpt {
 struct CoordinatorConfig {
   std::string listen = "127.0.0.1:7470";  // gRPC: Coordinator, Admin, health
   std::string storage_root;               // required: the root every daemon writes under
-  uint32_t keep = 0;                      // committed checkpoints kept per job, 0 = all
+  uint32_t keep = 0;        // rolling committed steps kept per job (commit_engine.h); 0 = all
+  uint32_t keep_every = 0;  // milestones: steps that are multiples of it are kept; 0 = none
   std::chrono::milliseconds step_timeout{std::chrono::minutes(10)};
   std::chrono::milliseconds lease{std::chrono::seconds(10)};  // a silent node is lost after it
   std::string metrics;        // Prometheus HTTP endpoint host:port; empty (the default): off
@@ -27,6 +28,7 @@ struct CoordinatorConfig {
   std::string tls_key;        //
   std::string tls_client_ca;  // PEM CA: daemons must present a certificate it signed
   bool allow_plaintext = false;
+  bool admin_read_only = false;  // refuse the admin API's pin / unpin / delete
   std::string log_level = "info";
   bool print_config = false;
 

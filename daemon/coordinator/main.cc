@@ -7,9 +7,11 @@
 // With --metrics HOST:PORT it serves Prometheus text on /metrics (coordinator_metrics.h), bound
 // before the recovery scan so a taken port fails the start at once.
 //
-//   ckpt-coordinator --listen ADDR --storage-root DIR [--keep N] [--step-timeout 10m]
+//   ckpt-coordinator --listen ADDR --storage-root DIR [--keep N] [--keep-every M] [--step-timeout
+//   10m]
 //                    [--lease 10s] [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]
-//                    [--allow-plaintext] [--metrics HOST:PORT] [--log-level info]
+//                    [--allow-plaintext] [--admin-read-only] [--metrics HOST:PORT] [--log-level
+//                    info]
 //                    [--config FILE] [--print-config]
 // Every flag is also a key of the --config YAML file (coordinator_config.h).
 #include <unistd.h>
@@ -74,7 +76,20 @@ int main(int argc, char** argv) {
     }
   }
   metrics.Hook(config);
+  // The core's commit engine, built here so that it carries keep-every (the core builds its own
+  // from `config` otherwise, which knows only keep) and the admin provider can pin and delete
+  // through it. Its commit points reach config.on_commit_point (set below) when one is set.
+  ckpt::CommitEngine::Config commit_config;
+  commit_config.storage_root = config.storage_root;
+  commit_config.keep = flags.keep;
+  commit_config.keep_every = flags.keep_every;
+  commit_config.writer = config.writer;
+  commit_config.on_point = [&config](std::string_view point) {
+    if (config.on_commit_point) config.on_commit_point(point);
+  };
+  ckpt::CommitEngine commit(std::move(commit_config), ckpt::PosixFileSystem());
   ckpt::CoordinatorAdminProvider::Sources admin_sources;
+  admin_sources.commit = &commit;
   admin_sources.fs = ckpt::PosixFileSystem();
   admin_sources.storage_root = flags.storage_root;
   admin_sources.version = ckpt::kVersion;
@@ -107,12 +122,12 @@ int main(int argc, char** argv) {
       }
     };
   }
-  ckpt::CoordinatorCore core(config, ckpt::PosixFileSystem());
+  ckpt::CoordinatorCore core(config, ckpt::PosixFileSystem(), &commit);
   const auto metrics_reads_core = metrics.Attach(&core);  // detached before `core` goes
   spdlog::info(
-      "ckpt-coordinator {} starting: storage root {}, keep {}, step timeout {} ms, "
+      "ckpt-coordinator {} starting: storage root {}, keep {}, keep-every {}, step timeout {} ms, "
       "lease {} ms",
-      ckpt::kVersion, flags.storage_root, flags.keep, flags.step_timeout.count(),
+      ckpt::kVersion, flags.storage_root, flags.keep, flags.keep_every, flags.step_timeout.count(),
       flags.lease.count());
   auto recovered = core.Start();
   if (!recovered.ok()) {
@@ -130,7 +145,7 @@ int main(int argc, char** argv) {
 
   admin.Start(&core);
   ckpt::CoordinatorService service(&core, RandomHex());
-  ckpt::AdminService admin_service(&admin);
+  ckpt::AdminService admin_service(&admin, flags.admin_read_only);
   ckpt::GrpcServer::Options endpoint;
   endpoint.what = "coordinator";
   endpoint.address = flags.listen;

@@ -23,9 +23,10 @@ using ckpt::testing::WriteFile;
 using std::chrono::milliseconds;
 
 // Every key ckpt-coordinator has ever accepted (deploy/ and the integration tests use them).
-const char* const kKeys[] = {"listen",        "storage-root",    "keep",     "step-timeout",
-                             "lease",         "metrics",         "tls-cert", "tls-key",
-                             "tls-client-ca", "allow-plaintext", "log-level"};
+const char* const kKeys[] = {
+    "listen",          "storage-root",    "keep",     "keep-every", "step-timeout",
+    "lease",           "metrics",         "tls-cert", "tls-key",    "tls-client-ca",
+    "allow-plaintext", "admin-read-only", "log-level"};
 
 constexpr auto Load = testing::LoadConfig<CoordinatorConfig, LoadCoordinatorConfig>;
 constexpr auto LoadOk = testing::LoadConfigOk<CoordinatorConfig, LoadCoordinatorConfig>;
@@ -117,6 +118,10 @@ TEST_CASE("coordinator config: --help lists every key with its default", "[coord
   CHECK_THAT(text, Contains("--config"));
   CHECK_THAT(text, Contains("[default: 127.0.0.1:7470]"));
   CHECK_THAT(text, Contains("[default: 10000ms]"));  // lease
+  // Every default is shown, zeros and empty ones too.
+  CHECK_THAT(text, Contains("(0 = all) [default: 0]"));            // keep
+  CHECK_THAT(text, Contains("(0 = no milestones) [default: 0]"));  // keep-every
+  CHECK_THAT(text, Contains("Prometheus endpoint host:port (empty = off) [default: \"\"]"));
   // No environment variables: the coordinator never read any.
   CHECK_THAT(text, !Contains("[env "));
 }

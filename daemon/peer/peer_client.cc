@@ -72,8 +72,9 @@ Status PeerClient::Connect(Clock::time_point deadline, const std::string& what) 
                            "' is not an IP address");
   }
   const tcp::endpoint endpoint(address, hp.port);
-  RETURN_IF_ERROR(RunUntil(deadline, what + " (connecting)",
-                           [&](auto handler) { socket_.async_connect(endpoint, handler); }));
+  RETURN_IF_ERROR(RunUntil(deadline, what + " (connecting)", [&](auto handler) REQUIRES(mu_) {
+    socket_.async_connect(endpoint, handler);
+  }));
   socket_.set_option(tcp::no_delay(true), ec);
   connected_ = true;
   return Status::Ok();
@@ -97,18 +98,20 @@ Status PeerClient::Exchange(FrameType type, const std::string& meta, const std::
   }
   const std::array<asio::const_buffer, 3> out = {asio::buffer(header), asio::buffer(meta),
                                                  asio::buffer(send, send_length)};
-  RETURN_IF_ERROR(RunUntil(deadline, what + " (sending)",
-                           [&](auto handler) { asio::async_write(socket_, out, handler); }));
+  RETURN_IF_ERROR(RunUntil(deadline, what + " (sending)", [&](auto handler) REQUIRES(mu_) {
+    asio::async_write(socket_, out, handler);
+  }));
   if (send_length > 0 && observer_ != nullptr) {
     observer_->OnPeerBytes(Direction::kSent, send_length);
   }
 
   std::byte reply_header[kHeaderBytes];
-  RETURN_IF_ERROR(RunUntil(deadline, what + " (waiting for the reply)", [&](auto handler) {
-    asio::async_read(socket_, asio::buffer(reply_header), handler);
-  }));
+  RETURN_IF_ERROR(
+      RunUntil(deadline, what + " (waiting for the reply)", [&](auto handler) REQUIRES(mu_) {
+        asio::async_read(socket_, asio::buffer(reply_header), handler);
+      }));
   auto reply = DecodeHeader(std::span<const std::byte, kHeaderBytes>(reply_header));
-  const auto protocol_error = [&](const std::string& why) {
+  const auto protocol_error = [&](const std::string& why) REQUIRES(mu_) {
     Disconnect();
     return Internal("peer " + config_.address + ": " + what + ": " + why);
   };
@@ -117,9 +120,10 @@ Status PeerClient::Exchange(FrameType type, const std::string& meta, const std::
     return protocol_error("the answer is not the reply to request " + std::to_string(h.request_id));
   }
   std::string reply_meta(reply->meta_length, '\0');
-  RETURN_IF_ERROR(RunUntil(deadline, what + " (reading the reply)", [&](auto handler) {
-    asio::async_read(socket_, asio::buffer(reply_meta), handler);
-  }));
+  RETURN_IF_ERROR(
+      RunUntil(deadline, what + " (reading the reply)", [&](auto handler) REQUIRES(mu_) {
+        asio::async_read(socket_, asio::buffer(reply_meta), handler);
+      }));
   auto status = DecodeReply(reply_meta);
   if (!status.has_value()) return protocol_error("malformed reply metadata");
   if (!status->ok()) {
@@ -131,7 +135,7 @@ Status PeerClient::Exchange(FrameType type, const std::string& meta, const std::
                           std::to_string(expect) + " were asked for");
   }
   if (expect == 0) return Status::Ok();
-  RETURN_IF_ERROR(RunUntil(deadline, what + " (receiving data)", [&](auto handler) {
+  RETURN_IF_ERROR(RunUntil(deadline, what + " (receiving data)", [&](auto handler) REQUIRES(mu_) {
     asio::async_read(socket_, asio::buffer(receive, expect), handler);
   }));
   if (observer_ != nullptr) observer_->OnPeerBytes(Direction::kReceived, expect);

@@ -300,16 +300,18 @@ class PeerServer::Connection : public std::enable_shared_from_this<Connection> {
         asio::buffer(out_data_.get(), static_cast<size_t>(length))};
     asio::async_write(socket_, buffers,
                       [self = shared_from_this(), length, then_close](error_code ec, size_t) {
-                        if (self->closed_) return;
                         self->out_data_.reset();
+                        // Counted even when the connection was closed meanwhile: the bytes
+                        // went out.
+                        if (!ec && length > 0 && self->server_->observer_ != nullptr) {
+                          self->server_->observer_->OnPeerBytes(Direction::kSent, length);
+                        }
+                        if (self->closed_) return;
                         if (ec) {
                           spdlog::warn("peer data plane: {}: writing a reply: {}: closing",
                                        self->peer_, ec.message());
                           self->Fail("unavailable");
                           return;
-                        }
-                        if (length > 0 && self->server_->observer_ != nullptr) {
-                          self->server_->observer_->OnPeerBytes(Direction::kSent, length);
                         }
                         if (then_close) {
                           self->Close();

@@ -58,7 +58,7 @@ TEST_CASE("peer data plane: two daemons, a saved step fetched and held bit-exact
           "[peer][daemon]") {
   testing::TempDir dir_a, dir_b;
   auto a = StartPeerDaemon(dir_a);
-  auto b = StartPeerDaemon(dir_b, {"--peer-pool", "8MiB"});
+  auto b = StartPeerDaemon(dir_b, {"--peer-pool", "5MiB"});
   const std::string addr_a = PeerAddress(*a), addr_b = PeerAddress(*b);
 
   // A saves step 1 of a one-rank job.
@@ -72,7 +72,9 @@ TEST_CASE("peer data plane: two daemons, a saved step fetched and held bit-exact
   RequireTrainerStep(a->root(), "peer-job", 1, 3ull << 20, 3, 1, seed);
   const std::string file = DataFileName(0);
   const std::string on_disk = ReadWholeFile(JoinPath(StepDir(a->root(), "peer-job", 1), file));
+  // One copy fits B's 5 MiB peer pool, two do not.
   REQUIRE(on_disk.size() >= (3u << 20));
+  REQUIRE(on_disk.size() <= (5u << 20));
 
   // Another node fetches the whole data file from A's data plane, in 1 MiB chunks.
   PeerClient from_a({addr_a, std::chrono::seconds(20), 1 << 20});
@@ -91,7 +93,7 @@ TEST_CASE("peer data plane: two daemons, a saved step fetched and held bit-exact
   CHECK(held == on_disk);
   CHECK_FALSE(std::filesystem::exists(JobDir(b->root(), "peer-job")));
 
-  // B's pool (8 MiB) cannot take another copy: a clear refusal, and the first copy stays.
+  // B's pool (5 MiB) cannot take another copy: a clear refusal, and the first copy stays.
   const Status full = to_b.Put({"peer-job", 2, file, 0, on_disk.size()},
                                reinterpret_cast<const std::byte*>(fetched.data()));
   CHECK(full.code() == StatusCode::kResourceExhausted);
@@ -126,16 +128,20 @@ TEST_CASE("peer data plane: two daemons, a saved step fetched and held bit-exact
   CHECK(out == on_disk.substr(4096, 16));
   CHECK(a->Alive());
 
-  // The metrics count both directions.
+  // The metrics count both directions (a server counts a reply once its write completed, which
+  // may be just after the client has it: poll).
   const std::string metrics_a = LoggedAddress(*a, "metrics: Prometheus endpoint http://");
-  const std::string page = HttpGet(metrics_a, "/metrics");
-  CHECK(Sample(page, "ckptd_peer_bytes_total{direction=\"sent\"}") >=
+  const std::string metrics_b = LoggedAddress(*b, "metrics: Prometheus endpoint http://");
+  const auto sample = [](const std::string& address, const std::string& series) {
+    return Sample(HttpGet(address, "/metrics"), series);
+  };
+  CHECK(PollUntil([&] {
+    return sample(metrics_a, "ckptd_peer_bytes_total{direction=\"sent\"}") >=
+           static_cast<double>(on_disk.size());
+  }));
+  CHECK(sample(metrics_b, "ckptd_peer_bytes_total{direction=\"received\"}") >=
         static_cast<double>(on_disk.size()));
-  const std::string page_b =
-      HttpGet(LoggedAddress(*b, "metrics: Prometheus endpoint http://"), "/metrics");
-  CHECK(Sample(page_b, "ckptd_peer_bytes_total{direction=\"received\"}") >=
-        static_cast<double>(on_disk.size()));
-  CHECK(Sample(page_b, "ckptd_peer_requests_failed_total{reason=\"full\"}") == 1);
+  CHECK(sample(metrics_b, "ckptd_peer_requests_failed_total{reason=\"full\"}") == 1);
 }
 
 TEST_CASE("peer data plane: a holder killed mid-transfer fails the fetch before its deadline",

@@ -98,6 +98,17 @@ const OptionTable<DaemonConfig>& Table() {
                                       RETURN_IF_ERROR(ValidateJobName(job));
                                       return job;
                                     })},
+              // ---- daemon-to-daemon data plane (daemon/peer/) ----
+              {"peer-listen",
+               "host:port of the daemon-to-daemon data plane (plain TCP, for the cluster "
+               "network; port 0 picks one, logged and shown as peer-bound; empty = off)",
+               Str(&C::peer_listen)},
+              {"peer-pool",
+               "memory for regions other nodes hand this one to hold, e.g. 8GiB (full: further "
+               "ones are refused, nothing is evicted; 0 = hold none)",
+               Bytes(&C::peer_pool)},
+              {"peer-bandwidth", "cap on bytes/s the data plane sends, e.g. 1GiB (0 = none)",
+               Bytes(&C::peer_bandwidth)},
           },
       }));
   return table;
@@ -145,6 +156,9 @@ Status Validate(DaemonConfig& c) {
   }
   if (!c.admin_tls_client_ca.empty() && c.admin_tls_cert.empty()) {
     return InvalidArgument("admin-tls-client-ca needs admin-tls-cert and admin-tls-key");
+  }
+  if (!c.peer_listen.empty() && c.peer_listen.rfind(':') == std::string::npos) {
+    return InvalidArgument("peer-listen '" + c.peer_listen + "' is not host:port");
   }
   return Status::Ok();
 }

@@ -57,6 +57,10 @@ struct DaemonConfig {
   bool admin_allow_plaintext = false;    // admin without TLS off loopback
   bool admin_read_only = false;          // refuse the admin API's pin / unpin / delete
   std::vector<std::string> shared_jobs;  // any session may load these jobs' checkpoints
+  // ---- daemon-to-daemon data plane (daemon/peer/) ----
+  std::string peer_listen;      // host:port of the peer server; empty: off
+  uint64_t peer_pool = 0;       // bytes this node holds for other nodes (PUT); 0: none
+  uint64_t peer_bandwidth = 0;  // bytes/s the data plane may send; 0: no cap
 
   // YAML of the effective configuration (what --print-config prints).
   std::string ToYaml() const;

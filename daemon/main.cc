@@ -38,6 +38,10 @@
 #include "daemon/load_service.h"
 #include "daemon/local_server.h"
 #include "daemon/node_state.h"
+#include "daemon/peer/peer_server.h"
+#include "daemon/peer/peer_source.h"
+#include "daemon/peer/peer_store.h"
+#include "daemon/peer/token_bucket.h"
 #include "daemon/rpc/coordinator_link.h"
 #include "daemon/task_pool.h"
 #include "daemon/version.h"
@@ -286,6 +290,21 @@ int RunDaemon(const DaemonConfig& config) {
   LocalServer server(io, server_config, &services);  // binds nothing until started
   // ---- end of operations setup ----
 
+  // ---- daemon-to-daemon data plane (daemon/peer/; --peer-listen, off by default): serves
+  // FETCH from what this node holds for others, its hot cache or committed storage, and keeps
+  // what other nodes PUT within --peer-pool. Its own loop thread and pool.
+  peer::PeerStore peer_store(config.peer_pool);
+  peer::TokenBucket peer_bandwidth(config.peer_bandwidth);
+  peer::DaemonPeerSource peer_source(&peer_store, &hot, config.slot_size, fs, config.storage_root);
+  std::unique_ptr<peer::PeerServer> peer_server;
+  if (!config.peer_listen.empty()) {
+    peer::PeerServer::Config peer_config;
+    peer_config.listen = config.peer_listen;
+    peer_server = std::make_unique<peer::PeerServer>(
+        std::move(peer_config), &peer_source, &peer_store,
+        config.peer_bandwidth == 0 ? nullptr : &peer_bandwidth, &metrics);
+  }
+
   // ---- start and stop order ----
   // Two stacks, because the admin endpoint is not nested inside what it reports on: it comes up
   // first (probes see NOT_SERVING while the pool pins) and goes down first (once the loop has
@@ -331,6 +350,24 @@ int RunDaemon(const DaemonConfig& config) {
       "load service", [&] { loads.Start(); }, [&] { loads.Stop(); });
   service.StartInfallible(
       "flush engine", [&] { flush.Start(); }, [&] { flush.Stop(); });
+  if (peer_server != nullptr) {
+    if (Status st = service.Start(
+            "peer data plane",
+            [&] {
+              RETURN_IF_ERROR(peer_server->Start());
+              admin_provider.AddConfig("peer-bound", peer_server->bound_address());
+              spdlog::info("peer data plane: bound {}, peer pool {}, bandwidth cap {}",
+                           peer_server->bound_address(), FormatBytes(config.peer_pool),
+                           config.peer_bandwidth == 0 ? std::string("none")
+                                                      : FormatBytes(config.peer_bandwidth) + "/s");
+              return Status::Ok();
+            },
+            [&] { peer_server->Stop(); });
+        !st.ok()) {
+      spdlog::error("{}", st.ToString());
+      return 1;
+    }
+  }
   if (Status st = *coordinator_link
                       ? service.Start(
                             "coordinator link", [&] { return (*coordinator_link)->Start(&node); },

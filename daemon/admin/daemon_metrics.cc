@@ -159,6 +159,14 @@ DaemonMetrics::DaemonMetrics(std::string version, std::string node_id, const Hos
                             "(daemon restart, broken connection)")
                       .Register(*registry_)
                       .Add({})),
+      peer_bytes_(BuildCounter()
+                      .Name("ckptd_peer_bytes_total")
+                      .Help("Chunk bytes moved over the daemon-to-daemon data plane, by direction")
+                      .Register(*registry_)),
+      peer_failures_(BuildCounter()
+                         .Name("ckptd_peer_requests_failed_total")
+                         .Help("Data plane requests refused or failed, either side, by reason")
+                         .Register(*registry_)),
       job_families_{
           &BuildCounter()
                .Name("ckptd_job_saves_started_total")
@@ -204,6 +212,17 @@ DaemonMetrics::DaemonMetrics(std::string version, std::string node_id, const Hos
   // Both label values exist from the start, so rate() works before the first load.
   read_bytes_.Add({{"source", "memory"}});
   read_bytes_.Add({{"source", "storage"}});
+  peer_bytes_.Add({{"direction", "sent"}});
+  peer_bytes_.Add({{"direction", "received"}});
+}
+
+void DaemonMetrics::OnPeerBytes(peer::Direction direction, uint64_t bytes) {
+  peer_bytes_.Add({{"direction", direction == peer::Direction::kSent ? "sent" : "received"}})
+      .Increment(static_cast<double>(bytes));
+}
+
+void DaemonMetrics::OnPeerFailure(std::string_view reason) {
+  peer_failures_.Add({{"reason", std::string(reason)}}).Increment();
 }
 
 DaemonMetrics::~DaemonMetrics() = default;

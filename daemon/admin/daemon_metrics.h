@@ -20,6 +20,10 @@
 //   ckptd_storage_writes_in_flight                    storage calls of the writers in progress
 //   ckptd_storage_oldest_write_seconds                age of the oldest of them (0: none): a
 //                                                     hung filesystem shows as a growing value
+//   ckptd_peer_bytes_total{direction="sent"|"received"}  chunk bytes over the daemon-to-daemon
+//                                                     data plane (daemon/peer/), both roles
+//   ckptd_peer_requests_failed_total{reason}          data plane requests refused or failed,
+//                                                     reasons from peer::PeerObserver
 //
 // Per-job series, label `job` (the trainer's job name), for per-job alerts on a node that
 // several jobs share ("job X has not committed for 30 min", "job X's saves fail"):
@@ -85,6 +89,7 @@
 #include "daemon/daemon_observer.h"
 #include "daemon/host_pool.h"
 #include "daemon/hot_cache.h"
+#include "daemon/peer/peer_observer.h"
 
 namespace ckpt {
 
@@ -100,7 +105,7 @@ struct DaemonJobSeriesOptions {
   std::function<std::chrono::steady_clock::time_point()> now;  // empty: steady_clock (tests)
 };
 
-class DaemonMetrics final : public DaemonObserver {
+class DaemonMetrics final : public DaemonObserver, public peer::PeerObserver {
  public:
   // What the writers are doing to storage now: calls in flight, age of the oldest in seconds.
   using StorageProbe = std::function<std::pair<uint32_t, double>()>;
@@ -129,6 +134,9 @@ class DaemonMetrics final : public DaemonObserver {
               uint64_t bytes_from_storage, double seconds) override;
   void OnClientConnected(const ClientDescription& client) override;
   void OnClientDisconnected(uint64_t session_id) override;
+  // The data plane's counters (peer::PeerObserver; any thread).
+  void OnPeerBytes(peer::Direction direction, uint64_t bytes) override;
+  void OnPeerFailure(std::string_view reason) override;
 
  private:
   class PoolCollector;
@@ -179,6 +187,8 @@ class DaemonMetrics final : public DaemonObserver {
   prometheus::Gauge& last_commit_;
   prometheus::Gauge& clients_;
   prometheus::Counter& reattaches_;
+  prometheus::Family<prometheus::Counter>& peer_bytes_;
+  prometheus::Family<prometheus::Counter>& peer_failures_;
   JobFamilies job_families_;
   JobSeriesOptions job_options_;
   mutable Mutex mu_;

@@ -1,0 +1,59 @@
+// PeerSource: where a FETCH's bytes come from. The daemon's source (DaemonPeerSource) looks, in
+// order, in the regions other nodes PUT here (PeerStore), in the hot cache (the steps this node
+// captured or loaded, daemon/hot_cache.h), and last in storage through the FileSystem — the step
+// directory's data file under the storage root, only once the step is committed (MANIFEST
+// present: before that the file may hold preallocated zeros where a write has not landed). The
+// bytes of a FETCH are checksummed for the wire only; a reader that restores a checkpoint still
+// verifies them against the manifest, as it does bytes from its own storage. A region may be served
+// partly from the cache and partly from storage: the cache is consulted per host-pool slot window,
+// and a step's data file never changes once written, so the pieces agree.
+//
+// Read blocks (storage): the server calls it on its pool threads, never on its loop.
+// Thread safety: Read from any number of threads at once.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "common/file_system.h"
+#include "common/status.h"
+#include "daemon/peer/peer_protocol.h"
+
+namespace ckpt {
+class HotCache;
+}
+
+namespace ckpt::peer {
+
+class PeerStore;
+
+class PeerSource {
+ public:
+  virtual ~PeerSource() = default;
+  // Copies the region (region.length bytes) into `out`. kNotFound when this node has no such
+  // step or file, kOutOfRange when the region runs past the file's end; messages name the
+  // region.
+  virtual Status Read(const Region& region, std::byte* out) = 0;
+};
+
+class DaemonPeerSource final : public PeerSource {
+ public:
+  // Any of store, hot may be null (skipped). `window`: the hot cache's window size (the host
+  // pool's slot size); 0 treats the region as one window.
+  DaemonPeerSource(PeerStore* store, HotCache* hot, uint64_t window, FileSystem* fs,
+                   std::string storage_root)
+      : store_(store), hot_(hot), window_(window), fs_(fs), root_(std::move(storage_root)) {}
+
+  Status Read(const Region& region, std::byte* out) override;
+
+ private:
+  Status ReadStorage(const Region& region, std::byte* out);
+
+  PeerStore* store_;
+  HotCache* hot_;
+  uint64_t window_;
+  FileSystem* fs_;
+  std::string root_;
+};
+
+}  // namespace ckpt::peer

@@ -1,0 +1,124 @@
+#include "daemon/peer/peer_store.h"
+
+#include <cstring>
+#include <tuple>
+#include <vector>
+
+#include "common/units.h"
+
+namespace ckpt::peer {
+
+PeerStore::Reservation::Reservation(PeerStore* store, Region region)
+    : store_(store),
+      region_(std::move(region)),
+      data_(new std::byte[std::max<uint64_t>(region_.length, 1)]) {}
+
+PeerStore::Reservation::~Reservation() {
+  if (!committed_) store_->Unreserve(region_.length);
+}
+
+void PeerStore::Unreserve(uint64_t bytes) {
+  MutexLock lock(mu_);
+  reserved_ -= bytes;
+}
+
+Result<std::unique_ptr<PeerStore::Reservation>> PeerStore::Reserve(const Region& region) {
+  {
+    MutexLock lock(mu_);
+    if (held_ + reserved_ + region.length > budget_) {
+      return ResourceExhausted("peer pool full: cannot hold " + DescribeRegion(region) + " (" +
+                               FormatBytes(region.length) + "): " + FormatBytes(held_ + reserved_) +
+                               " of " + FormatBytes(budget_) +
+                               " in use (--peer-pool); nothing was evicted");
+    }
+    reserved_ += region.length;
+  }
+  // Allocated outside the lock; the budget already counts it.
+  return std::unique_ptr<Reservation>(new Reservation(this, region));
+}
+
+void PeerStore::Commit(Reservation& r) {
+  if (r.committed_) return;
+  Held held{Buffer(std::move(r.data_)), r.region_.length};
+  MutexLock lock(mu_);
+  r.committed_ = true;
+  reserved_ -= held.length;
+  held_ += held.length;
+  auto& regions = steps_[{r.region_.job, r.region_.step}][r.region_.file];
+  auto [it, inserted] = regions.try_emplace(r.region_.offset, held);
+  if (!inserted) {
+    held_ -= it->second.length;
+    it->second = std::move(held);
+  } else {
+    ++regions_;
+  }
+}
+
+bool PeerStore::Cover(const Region& region,
+                      std::vector<std::tuple<Buffer, uint64_t, uint64_t>>* pieces) const {
+  MutexLock lock(mu_);
+  auto step = steps_.find({region.job, region.step});
+  if (step == steps_.end()) return false;
+  auto file = step->second.find(region.file);
+  if (file == step->second.end()) return false;
+  const auto& regions = file->second;
+  uint64_t pos = region.offset;
+  const uint64_t end = region.offset + region.length;
+  while (pos < end) {
+    auto it = regions.upper_bound(pos);
+    if (it == regions.begin()) return false;
+    --it;
+    const uint64_t region_end = it->first + it->second.length;
+    if (region_end <= pos) return false;
+    const uint64_t n = std::min(end, region_end) - pos;
+    if (pieces != nullptr) pieces->emplace_back(it->second.data, pos - it->first, n);
+    pos += n;
+  }
+  return true;
+}
+
+bool PeerStore::Read(const Region& region, std::byte* out) const {
+  std::vector<std::tuple<Buffer, uint64_t, uint64_t>> pieces;
+  if (!Cover(region, &pieces)) return false;
+  // The copies run without the lock: each piece's buffer is kept alive by its shared_ptr.
+  for (const auto& [buffer, from, n] : pieces) {
+    std::memcpy(out, buffer.get() + from, n);
+    out += n;
+  }
+  return true;
+}
+
+bool PeerStore::Holds(const Region& region) const { return Cover(region, nullptr); }
+
+uint64_t PeerStore::DropStep(const std::string& job, uint64_t step) {
+  MutexLock lock(mu_);
+  auto it = steps_.find({job, step});
+  if (it == steps_.end()) return 0;
+  uint64_t freed = 0;
+  for (const auto& [file, regions] : it->second) {
+    for (const auto& [offset, held] : regions) {
+      freed += held.length;
+      --regions_;
+    }
+  }
+  held_ -= freed;
+  steps_.erase(it);
+  return freed;
+}
+
+uint64_t PeerStore::used() const {
+  MutexLock lock(mu_);
+  return held_ + reserved_;
+}
+
+uint64_t PeerStore::held_bytes() const {
+  MutexLock lock(mu_);
+  return held_;
+}
+
+size_t PeerStore::region_count() const {
+  MutexLock lock(mu_);
+  return regions_;
+}
+
+}  // namespace ckpt::peer

@@ -160,7 +160,8 @@ class AdminTest(unittest.TestCase):
                 if fd.package + "." + service.name == "ckptd.v1.Admin":
                     methods = {m.name for m in service.method}
         self.assertEqual(methods, {"GetStatus", "ListCheckpoints", "DescribeCheckpoint",
-                                   "WatchEvents"})
+                                   "WatchEvents", "PinCheckpoint", "UnpinCheckpoint",
+                                   "DeleteCheckpoint"})
 
     # -- ckptctl --json -----------------------------------------------------------------------
 

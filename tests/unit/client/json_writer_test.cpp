@@ -111,10 +111,11 @@ TEST_CASE("JsonWriter::Proto writes the proto3 mapping with the .proto field nam
 TEST_CASE("JsonWriter::Proto: optional fields, enums, doubles and signed 64-bit integers",
           "[json]") {
   ckptd::v1::ListCheckpointsResponse list;
-  CHECK(JsonWriter().Proto(list).str() == R"({"steps":[]})");  // no latest: none committed
+  // No latest: none committed. Repeated fields are printed even when empty.
+  CHECK(JsonWriter().Proto(list).str() == R"({"steps":[],"pinned":[]})");
   list.add_steps(0);
   list.set_latest(0);  // set, even to 0: written
-  CHECK(JsonWriter().Proto(list).str() == R"({"steps":["0"],"latest":"0"})");
+  CHECK(JsonWriter().Proto(list).str() == R"({"steps":["0"],"latest":"0","pinned":[]})");
 
   ckptd::v1::WatchEventsResponse event;
   event.set_unix_time_ms(-5);
@@ -149,7 +150,7 @@ TEST_CASE("JsonWriter::Proto pretty-prints with the writer's indent", "[json]") 
   list.add_steps(7);
   list.set_latest(7);
   CHECK(JsonWriter(1).Proto(list).str() ==
-        "{\n \"steps\": [\n  \"3\",\n  \"7\"\n ],\n \"latest\": \"7\"\n}");
+        "{\n \"steps\": [\n  \"3\",\n  \"7\"\n ],\n \"latest\": \"7\",\n \"pinned\": []\n}");
 }
 
 }  // namespace

@@ -48,6 +48,16 @@
 extern char** environ;
 
 namespace ckpt::ctl {
+
+Result<TensorSize> SizeOf(const ckptd::v1::TensorEntry& t) {
+  TensorSize out;
+  ASSIGN_OR_RETURN(out.dtype, LookupDType(t.dtype()), "tensor '" + EscapeForLog(t.name()) + "'");
+  ASSIGN_OR_RETURN(out.numel, ShapeNumel(std::vector<uint64_t>(t.global_shape().begin(),
+                                                               t.global_shape().end())));
+  out.bytes = out.numel * out.dtype.element_size;
+  return out;
+}
+
 namespace {
 
 using ckptd::v1::Manifest;
@@ -74,21 +84,6 @@ std::string OldOnlyMessage(const std::string& value) {
 
 bool IsOldOnly(const std::string& only) {
   return only == "model" || only == "optimizer" || only == "all";
-}
-
-struct TensorSize {
-  DTypeInfo dtype;
-  uint64_t numel = 0;
-  uint64_t bytes = 0;
-};
-
-Result<TensorSize> SizeOf(const TensorEntry& t) {
-  TensorSize out;
-  ASSIGN_OR_RETURN(out.dtype, LookupDType(t.dtype()), "tensor '" + EscapeForLog(t.name()) + "'");
-  ASSIGN_OR_RETURN(out.numel, ShapeNumel(std::vector<uint64_t>(t.global_shape().begin(),
-                                                               t.global_shape().end())));
-  out.bytes = out.numel * out.dtype.element_size;
-  return out;
 }
 
 // ---------------------------------------------------------------- selection

@@ -34,7 +34,19 @@
 #include <optional>
 #include <string>
 
+#include "ckptd/v1/manifest.pb.h"
+#include "common/dtype.h"
+#include "common/status.h"
+
 namespace ckpt::ctl {
+
+// Element count and byte size of a tensor of a validated manifest (inspect and export).
+struct TensorSize {
+  DTypeInfo dtype;
+  uint64_t numel = 0;
+  uint64_t bytes = 0;
+};
+Result<TensorSize> SizeOf(const ckptd::v1::TensorEntry& t);
 
 struct ExportOptions {
   std::string dir;

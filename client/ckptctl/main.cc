@@ -79,22 +79,6 @@ std::string ShapeText(const TensorEntry& t) {
   return s + "]";
 }
 
-// Element count and byte size of a tensor of a validated manifest.
-struct TensorSize {
-  DTypeInfo dtype;
-  uint64_t numel = 0;
-  uint64_t bytes = 0;
-};
-
-Result<TensorSize> SizeOf(const TensorEntry& t) {
-  TensorSize out;
-  ASSIGN_OR_RETURN(out.dtype, LookupDType(t.dtype()), "tensor '" + EscapeForLog(t.name()) + "'");
-  ASSIGN_OR_RETURN(out.numel, ShapeNumel(std::vector<uint64_t>(t.global_shape().begin(),
-                                                               t.global_shape().end())));
-  out.bytes = out.numel * out.dtype.element_size;
-  return out;
-}
-
 Result<std::unique_ptr<CheckpointReader>> OpenOrReport(const std::string& dir) {
   auto reader = CheckpointReader::Open(PosixFileSystem(), dir);
   if (!reader.ok()) PrintError("cannot open checkpoint " + dir + ": " + reader.status().ToString());

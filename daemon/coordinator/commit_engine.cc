@@ -157,6 +157,17 @@ Status CommitEngine::ApplyRetention(const std::string& job) {
   return victims.empty() ? Status::Ok() : fs_->SyncDir(job_dir);
 }
 
+Status CommitEngine::RequireCommitted(const std::string& job, uint64_t step, const std::string& dir,
+                                      const std::string& what) {
+  ASSIGN_OR_RETURN(bool committed, fs_->Exists(JoinPath(dir, std::string(kManifestFileName))),
+                   what);
+  if (!committed) {
+    return NotFound(what + ": no committed step " + std::to_string(step) + " of job '" + job +
+                    "' (no MANIFEST in " + dir + ")");
+  }
+  return Status::Ok();
+}
+
 Status CommitEngine::PinForOperator(const std::string& job, uint64_t step) {
   const std::string what = "pin of job '" + job + "' step " + std::to_string(step);
   RETURN_IF_ERROR(ValidateJobName(job), what);
@@ -164,12 +175,7 @@ Status CommitEngine::PinForOperator(const std::string& job, uint64_t step) {
   // Under mu_: retention removes a MANIFEST only under mu_ after reading the markers, so a step
   // is either pinned before retention looks (it stays) or found uncommitted here.
   MutexLock lock(mu_);
-  ASSIGN_OR_RETURN(bool committed, fs_->Exists(JoinPath(dir, std::string(kManifestFileName))),
-                   what);
-  if (!committed) {
-    return NotFound(what + ": no committed step " + std::to_string(step) + " of job '" + job +
-                    "' (no MANIFEST in " + dir + ")");
-  }
+  RETURN_IF_ERROR(RequireCommitted(job, step, dir, what));
   const auto now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                           std::chrono::system_clock::now().time_since_epoch())
                           .count();
@@ -186,12 +192,7 @@ Status CommitEngine::UnpinForOperator(const std::string& job, uint64_t step) {
   RETURN_IF_ERROR(ValidateJobName(job), what);
   const std::string dir = StepDir(config_.storage_root, job, step);
   MutexLock lock(mu_);
-  ASSIGN_OR_RETURN(bool committed, fs_->Exists(JoinPath(dir, std::string(kManifestFileName))),
-                   what);
-  if (!committed) {
-    return NotFound(what + ": no committed step " + std::to_string(step) + " of job '" + job +
-                    "' (no MANIFEST in " + dir + ")");
-  }
+  RETURN_IF_ERROR(RequireCommitted(job, step, dir, what));
   ASSIGN_OR_RETURN(bool pinned, IsPinned(job, step), what);
   if (!pinned) return FailedPrecondition(what + ": the step is not pinned");
   RETURN_IF_ERROR(fs_->Remove(JoinPath(dir, std::string(kPinnedFileName))), what);

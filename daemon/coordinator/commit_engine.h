@@ -126,6 +126,9 @@ class CommitEngine {
   Status ApplyRetention(const std::string& job);
   Status RemoveStepDir(const std::string& job, uint64_t step);
   Result<bool> IsPinned(const std::string& job, uint64_t step) const;
+  // NOT_FOUND (prefixed by `what`) unless step directory `dir` holds a MANIFEST.
+  Status RequireCommitted(const std::string& job, uint64_t step, const std::string& dir,
+                          const std::string& what);
 
   Config config_;
   FileSystem* fs_;

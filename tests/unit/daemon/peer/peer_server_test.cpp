@@ -294,7 +294,6 @@ TEST_CASE("peer data plane: malformed and oversized frames close that connection
 }
 
 TEST_CASE("peer data plane: a stalled peer is an error at the deadline, not a hang", "[peer]") {
-  std::atomic<bool> release{false};
   FakePeer fake([&](int fd) {
     testing::ReadRequest(fd);
     // Half a reply, then nothing until the client gave up.

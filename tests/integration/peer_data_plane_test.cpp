@@ -8,7 +8,6 @@
 
 #include <atomic>
 #include <future>
-#include <regex>
 
 #include "daemon/peer/peer_client.h"
 #include "daemon/peer/peer_observer.h"
@@ -21,14 +20,16 @@ using peer::Region;
 
 // The first "host:port" the log shows after `prefix`, once it appears.
 std::string LoggedAddress(const DaemonProcess& daemon, const std::string& prefix) {
-  const std::regex re(prefix + "([0-9.]+:[0-9]+)");
+  // Plain string search: std::regex trips gcc 12's -Wmaybe-uninitialized at -O1 (the asan stage).
   std::string found;
   REQUIRE(PollUntil([&] {
-    std::smatch m;
     const std::string log = daemon.Log();
-    if (!std::regex_search(log, m, re)) return false;
-    found = m[1];
-    return true;
+    const size_t at = log.find(prefix);
+    if (at == std::string::npos) return false;
+    const size_t start = at + prefix.size();
+    const size_t end = log.find_first_not_of("0123456789.:", start);
+    found = log.substr(start, (end == std::string::npos ? log.size() : end) - start);
+    return found.find(':') != std::string::npos && found.back() != ':';
   }));
   return found;
 }

@@ -142,49 +142,38 @@ Status AdminService::CheckWritable(const std::string& what) const {
   return PermissionDenied(what + ": this admin endpoint is read-only (admin-read-only: true)");
 }
 
-grpc::ServerUnaryReactor* AdminService::PinCheckpoint(
-    grpc::CallbackServerContext* ctx, const ckptd::v1::PinCheckpointRequest* request,
-    ckptd::v1::PinCheckpointResponse* response) {
+template <typename Request, typename Response, typename Operation>
+grpc::ServerUnaryReactor* AdminService::StepOperation(grpc::CallbackServerContext* ctx,
+                                                      const char* verb, const Request* request,
+                                                      Response* response, Operation operation) {
   auto* reactor = ctx->DefaultReactor();
   auto reply = FinishWith(reactor, response);
-  Status allowed =
-      CheckWritable("pin of job '" + request->job() + "' step " + std::to_string(request->step()));
+  Status allowed = CheckWritable(std::string(verb) + " of job '" + request->job() + "' step " +
+                                 std::to_string(request->step()));
   if (!allowed.ok()) {
     reply(allowed);
   } else {
-    provider_->PinCheckpoint(request->job(), request->step(), std::move(reply));
+    (provider_->*operation)(request->job(), request->step(), std::move(reply));
   }
   return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::PinCheckpoint(
+    grpc::CallbackServerContext* ctx, const ckptd::v1::PinCheckpointRequest* request,
+    ckptd::v1::PinCheckpointResponse* response) {
+  return StepOperation(ctx, "pin", request, response, &AdminProvider::PinCheckpoint);
 }
 
 grpc::ServerUnaryReactor* AdminService::UnpinCheckpoint(
     grpc::CallbackServerContext* ctx, const ckptd::v1::UnpinCheckpointRequest* request,
     ckptd::v1::UnpinCheckpointResponse* response) {
-  auto* reactor = ctx->DefaultReactor();
-  auto reply = FinishWith(reactor, response);
-  Status allowed = CheckWritable("unpin of job '" + request->job() + "' step " +
-                                 std::to_string(request->step()));
-  if (!allowed.ok()) {
-    reply(allowed);
-  } else {
-    provider_->UnpinCheckpoint(request->job(), request->step(), std::move(reply));
-  }
-  return reactor;
+  return StepOperation(ctx, "unpin", request, response, &AdminProvider::UnpinCheckpoint);
 }
 
 grpc::ServerUnaryReactor* AdminService::DeleteCheckpoint(
     grpc::CallbackServerContext* ctx, const ckptd::v1::DeleteCheckpointRequest* request,
     ckptd::v1::DeleteCheckpointResponse* response) {
-  auto* reactor = ctx->DefaultReactor();
-  auto reply = FinishWith(reactor, response);
-  Status allowed = CheckWritable("delete of job '" + request->job() + "' step " +
-                                 std::to_string(request->step()));
-  if (!allowed.ok()) {
-    reply(allowed);
-  } else {
-    provider_->DeleteCheckpoint(request->job(), request->step(), std::move(reply));
-  }
-  return reactor;
+  return StepOperation(ctx, "delete", request, response, &AdminProvider::DeleteCheckpoint);
 }
 
 grpc::ServerWriteReactor<ckptd::v1::WatchEventsResponse>* AdminService::WatchEvents(

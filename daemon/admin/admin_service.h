@@ -52,6 +52,11 @@ class AdminService final : public ckptd::v1::Admin::CallbackService {
  private:
   // PERMISSION_DENIED for an operation under read_only_; OK otherwise.
   Status CheckWritable(const std::string& what) const;
+  // Pin, unpin and delete: the read-only check, then `operation` of the provider.
+  template <typename Request, typename Response, typename Operation>
+  grpc::ServerUnaryReactor* StepOperation(grpc::CallbackServerContext* ctx, const char* verb,
+                                          const Request* request, Response* response,
+                                          Operation operation);
 
   AdminProvider* provider_;
   bool read_only_;

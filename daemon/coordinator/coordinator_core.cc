@@ -504,16 +504,18 @@ Result<ckptd::v1::ReportRegistrationResponse> CoordinatorCore::ReportRegistratio
   return resp;
 }
 
+void CoordinatorCore::UnindexRank(JobRecord& j, uint32_t rank, const RankRecord& record) {
+  if (!record.layout) --j.waiting;
+  auto on = j.ranks_by_node.find(record.node_id);
+  if (on != j.ranks_by_node.end()) {
+    on->second.erase(rank);
+    if (on->second.empty()) j.ranks_by_node.erase(on);
+  }
+}
+
 void CoordinatorCore::SetRank(JobRecord& j, uint32_t rank, RankRecord record) {
   auto [it, fresh] = j.registrations.try_emplace(rank);
-  if (!fresh) {
-    if (!it->second.layout) --j.waiting;
-    auto on = j.ranks_by_node.find(it->second.node_id);
-    if (on != j.ranks_by_node.end()) {
-      on->second.erase(rank);
-      if (on->second.empty()) j.ranks_by_node.erase(on);
-    }
-  }
+  if (!fresh) UnindexRank(j, rank, it->second);
   if (!record.layout) ++j.waiting;
   j.ranks_by_node[record.node_id].insert(rank);
   it->second = std::move(record);
@@ -524,12 +526,7 @@ void CoordinatorCore::SetRank(JobRecord& j, uint32_t rank, RankRecord record) {
 void CoordinatorCore::WithdrawRank(JobRecord& j, uint32_t rank) {
   auto it = j.registrations.find(rank);
   if (it == j.registrations.end()) return;
-  if (!it->second.layout) --j.waiting;
-  auto on = j.ranks_by_node.find(it->second.node_id);
-  if (on != j.ranks_by_node.end()) {
-    on->second.erase(rank);
-    if (on->second.empty()) j.ranks_by_node.erase(on);
-  }
+  UnindexRank(j, rank, it->second);
   j.registrations.erase(it);
   ++j.registrations_version;
   j.plan_dirty = true;

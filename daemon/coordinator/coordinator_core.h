@@ -246,6 +246,8 @@ class CoordinatorCore {
   // With mu_ held (`j` is one of jobs_; static functions, so the analysis cannot check it).
   static void WithdrawRank(JobRecord& j, uint32_t rank);
   static void SetRank(JobRecord& j, uint32_t rank, RankRecord record);
+  // Takes `record` of `rank` out of the job's counts and node index (before replacing it).
+  static void UnindexRank(JobRecord& j, uint32_t rank, const RankRecord& record);
   static bool Complete(const JobRecord& j);
   // `layout` arrived: the registrations waiting for it are registered.
   void ResolveWaiters(const std::shared_ptr<const RankLayout>& layout) REQUIRES(mu_);

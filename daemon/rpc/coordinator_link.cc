@@ -216,8 +216,11 @@ void CoordinatorLink::SendRegistration(ckptd::v1::ReportRegistrationRequest full
   // By fingerprint first: a data-parallel replica of a rank registered before sends 16 bytes
   // instead of its layout (proto/README.md, "Registration by fingerprint").
   full.set_layout_fingerprint(FingerprintLayout(full.shards()).ToBytes());
-  ckptd::v1::ReportRegistrationRequest brief = full;
-  brief.clear_shards();
+  // The brief copy without copying the shards: they are swapped out and back.
+  google::protobuf::RepeatedPtrField<ckptd::v1::ShardKey> shards;
+  shards.Swap(full.mutable_shards());
+  const ckptd::v1::ReportRegistrationRequest brief = full;
+  full.mutable_shards()->Swap(&shards);
   if (!CallReportRegistration(brief, &resp)) return;
   if (resp.need_layout()) {
     resp.Clear();

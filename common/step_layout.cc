@@ -68,6 +68,10 @@ Result<std::vector<uint64_t>> ListCommittedSteps(FileSystem* fs, const std::stri
   return ListSteps(fs, job_dir, true);
 }
 
+Result<bool> IsPinnedStep(FileSystem* fs, const std::string& step_dir) {
+  return fs->Exists(JoinPath(step_dir, std::string(kPinnedFileName)));
+}
+
 Result<std::vector<uint64_t>> ListUncommittedSteps(FileSystem* fs, const std::string& job_dir) {
   return ListSteps(fs, job_dir, false);
 }

@@ -18,6 +18,9 @@ namespace ckpt {
 
 inline constexpr std::string_view kManifestFileName = "MANIFEST";
 inline constexpr std::string_view kLatestFileName = "LATEST";
+// The operator pin's marker in a step directory: present = pinned (retention keeps the step).
+// Its contents (when and by what it was pinned) are for people; only its presence counts.
+inline constexpr std::string_view kPinnedFileName = "PINNED";
 
 std::string StepDirName(uint64_t step);  // "step-0000000042"
 std::optional<uint64_t> ParseStepDirName(std::string_view name);
@@ -28,6 +31,8 @@ std::string NodeManifestFileName(std::string_view node_id);  // "node-<id>.nmf"
 
 // Steps of a job that have a MANIFEST, ascending. An absent job directory gives {}.
 Result<std::vector<uint64_t>> ListCommittedSteps(FileSystem* fs, const std::string& job_dir);
+// Whether the step directory holds the operator pin's marker.
+Result<bool> IsPinnedStep(FileSystem* fs, const std::string& step_dir);
 // Step directories without a MANIFEST (in flight, or leftovers of a crash), ascending.
 Result<std::vector<uint64_t>> ListUncommittedSteps(FileSystem* fs, const std::string& job_dir);
 // The step LATEST names, if LATEST exists and names a committed step; otherwise the newest

@@ -46,12 +46,21 @@ void HotCache::AddValid(Window& w, uint64_t begin, uint64_t end) {
   w.valid = std::move(merged);
 }
 
+bool HotCache::NewerStepCachedLocked(const std::string& job, uint64_t step) const {
+  // Only steps with bytes count: a pin alone (a load or a peer's FETCH asking for a step this
+  // node does not hold) creates an empty entry, which must not make real bytes look stale.
+  for (auto it = steps_.upper_bound({job, step}); it != steps_.end() && it->first.first == job;
+       ++it) {
+    if (!it->second.files.empty()) return true;
+  }
+  return false;
+}
+
 void HotCache::Adopt(const std::string& job, uint64_t step, const std::string& file,
                      uint64_t file_offset, uint64_t length, HostPool::SlotId slot) {
   MutexLock lock(mu_);
   // A newer step of this job is already cached: this one is stale on arrival.
-  auto newer = steps_.upper_bound({job, step});
-  if (newer != steps_.end() && newer->first.first == job) {
+  if (NewerStepCachedLocked(job, step)) {
     pool_->Release(slot);
     return;
   }
@@ -77,8 +86,7 @@ void HotCache::InsertRead(const std::string& job, uint64_t step, const std::stri
   const uint64_t start = offset / window_size * window_size;
   if (length == 0 || offset + length > start + window_size) return;  // straddles: not cached
   MutexLock lock(mu_);
-  auto newer = steps_.upper_bound({job, step});
-  if (newer != steps_.end() && newer->first.first == job) return;
+  if (NewerStepCachedLocked(job, step)) return;
   Window* window = nullptr;
   auto existing = steps_.find({job, step});
   if (existing != steps_.end()) {

@@ -74,6 +74,8 @@ class HotCache {
   void FreeLocked(std::map<Key, StepEntry>::iterator it) REQUIRES(mu_);
   // Drops unpinned steps of `job` older than `step`.
   void DropOlderLocked(const std::string& job, uint64_t step) REQUIRES(mu_);
+  // A step of `job` newer than `step` holds bytes here.
+  bool NewerStepCachedLocked(const std::string& job, uint64_t step) const REQUIRES(mu_);
   static void AddValid(Window& w, uint64_t begin, uint64_t end);
 
   HostPool* pool_;

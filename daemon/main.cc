@@ -300,9 +300,10 @@ int RunDaemon(const DaemonConfig& config) {
   if (!config.peer_listen.empty()) {
     peer::PeerServer::Config peer_config;
     peer_config.listen = config.peer_listen;
-    peer_server = std::make_unique<peer::PeerServer>(
-        std::move(peer_config), &peer_source, &peer_store,
-        config.peer_bandwidth == 0 ? nullptr : &peer_bandwidth, &metrics);
+    peer_config.nice = config.worker_nice;  // serving peers yields to capture, like flush
+    // A bucket of rate 0 never makes a sender wait.
+    peer_server = std::make_unique<peer::PeerServer>(std::move(peer_config), &peer_source,
+                                                     &peer_store, &peer_bandwidth, &metrics);
   }
 
   // ---- start and stop order ----

@@ -18,8 +18,7 @@ Result<ckptd::v1::ListCheckpointsResponse> ListCommittedCheckpoints(FileSystem* 
                    "list checkpoints of job '" + job + "'");
   for (uint64_t s : steps) {
     out.add_steps(s);
-    ASSIGN_OR_RETURN(bool pinned,
-                     fs->Exists(JoinPath(StepDir(root, job, s), std::string(kPinnedFileName))),
+    ASSIGN_OR_RETURN(bool pinned, IsPinnedStep(fs, StepDir(root, job, s)),
                      "list checkpoints of job '" + job + "'");
     if (pinned) out.add_pinned(s);
   }

@@ -48,7 +48,10 @@ NodeAdminProvider::NodeAdminProvider(boost::asio::io_context& io, Sources source
 
 NodeAdminProvider::~NodeAdminProvider() { *alive_ = false; }
 
-void NodeAdminProvider::Start() { ArmTick(); }
+void NodeAdminProvider::Start() {
+  operations_.Start();
+  ArmTick();
+}
 
 void NodeAdminProvider::Close() {
   std::map<uint64_t, Reply<ckptd::v1::GetStatusResponse>> pending;
@@ -60,6 +63,7 @@ void NodeAdminProvider::Close() {
   for (auto& [id, reply] : pending)
     reply(Unavailable("node " + sources_.node_id + " is shutting down"));
   hub_.CloseAll();
+  operations_.Stop();  // an operation under way finishes and answers
 }
 
 bool NodeAdminProvider::PostToStorage(std::function<void()> f) {
@@ -181,7 +185,14 @@ void NodeAdminProvider::RunOperation(const std::string& what,
     return;
   }
   auto shared = std::make_shared<Reply<T>>(std::move(reply));
-  if (!PostToStorage([this, op = std::move(op), shared] { (*shared)(op(sources_.commit)); })) {
+  bool posted = false;
+  {
+    MutexLock lock(mu_);
+    posted = !closed_ && operations_.Post([this, op = std::move(op), shared] {
+      (*shared)(op(sources_.commit));
+    });
+  }
+  if (!posted) {
     (*shared)(Unavailable(what + ": node " + sources_.node_id + " is shutting down"));
   }
 }

@@ -3,9 +3,10 @@
 // streams) and an AdminProvider (status, list, describe).
 //
 // Threads: observer calls arrive on the daemon's loop. GetStatus posts to the loop, where it
-// reads NodeState::Snapshot() and its own client table, then replies from there; list,
-// describe and the operator operations (pin, unpin, delete: CommitEngine) run on the storage
-// thread (file I/O). While watch streams are open, a timer on the
+// reads NodeState::Snapshot() and its own client table, then replies from there; list and
+// describe run on the storage thread (file I/O); the operator operations (pin, unpin, delete:
+// CommitEngine) on a thread of their own, so that removing a large step never delays the node
+// manifests the storage thread writes for saves. While watch streams are open, a timer on the
 // loop samples in-flight steps every kProgressTick and publishes their progress.
 //
 // Shutdown: Close() answers UNAVAILABLE to status calls still waiting for the loop (which may
@@ -42,7 +43,7 @@ class NodeAdminProvider final : public AdminProvider, public DaemonObserver {
     const HostPool* pool = nullptr;
     const HotCache* hot = nullptr;
     FileSystem* fs = nullptr;
-    TaskPool* storage = nullptr;  // list, describe, pin, unpin and delete run here
+    TaskPool* storage = nullptr;  // list and describe run here
     // The engine that commits this node's jobs when the coordinator is embedded (pin, unpin and
     // delete go to it); null under a global coordinator, whose address `coordinator` names:
     // those operations then belong to it and are refused here.
@@ -95,7 +96,7 @@ class NodeAdminProvider final : public AdminProvider, public DaemonObserver {
 
  private:
   bool PostToStorage(std::function<void()> f);
-  // Runs `op` (an operator operation on the commit engine) on the storage thread; refuses at
+  // Runs `op` (an operator operation on the commit engine) on operations_; refuses at
   // once when this daemon has no engine of its own (it runs under a global coordinator).
   template <typename T>
   void RunOperation(const std::string& what, std::function<Result<T>(CommitEngine*)> op,
@@ -121,6 +122,7 @@ class NodeAdminProvider final : public AdminProvider, public DaemonObserver {
   std::deque<ckptd::v1::Failure> failures_;
   boost::asio::steady_timer tick_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  TaskPool operations_{1, 0, "admin-ops"};  // pin, unpin, delete; started by Start()
 };
 
 // A StepSnapshot as the Admin API shows it.

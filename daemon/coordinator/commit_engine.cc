@@ -110,8 +110,7 @@ std::vector<uint64_t> CommitEngine::RetentionVictims(const std::vector<uint64_t>
 }
 
 Result<bool> CommitEngine::IsPinned(const std::string& job, uint64_t step) const {
-  return fs_->Exists(
-      JoinPath(StepDir(config_.storage_root, job, step), std::string(kPinnedFileName)));
+  return IsPinnedStep(fs_, StepDir(config_.storage_root, job, step));
 }
 
 Status CommitEngine::RemoveStepDir(const std::string& job, uint64_t step) {
@@ -122,35 +121,45 @@ Status CommitEngine::RemoveStepDir(const std::string& job, uint64_t step) {
 
 Status CommitEngine::ApplyRetention(const std::string& job) {
   if (config_.keep == 0) return Status::Ok();
-  MutexLock removal(removal_mu_);
   const std::string job_dir = JobDir(config_.storage_root, job);
-  ASSIGN_OR_RETURN(auto committed, ListCommittedSteps(fs_, job_dir));
+  const std::string ctx = "retention of job '" + job + "'";
+  ASSIGN_OR_RETURN(auto committed, ListCommittedSteps(fs_, job_dir), ctx);
   if (committed.size() <= config_.keep) return Status::Ok();
+  // The markers are read without the lock (one Exists per committed step, none of it on the
+  // load path's mutex); a pin written since is seen by the re-check of the victims below.
+  std::set<uint64_t> pinned;
+  for (uint64_t step : committed) {
+    ASSIGN_OR_RETURN(bool is_pinned, IsPinned(job, step), ctx);
+    if (is_pinned) pinned.insert(step);
+  }
   std::vector<uint64_t> victims;
   {
-    // The pin checks and the MANIFEST removals are one step for loads (Pin/PinLatest) and for
-    // operator pins (PinForOperator takes mu_ too): a step is held or pinned either before
-    // (it stays) or after (its MANIFEST is gone: the load or the pin says so), never in
-    // between with the step's files going away under it.
+    // The MANIFEST removals are one step with the load holds (Pin/PinLatest) and the operator
+    // pins (PinForOperator checks its step's MANIFEST under mu_ after writing the marker): a
+    // step is held or pinned either before (it stays) or after (its MANIFEST is gone: the load
+    // or the pin says so), never in between with the step's files going away under it.
     MutexLock lock(mu_);
-    std::set<uint64_t> pinned;
-    for (uint64_t step : committed) {
-      ASSIGN_OR_RETURN(bool is_pinned, IsPinned(job, step));
-      if (is_pinned) pinned.insert(step);
-    }
     std::set<uint64_t> held;
     for (auto it = pins_.lower_bound({job, 0}); it != pins_.end() && it->first.first == job; ++it) {
       held.insert(it->first.second);
     }
-    victims = RetentionVictims(committed, pinned, held, config_.keep, config_.keep_every);
-    for (uint64_t step : victims) {
+    for (uint64_t step :
+         RetentionVictims(committed, pinned, held, config_.keep, config_.keep_every)) {
+      const std::string dir = StepDir(config_.storage_root, job, step);
+      const std::string what = ctx + ", step " + std::to_string(step);
+      ASSIGN_OR_RETURN(bool still_committed,
+                       fs_->Exists(JoinPath(dir, std::string(kManifestFileName))), what);
+      if (!still_committed) continue;  // deleted meanwhile: its remover removes the rest
+      ASSIGN_OR_RETURN(bool pinned_now, IsPinned(job, step), what);
+      if (pinned_now) continue;  // pinned since the markers were read
       // MANIFEST first: from then on the step is merely an uncommitted leftover.
-      RETURN_IF_ERROR(fs_->Remove(
-          JoinPath(StepDir(config_.storage_root, job, step), std::string(kManifestFileName))));
+      RETURN_IF_ERROR(fs_->Remove(JoinPath(dir, std::string(kManifestFileName))), what);
+      victims.push_back(step);
     }
   }
+  // Outside the lock: the MANIFEST is gone, so no load, pin or delete touches these any more.
   for (uint64_t step : victims) {
-    RETURN_IF_ERROR(RemoveStepDir(job, step));
+    RETURN_IF_ERROR(RemoveStepDir(job, step), ctx + ", step " + std::to_string(step));
     spdlog::info("job '{}': retention removed step {} (keep {}, keep-every {})", job, step,
                  config_.keep, config_.keep_every);
   }
@@ -172,17 +181,23 @@ Status CommitEngine::PinForOperator(const std::string& job, uint64_t step) {
   const std::string what = "pin of job '" + job + "' step " + std::to_string(step);
   RETURN_IF_ERROR(ValidateJobName(job), what);
   const std::string dir = StepDir(config_.storage_root, job, step);
-  // Under mu_: retention removes a MANIFEST only under mu_ after reading the markers, so a step
-  // is either pinned before retention looks (it stays) or found uncommitted here.
-  MutexLock lock(mu_);
   RETURN_IF_ERROR(RequireCommitted(job, step, dir, what));
+  const std::string marker = JoinPath(dir, std::string(kPinnedFileName));
   const auto now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                           std::chrono::system_clock::now().time_since_epoch())
                           .count();
-  RETURN_IF_ERROR(WriteFileAtomically(fs_, JoinPath(dir, std::string(kPinnedFileName)),
+  // Written without the lock (two fsyncs); then, under mu_, the step must still be committed.
+  // Retention re-reads a victim's marker under mu_ before removing its MANIFEST, so either it
+  // saw the marker (the step stays) or the MANIFEST was gone before this check (the pin fails,
+  // and its marker goes with the step's directory).
+  RETURN_IF_ERROR(WriteFileAtomically(fs_, marker,
                                       "pinned by the operator at unix ms " +
                                           std::to_string(now_ms) + " (" + config_.writer + ")\n"),
                   what);
+  {
+    MutexLock lock(mu_);
+    RETURN_IF_ERROR(RequireCommitted(job, step, dir, what));
+  }
   spdlog::info("job '{}': step {} pinned by the operator", job, step);
   return Status::Ok();
 }
@@ -206,7 +221,8 @@ Status CommitEngine::DeleteCommitted(const std::string& job, uint64_t step) {
   RETURN_IF_ERROR(ValidateJobName(job), what);
   const std::string job_dir = JobDir(config_.storage_root, job);
   const std::string dir = StepDir(config_.storage_root, job, step);
-  MutexLock removal(removal_mu_);
+  // Before the lock: a step that is not the newest now never becomes the newest.
+  ASSIGN_OR_RETURN(auto steps, ListCommittedSteps(fs_, job_dir), what);
   {
     MutexLock lock(mu_);
     ASSIGN_OR_RETURN(bool committed, fs_->Exists(JoinPath(dir, std::string(kManifestFileName))),
@@ -218,7 +234,6 @@ Status CommitEngine::DeleteCommitted(const std::string& job, uint64_t step) {
                                 ": the step is not committed (in flight, or being "
                                 "removed); only committed steps can be deleted");
     }
-    ASSIGN_OR_RETURN(auto steps, ListCommittedSteps(fs_, job_dir), what);
     if (!steps.empty() && steps.back() == step) {
       return FailedPrecondition(what +
                                 ": it is the newest committed step of the job, which is "
@@ -239,7 +254,7 @@ Status CommitEngine::DeleteCommitted(const std::string& job, uint64_t step) {
 }
 
 Result<std::vector<uint64_t>> CommitEngine::ListPinned(const std::string& job) const {
-  RETURN_IF_ERROR(ValidateJobName(job), "list pinned steps");
+  RETURN_IF_ERROR(ValidateJobName(job), "pinned steps of job '" + job + "'");
   std::vector<uint64_t> out;
   ASSIGN_OR_RETURN(auto steps, ListCommittedSteps(fs_, JobDir(config_.storage_root, job)));
   for (uint64_t step : steps) {

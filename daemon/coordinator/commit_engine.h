@@ -32,8 +32,10 @@
 // Used by the embedded coordinator of a single-node daemon and by ckpt-coordinator alike; the
 // operator operations belong to the engine that commits the job (docs/design.md §2.5).
 // Thread safety: Commit/RemoveStep/RemoveUncommitted are called from one thread (the commit or
-// storage thread); everything else from any. Retention and Delete serialise on removal_mu_;
-// the pin checks and the MANIFEST removals they guard happen under mu_.
+// storage thread); everything else from any. Each MANIFEST removal (retention, Delete) happens
+// under mu_ right after re-checking that the step is still committed, unpinned and not held, so
+// two removals never race for one step; directory removal and the markers' fsyncs run without
+// a lock, so a large delete never holds up a commit or a load.
 #pragma once
 
 #include <cstdint>
@@ -51,10 +53,6 @@
 #include "common/mutex.h"
 
 namespace ckpt {
-
-// The operator pin's marker in a step directory: present = pinned. Its contents (when and by
-// what it was pinned) are for people; only its presence counts.
-inline constexpr std::string_view kPinnedFileName = "PINNED";
 
 class CommitEngine {
  public:
@@ -132,7 +130,6 @@ class CommitEngine {
 
   Config config_;
   FileSystem* fs_;
-  Mutex removal_mu_ ACQUIRED_BEFORE(mu_);  // one removal pass (retention or Delete) at a time
   mutable Mutex mu_;
   std::map<std::pair<std::string, uint64_t>, int> pins_ GUARDED_BY(mu_);
 };

@@ -83,6 +83,10 @@ Status PeerClient::Connect(Clock::time_point deadline, const std::string& what) 
 Status PeerClient::Exchange(FrameType type, const std::string& meta, const std::byte* send,
                             uint64_t send_length, std::byte* receive, uint64_t expect,
                             const std::string& what) {
+  // Pacing first, on the caller's thread: the request's deadline counts from when it may go,
+  // so a wait for bandwidth never uses up the time the peer has to answer.
+  if (send_length > 0 && bucket_ != nullptr)
+    std::this_thread::sleep_for(bucket_->Take(send_length));
   const Clock::time_point deadline = Clock::now() + config_.timeout;
   RETURN_IF_ERROR(Connect(deadline, what));
   FrameHeader h;
@@ -93,9 +97,6 @@ Status PeerClient::Exchange(FrameType type, const std::string& meta, const std::
   h.data_xxh3 = send_length == 0 ? 0 : Xxh3(send, send_length);
   std::byte header[kHeaderBytes];
   EncodeHeader(h, header);
-  if (send_length > 0 && bucket_ != nullptr) {
-    std::this_thread::sleep_for(bucket_->Take(send_length));  // pacing, on the caller's thread
-  }
   const std::array<asio::const_buffer, 3> out = {asio::buffer(header), asio::buffer(meta),
                                                  asio::buffer(send, send_length)};
   RETURN_IF_ERROR(RunUntil(deadline, what + " (sending)", [&](auto handler) REQUIRES(mu_) {

@@ -134,10 +134,26 @@ class PeerServer::Connection : public std::enable_shared_from_this<Connection> {
       Reply(v, nullptr, 0, 0);
       return;
     }
+    // Reserved until the reply's buffer is freed (written, failed or the connection closed).
+    PeerServer* server = server_;
+    const uint64_t bytes = region->length;
+    if (server->fetch_bytes_.fetch_add(bytes) + bytes > server->config_.max_fetch_bytes) {
+      server->fetch_bytes_ -= bytes;
+      if (server->observer_ != nullptr) server->observer_->OnPeerFailure("full");
+      Reply(ResourceExhausted("peer: FETCH of " + DescribeRegion(*region) + ": " +
+                              std::to_string(server->config_.max_fetch_bytes) +
+                              " bytes of replies already in flight; read it elsewhere"),
+            nullptr, 0, 0);
+      return;
+    }
+    std::shared_ptr<void> reserved(nullptr,
+                                   [server, bytes](void*) { server->fetch_bytes_ -= bytes; });
     timer_.cancel();  // no read pending while the pool works
     auto self = shared_from_this();
-    const bool posted = server_->pool_.Post([self, region = *region] {
-      std::shared_ptr<std::byte[]> data(new std::byte[std::max<uint64_t>(region.length, 1)]);
+    const bool posted = server_->pool_.Post([self, region = *region, reserved] {
+      if (self->closed_) return;  // closed while queued (or the server stopping): no read
+      std::shared_ptr<std::byte[]> data(new std::byte[std::max<uint64_t>(region.length, 1)],
+                                        [reserved](std::byte* p) { delete[] p; });
       Status status = self->server_->source_->Read(region, data.get());
       const uint64_t sum = status.ok() ? Xxh3(data.get(), region.length) : 0;
       asio::post(self->server_->io_, [self, status = std::move(status), data, region, sum] {
@@ -325,7 +341,7 @@ class PeerServer::Connection : public std::enable_shared_from_this<Connection> {
   tcp::socket socket_;
   asio::steady_timer timer_;
   std::string peer_;
-  bool closed_ = false;
+  std::atomic<bool> closed_{false};  // set on the loop, read by pool tasks too
   std::byte in_header_[kHeaderBytes];
   FrameHeader request_;
   std::string meta_;
@@ -342,7 +358,7 @@ PeerServer::PeerServer(Config config, PeerSource* source, PeerStore* store, Toke
       store_(store),
       bucket_(bucket),
       observer_(observer),
-      pool_(std::max(1, config_.threads), 0, "peer") {}
+      pool_(std::max(1, config_.threads), config_.nice, "peer") {}
 
 PeerServer::~PeerServer() { Stop(); }
 

@@ -58,6 +58,10 @@ class PeerServer {
     std::chrono::milliseconds idle_timeout{std::chrono::seconds(120)};
     std::chrono::milliseconds frame_timeout{std::chrono::seconds(30)};
     size_t max_connections = 256;
+    // Bytes of FETCH replies being read or sent at once; a FETCH beyond it is answered
+    // RESOURCE_EXHAUSTED at once (the asker reads storage or another holder instead).
+    uint64_t max_fetch_bytes = 256ull << 20;
+    int nice = 0;  // of the pool's threads: the daemon's worker_nice, below capture's
   };
 
   // `source` serves FETCH; `store` keeps PUTs (null: every PUT and DROP is refused);
@@ -90,6 +94,7 @@ class PeerServer {
   boost::asio::io_context io_;
   boost::asio::ip::tcp::acceptor acceptor_{io_};
   TaskPool pool_;
+  std::atomic<uint64_t> fetch_bytes_{0};  // of FETCH replies in flight (Config::max_fetch_bytes)
   std::thread loop_;
   std::string host_;
   uint16_t port_ = 0;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "common/step_layout.h"
 #include "daemon/hot_cache.h"
@@ -12,27 +14,32 @@ namespace ckpt::peer {
 Status DaemonPeerSource::Read(const Region& region, std::byte* out) {
   if (store_ != nullptr && store_->Read(region, out)) return Status::Ok();
   if (hot_ == nullptr) return ReadStorage(region, out);
-  // Window by window: what the cache holds is copied, the rest read from storage.
+  // Window by window, what the cache holds is copied under a pin; the misses, joined where
+  // they touch, are read from storage after the pin is let go, so a slow storage read never
+  // keeps the step's slots from capture.
+  std::vector<std::pair<uint64_t, uint64_t>> misses;   // [start, end) in the file
+  const uint64_t end = region.offset + region.length;  // no overflow: ValidateRegion
   hot_->Pin(region.job, region.step);
-  Status status = Status::Ok();
-  uint64_t pos = region.offset;
-  const uint64_t end = region.offset + region.length;
-  while (pos < end && status.ok()) {
-    const uint64_t window_end = window_ == 0 ? end : std::min(end, (pos / window_ + 1) * window_);
-    const uint64_t n = window_end - pos;
-    std::byte* dst = out + (pos - region.offset);
+  for (uint64_t pos = region.offset; pos < end;) {
+    // `window_ - pos % window_` cannot overflow where `(pos / window_ + 1) * window_` could.
+    const uint64_t n = window_ == 0 ? end - pos : std::min(end - pos, window_ - pos % window_);
     if (const std::byte* cached = hot_->Find(region.job, region.step, region.file, pos, n)) {
-      std::memcpy(dst, cached, n);
+      std::memcpy(out + (pos - region.offset), cached, n);
+    } else if (!misses.empty() && misses.back().second == pos) {
+      misses.back().second = pos + n;
     } else {
-      Region piece = region;
-      piece.offset = pos;
-      piece.length = n;
-      status = ReadStorage(piece, dst);
+      misses.emplace_back(pos, pos + n);
     }
-    pos = window_end;
+    pos += n;
   }
   hot_->Unpin(region.job, region.step);
-  return status;
+  for (const auto& [start, stop] : misses) {
+    Region piece = region;
+    piece.offset = start;
+    piece.length = stop - start;
+    RETURN_IF_ERROR(ReadStorage(piece, out + (start - region.offset)));
+  }
+  return Status::Ok();
 }
 
 Status DaemonPeerSource::ReadStorage(const Region& region, std::byte* out) {
@@ -57,7 +64,7 @@ Status DaemonPeerSource::ReadStorage(const Region& region, std::byte* out) {
     return file.status().WithContext("peer: " + DescribeRegion(region));
   }
   ASSIGN_OR_RETURN(const uint64_t size, (*file)->Size(), "peer: " + DescribeRegion(region));
-  if (region.offset + region.length > size) {
+  if (region.length > size || region.offset > size - region.length) {
     return OutOfRange("peer: " + DescribeRegion(region) + " runs past the end of " + path + " (" +
                       std::to_string(size) + " bytes)");
   }

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
 
 #include "ckptd/v1/admin.grpc.pb.h"
 
@@ -26,6 +27,15 @@ inline ckptd::v1::GetStatusResponse GetStatus(ckptd::v1::Admin::Stub& admin) {
   INFO("GetStatus: " << st.error_message());
   REQUIRE(st.ok());
   return s;
+}
+
+// The value of `key` in the status' effective configuration, or "" (e.g. "metrics-bound",
+// "peer-bound": the addresses a server bound).
+inline std::string ConfigValue(const ckptd::v1::GetStatusResponse& s, const std::string& key) {
+  for (const auto& e : s.config()) {
+    if (e.key() == key) return e.value();
+  }
+  return "";
 }
 
 }  // namespace ckpt::itest

@@ -14,6 +14,7 @@
 
 namespace {
 
+using ckpt::itest::ConfigValue;
 using ckpt::itest::DaemonProcess;
 using ckpt::itest::Deadline;
 using ckpt::itest::ExitedWith;
@@ -39,13 +40,6 @@ HealthCheckResponse::ServingStatus Health(const std::shared_ptr<grpc::Channel>& 
   INFO("Health/Check: " << st.error_message());
   REQUIRE(st.ok());
   return r.status();
-}
-
-std::string ConfigValue(const ckptd::v1::GetStatusResponse& s, const std::string& key) {
-  for (const auto& e : s.config()) {
-    if (e.key() == key) return e.value();
-  }
-  return "";
 }
 
 // A rank of `job` in this process: registered, ready to save.

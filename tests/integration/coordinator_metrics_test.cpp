@@ -15,6 +15,7 @@
 
 namespace {
 
+using ckpt::itest::ConfigValue;
 using ckpt::itest::CoordinatorProcess;
 using ckpt::itest::GetStatus;
 using ckpt::itest::HttpGet;
@@ -23,13 +24,6 @@ using ckpt::itest::PollUntil;
 using ckpt::itest::Sample;
 using ckpt::itest::StartNodes;
 using ckpt::testing::TempDir;
-
-std::string ConfigValue(const ckptd::v1::GetStatusResponse& s, const std::string& key) {
-  for (const auto& e : s.config()) {
-    if (e.key() == key) return e.value();
-  }
-  return "";
-}
 
 // A coordinator serving /metrics on an ephemeral port, and that port (from its admin status).
 struct ScrapedCoordinator {

@@ -3,7 +3,9 @@
 // a second daemon holds regions PUT to it in its --peer-pool (its own storage never sees them),
 // refuses what does not fit without evicting, survives hostile frames, and a holder killed
 // mid-transfer fails the fetch at once instead of hanging it.
-#include "tests/integration/daemon_harness.h"
+#include "tests/integration/daemon_harness.h"  // first: it configures Catch
+
+#include "tests/integration/admin_client.h"
 #include "tests/integration/http_scrape.h"
 
 #include <atomic>
@@ -18,25 +20,16 @@ namespace {
 using peer::PeerClient;
 using peer::Region;
 
-// The first "host:port" the log shows after `prefix`, once it appears.
-std::string LoggedAddress(const DaemonProcess& daemon, const std::string& prefix) {
-  // Plain string search: std::regex trips gcc 12's -Wmaybe-uninitialized at -O1 (the asan stage).
-  std::string found;
-  REQUIRE(PollUntil([&] {
-    const std::string log = daemon.Log();
-    const size_t at = log.find(prefix);
-    if (at == std::string::npos) return false;
-    const size_t start = at + prefix.size();
-    const size_t end = log.find_first_not_of("0123456789.:", start);
-    found = log.substr(start, (end == std::string::npos ? log.size() : end) - start);
-    return found.find(':') != std::string::npos && found.back() != ':';
-  }));
-  return found;
+// An address the daemon bound, as an operator finds it: `key` in its admin status.
+std::string BoundAddress(const DaemonProcess& d, const std::string& key) {
+  auto admin = ckptd::v1::Admin::NewStub(
+      grpc::CreateChannel("unix:" + d.admin_socket(), grpc::InsecureChannelCredentials()));
+  const std::string bound = ConfigValue(GetStatus(*admin), key);
+  REQUIRE_THAT(bound, Catch::StartsWith("127.0.0.1:"));
+  return bound;
 }
 
-std::string PeerAddress(const DaemonProcess& d) {
-  return LoggedAddress(d, "peer data plane: serving on ");
-}
+std::string PeerAddress(const DaemonProcess& d) { return BoundAddress(d, "peer-bound"); }
 
 std::unique_ptr<DaemonProcess> StartPeerDaemon(const testing::TempDir& dir,
                                                std::vector<std::string> extra = {}) {
@@ -131,8 +124,8 @@ TEST_CASE("peer data plane: two daemons, a saved step fetched and held bit-exact
 
   // The metrics count both directions (a server counts a reply once its write completed, which
   // may be just after the client has it: poll).
-  const std::string metrics_a = LoggedAddress(*a, "metrics: Prometheus endpoint http://");
-  const std::string metrics_b = LoggedAddress(*b, "metrics: Prometheus endpoint http://");
+  const std::string metrics_a = BoundAddress(*a, "metrics-bound");
+  const std::string metrics_b = BoundAddress(*b, "metrics-bound");
   const auto sample = [](const std::string& address, const std::string& series) {
     return Sample(HttpGet(address, "/metrics"), series);
   };

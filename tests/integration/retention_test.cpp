@@ -72,11 +72,9 @@ std::string List(const TempDir& dir, const std::string& admin, const std::string
 }
 
 std::vector<uint64_t> Committed(const std::string& root, const std::string& job) {
-  std::vector<uint64_t> steps;
-  for (uint64_t s = 0; s < 64; ++s) {
-    if (std::filesystem::exists(ckpt::StepDir(root, job, s) + "/MANIFEST")) steps.push_back(s);
-  }
-  return steps;
+  auto steps = ckpt::ListCommittedSteps(ckpt::PosixFileSystem(), ckpt::JobDir(root, job));
+  REQUIRE(steps.ok());
+  return *steps;
 }
 
 }  // namespace

@@ -61,6 +61,15 @@ class MemorySource final : public PeerSource {
 };
 
 // A blocking loopback TCP connection; reads give up after 10 s (a hang fails the test).
+// All of `bytes`, or as much as the peer takes before it closes.
+inline void SendAll(int fd, std::string_view bytes) {
+  while (!bytes.empty()) {
+    const ssize_t n = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    if (n <= 0) return;
+    bytes.remove_prefix(static_cast<size_t>(n));
+  }
+}
+
 class RawPeer {
  public:
   explicit RawPeer(uint16_t port) : fd_(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
@@ -71,13 +80,8 @@ class RawPeer {
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     REQUIRE(::connect(fd_.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
   }
-  void Send(std::string_view bytes) {
-    while (!bytes.empty()) {
-      const ssize_t n = ::send(fd_.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL);
-      if (n <= 0) return;  // the server may close first; the test checks what it reads
-      bytes.remove_prefix(static_cast<size_t>(n));
-    }
-  }
+  // The server may close first; the test checks what it reads.
+  void Send(std::string_view bytes) { SendAll(fd_.get(), bytes); }
   // Exactly n bytes, or fewer when the connection ends (or after 10 s).
   std::string Receive(size_t n) {
     std::string out;
@@ -167,14 +171,6 @@ inline uint32_t ReadRequest(int fd) {
     have += static_cast<size_t>(n);
   }
   return header->request_id;
-}
-
-inline void SendAll(int fd, std::string_view bytes) {
-  while (!bytes.empty()) {
-    const ssize_t n = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-    if (n <= 0) return;
-    bytes.remove_prefix(static_cast<size_t>(n));
-  }
 }
 
 }  // namespace ckpt::peer::testing

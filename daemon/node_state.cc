@@ -560,17 +560,26 @@ void NodeState::ReleaseCaptures(Step& s) {
 void NodeState::Prune(Job& j) {
   size_t finished = 0;
   for (const auto& [n, s] : j.steps) finished += Terminal(s.state) ? 1 : 0;
+  // Like ReleaseCaptures, called right after a step's waiters were answered: a pruned step's
+  // node manifest and extras (O(tensors) protobuf entries to free: ~1 ms at 10,000 tensors) are
+  // freed on the storage thread, not here in front of the trainer's next Save.
+  std::vector<Step> pruned;
   for (auto it = j.steps.begin(); it != j.steps.end() && finished > config_.finished_steps_kept;) {
     const Step& s = it->second;
     // A failed step's files are removed by MaybeCleanup, or by the coordinator that decided it.
     const bool removable = Terminal(s.state) && s.waiters.empty();
     if (removable) {
+      pruned.push_back(std::move(it->second));
       it = j.steps.erase(it);
       --finished;
     } else {
       ++it;
     }
   }
+  if (pruned.empty()) return;
+  auto freed = std::make_shared<std::vector<Step>>(std::move(pruned));
+  const bool posted = tasks_.Background([freed = std::move(freed)] {});
+  static_cast<void>(posted);  // refused once the storage thread stopped: freed here instead
 }
 
 void NodeState::Drain(std::function<void()> idle) {

@@ -8,7 +8,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libboost-dev libspdlog-dev libfmt-dev catch2 pybind11-dev python3-dev
-  libyaml-cpp-dev libxxhash-dev libcli11-dev prometheus-cpp-dev libsystemd-dev
+  libtorch-dev libyaml-cpp-dev libxxhash-dev libcli11-dev prometheus-cpp-dev libsystemd-dev
   python3-torch python3-grpcio python3-yaml python3-numpy python3-matplotlib
   python3-pip python3-venv python3-wheel python3-setuptools
   fio openssl clang libclang-rt-14-dev clang-format

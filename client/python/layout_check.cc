@@ -1,5 +1,6 @@
 #include "client/python/layout_check.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace py = pybind11;
@@ -30,9 +31,15 @@ bool Equal(PyObject* a, PyObject* b) {
 
 }  // namespace
 
-LayoutCheck::LayoutCheck(py::dict tensors, py::object tensor_type)
+LayoutCheck::LayoutCheck(py::dict tensors, py::object tensor_type, py::object tensor_probe)
     : tensor_type_(std::move(tensor_type)) {
   if (!PyType_Check(tensor_type_.ptr())) throw py::type_error("tensor_type must be a type");
+  if (!tensor_probe.is_none()) {
+    void* table = PyCapsule_GetPointer(tensor_probe.ptr(), kTensorProbeCapsule);
+    if (table == nullptr) throw py::error_already_set();  // not the probe's capsule
+    probe_ = static_cast<const TensorProbe*>(table);
+    probe_owner_ = std::move(tensor_probe);
+  }
   // The C functions behind torch.Tensor.data_ptr (a method descriptor) and .shape (a getset
   // descriptor). Another kind of descriptor (a future torch, a mock): the generic calls.
   py::object data_ptr = tensor_type_.attr("data_ptr");
@@ -65,7 +72,69 @@ LayoutCheck::LayoutCheck(py::dict tensors, py::object tensor_type)
     if (PyErr_Occurred() != nullptr) throw py::error_already_set();
     e.tensor = std::move(tensor);
     e.geometry = std::move(geometry);
+    if (probe_ != nullptr && !Probe(e)) {
+      // The probe reads something else than the bindings: a torch it does not understand.
+      probe_ = nullptr;
+      for (Entry& earlier : entries_) earlier.probed_type = nullptr;
+      dims_.clear();
+    }
     entries_.push_back(std::move(e));
+  }
+}
+
+bool LayoutCheck::Probe(Entry& e) {
+  const void* impl = probe_->impl_of(e.tensor.ptr());
+  if (impl == nullptr) return true;  // not a tensor the probe reads: the bindings check it
+  int64_t dims[kTensorProbeMaxDims];
+  uintptr_t data = 0;
+  const int n = probe_->read(impl, &data, dims);
+  if (n < 0) return true;
+  if (data != e.data_ptr || !PyTuple_Check(e.shape.ptr()) || PyTuple_GET_SIZE(e.shape.ptr()) != n) {
+    return false;
+  }
+  for (int i = 0; i < n; ++i) {
+    const long long d = PyLong_AsLongLong(PyTuple_GET_ITEM(e.shape.ptr(), i));
+    if (d == -1 && PyErr_Occurred() != nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    if (d != dims[i]) return false;
+  }
+  e.probed_type = Py_TYPE(e.tensor.ptr());
+  e.dims_at = static_cast<uint32_t>(dims_.size());
+  e.ndim = n;
+  dims_.insert(dims_.end(), dims, dims + n);
+  return true;
+}
+
+size_t LayoutCheck::probed() const {
+  return static_cast<size_t>(std::count_if(
+      entries_.begin(), entries_.end(), [](const Entry& e) { return e.probed_type != nullptr; }));
+}
+
+bool LayoutCheck::SameProbed(const Entry& e, PyObject* tensor) const {
+  // The type as registered (impl_of accepted it), so the object is a tensor the probe reads.
+  if (Py_TYPE(tensor) != e.probed_type) return false;
+  int64_t dims[kTensorProbeMaxDims];
+  uintptr_t data = 0;
+  const int n = probe_->read(probe_->impl_of_tensor(tensor), &data, dims);
+  return n == e.ndim && data == e.data_ptr && std::equal(dims, dims + n, dims_.begin() + e.dims_at);
+}
+
+void LayoutCheck::PrefetchAhead(size_t i) const {
+  // Each level needs the one before it in cache: the object (its type and the pointer to the
+  // TensorImpl), the TensorImpl (sizes, storage offset, the pointer to the storage), the storage
+  // (the base address). Distances of 8 entries per level keep ~8 loads of each in flight.
+  constexpr size_t kStep = 8;
+  const size_t n = entries_.size();
+  if (i + 3 * kStep < n && entries_[i + 3 * kStep].probed_type != nullptr) {
+    __builtin_prefetch(entries_[i + 3 * kStep].tensor.ptr());
+  }
+  if (i + 2 * kStep < n && entries_[i + 2 * kStep].probed_type != nullptr) {
+    probe_->prefetch_impl(entries_[i + 2 * kStep].tensor.ptr());
+  }
+  if (i + kStep < n && entries_[i + kStep].probed_type != nullptr) {
+    probe_->prefetch_storage(entries_[i + kStep].tensor.ptr());
   }
 }
 
@@ -121,6 +190,7 @@ bool LayoutCheck::SameEntry(const Entry& e, PyObject* name, PyObject* value) con
     }
     tensor = shard_tensor.ptr();
   }
+  if (e.probed_type != nullptr) return SameProbed(e, tensor);
   const uintptr_t p = DataPtr(tensor);
   if (PyErr_Occurred() != nullptr) {
     PyErr_Clear();
@@ -142,7 +212,9 @@ bool LayoutCheck::Matches(py::dict tensors) const {
   Py_ssize_t pos = 0;
   size_t i = 0;
   while (PyDict_Next(tensors.ptr(), &pos, &name, &value)) {
-    if (i >= entries_.size() || !SameEntry(entries_[i], name, value)) return false;
+    if (i >= entries_.size()) return false;
+    if (probe_ != nullptr) PrefetchAhead(i);
+    if (!SameEntry(entries_[i], name, value)) return false;
     ++i;
   }
   return i == entries_.size();
@@ -157,7 +229,23 @@ SlotWatch::SlotWatch(py::list lengths, py::list slots) {
   for (py::handle item : slots) {
     auto triple = item.cast<py::tuple>();
     if (triple.size() != 3) throw py::value_error("SlotWatch: slots are (container, key, value)");
-    slots_.push_back({triple[0], triple[1], triple[2]});
+    Slot slot{triple[0], triple[1], triple[2]};
+    if (PyDict_Check(slot.container.ptr())) {
+      slot.hash = PyObject_Hash(slot.key.ptr());
+      if (slot.hash == -1) PyErr_Clear();  // unhashable: the lookup will say it is missing
+    }
+    slots_.push_back(std::move(slot));
+  }
+}
+
+void SlotWatch::PrefetchAhead(size_t i) const {
+  // The container of the slot 16 ahead, then the keys table of the one 8 ahead (its object
+  // prefetched 8 slots ago). Most slots share their container with their neighbours.
+  constexpr size_t kStep = 8;
+  if (i + 2 * kStep < slots_.size()) __builtin_prefetch(slots_[i + 2 * kStep].container.ptr());
+  if (i + kStep < slots_.size()) {
+    PyObject* c = slots_[i + kStep].container.ptr();
+    if (PyDict_Check(c)) __builtin_prefetch(reinterpret_cast<PyDictObject*>(c)->ma_keys);
   }
 }
 
@@ -167,11 +255,18 @@ bool SlotWatch::Unchanged() const {
     if (n < 0) PyErr_Clear();
     if (n != l.length) return false;
   }
-  for (const Slot& s : slots_) {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    PrefetchAhead(i);
+    const Slot& s = slots_[i];
     PyObject* c = s.container.ptr();
     PyObject* held = nullptr;  // borrowed
     if (PyDict_Check(c)) {
+#if PY_VERSION_HEX < 0x030D0000  // CPython's known-hash lookup, public in its headers until 3.13
+      held = s.hash != -1 ? _PyDict_GetItem_KnownHash(c, s.key.ptr(), s.hash)
+                          : PyDict_GetItemWithError(c, s.key.ptr());
+#else
       held = PyDict_GetItemWithError(c, s.key.ptr());
+#endif
     } else if (PyList_Check(c)) {
       const Py_ssize_t i = PyLong_AsSsize_t(s.key.ptr());
       if (i >= 0 && i < PyList_GET_SIZE(c)) held = PyList_GET_ITEM(c, i);
@@ -195,11 +290,14 @@ void BindLayoutCheck(py::module_& m) {
   py::class_<LayoutCheck>(m, "LayoutCheck",
                           "What a registration was made of, to tell in one native pass whether "
                           "a later dict of tensors still describes the same memory.")
-      .def(py::init<py::dict, py::object>(), py::arg("tensors"), py::arg("tensor_type"))
+      .def(py::init<py::dict, py::object, py::object>(), py::arg("tensors"), py::arg("tensor_type"),
+           py::arg("tensor_probe") = py::none())
       .def("matches", &LayoutCheck::Matches, py::arg("tensors"),
            "True when the dict has the same names in order, the same tensors at the same "
            "addresses with the same shapes, and the same shard geometry.")
-      .def("__len__", &LayoutCheck::size);
+      .def("__len__", &LayoutCheck::size)
+      .def_property_readonly("probed", &LayoutCheck::probed,
+                             "How many entries are read through the TensorProbe.");
 }
 
 }  // namespace ckpt::python

@@ -53,10 +53,15 @@ class CMakeBuild(build_ext):
             "WITH the CUDA path (" + summary + ")" if found and found.group(1) == "ON"
             else "CPU-only (" + summary + "): CUDA tensors will raise UNIMPLEMENTED"))
         subprocess.check_call(["cmake", "--build", str(build), "--target", "_ckptd"])
-        built = next((build / "python" / "ckptd").glob("_ckptd*.so"))
+        built = next((build / "python" / "ckptd").glob("_ckptd.*.so"))
         dest = pathlib.Path(self.get_ext_fullpath(ext.name))
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(built, dest)
+        # _ckptd_torch and the record of the libtorch it links (client/python/tensor_probe.h):
+        # built along with _ckptd where PyTorch's headers are (libtorch-dev), absent otherwise.
+        for probe in [*(build / "python" / "ckptd").glob("_ckptd_torch*.so"),
+                      *(build / "python" / "ckptd").glob("_torch_probe_build.py")]:
+            shutil.copy2(probe, dest.parent / probe.name)
 
 
 setup(

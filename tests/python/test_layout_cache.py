@@ -3,11 +3,14 @@ saves reaches the checkpoint.
 
 After the first save, ckptd.Client checks the registered tensors natively (_ckptd.LayoutCheck)
 and ckptd.torch.Checkpointer reuses its walk of model and optimizer while a _ckptd.SlotWatch
-says nothing changed. Each test makes one change after a save, saves again, and restores the
+says nothing changed. LayoutCheck reads addresses and shapes through the TensorProbe of
+_ckptd_torch where it is built (client/python/tensor_probe.h), else through torch's bindings;
+ctest runs this file both ways ($CKPTD_TENSOR_PROBE=0 for the bindings). Each test makes one change after a save, saves again, and restores the
 second step into fresh tensors (or a fresh model and optimizer): the restored values must be the
 ones the trainer held at the second save — never the first save's, never another tensor's.
 """
 
+import importlib.util
 import os
 import unittest
 
@@ -98,6 +101,36 @@ class ClientLayoutTest(util.DaemonTestCase):
             with self.daemon.client("client-shard") as reader:
                 reader.load({"w": ckptd.Shard(out, (16,), (8,))}, step=2)
             self.assertTrue(torch.equal(out, t))
+
+    def test_probe_reads_what_it_can(self):
+        probe = ckptd._tensor_probe()
+        # Written by the build where _ckptd_torch is built.
+        built = importlib.util.find_spec("ckptd._torch_probe_build") is not None
+        if os.environ.get("CKPTD_TENSOR_PROBE") == "0" or not built:
+            self.assertIsNone(probe)
+        else:
+            self.assertIsNotNone(probe, "_ckptd_torch is built but not used")
+
+        class Tagged(torch.Tensor):  # a Python subclass: left to the bindings
+            pass
+
+        plain, param = torch.zeros(4, 2), torch.nn.Parameter(torch.ones(3))
+        tagged = torch.zeros(4).as_subclass(Tagged)
+        tensors = {"plain": plain, "param": param, "tagged": tagged,
+                   "shard": ckptd.Shard(torch.ones(2), (4,), (2,)), "empty": torch.empty(0)}
+        check = ckptd._ckptd.LayoutCheck(tensors, torch.Tensor, probe)
+        self.assertEqual(check.probed, 0 if probe is None else 4)
+        self.assertTrue(check.matches(tensors))
+        for change in (lambda: setattr(plain, "data", plain.data.view(2, 4)),  # same address
+                       lambda: setattr(param, "data", torch.ones(3)),
+                       lambda: tagged.resize_(2),
+                       lambda: tensors["empty"].resize_(1)):
+            change()
+            self.assertFalse(check.matches(tensors))
+            check = ckptd._ckptd.LayoutCheck(tensors, torch.Tensor, probe)
+            self.assertTrue(check.matches(tensors))
+        with self.assertRaises(ValueError):  # not the probe's capsule
+            ckptd._ckptd.LayoutCheck(tensors, torch.Tensor, object())
 
     def test_unchanged_save_does_not_register_again(self):
         with self.daemon.client("client-same") as c:

@@ -47,6 +47,7 @@ _DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64", "int8", "uint8", "i
 _torch = None
 _dtype_to_name = None
 _name_to_dtype = None
+_probe = False  # not looked for yet; then None or _ckptd_torch.probe()'s capsule
 
 
 def _error(message, code="INVALID_ARGUMENT"):
@@ -69,6 +70,28 @@ def _import_torch():
         _dtype_to_name, _name_to_dtype = to_name, to_dtype
         _torch = torch
     return _torch
+
+
+def _tensor_probe():
+    """The TensorProbe capsule (client/python/tensor_probe.h) that lets _ckptd.LayoutCheck read
+    tensor addresses from PyTorch's C++ objects, or None: where _ckptd_torch was not built, where
+    $CKPTD_TENSOR_PROBE is 0, or where the running torch is not the libtorch it was linked
+    against (importing it there would load a second libc10 into the process)."""
+    global _probe
+    if _probe is False:
+        _probe = None
+        _import_torch()
+        if os.environ.get("CKPTD_TENSOR_PROBE", "1") != "0":
+            try:
+                from ._torch_probe_build import LINKED_C10
+                with open("/proc/self/maps") as f:
+                    same = any(line.rstrip("\n").endswith(" " + LINKED_C10) for line in f)
+                if same:
+                    from . import _ckptd_torch
+                    _probe = _ckptd_torch.probe()
+            except (ImportError, OSError):
+                pass
+    return _probe
 
 
 def dtype_name(dtype):
@@ -409,7 +432,8 @@ class Client:
             # their storages*: neither their ids nor their memory can be reused meanwhile, so a
             # tensor whose .data was replaced cannot come back at the old address (and the old
             # descriptor number) and pass for the registered one.
-            self._layout = _ckptd.LayoutCheck(dict(tensors), _import_torch().Tensor)
+            self._layout = _ckptd.LayoutCheck(dict(tensors), _import_torch().Tensor,
+                                              _tensor_probe())
             self._registered = tuple(kept)
             self._registered_storages = tuple(_storage_object(t) for t in kept)
             self._cuda = _cuda_device(kept)

@@ -12,13 +12,16 @@ ones the trainer held at the second save — never the first save's, never anoth
 
 import importlib.util
 import os
+import pickle
 import unittest
 
 import torch
 
 import ckptd
+import ckptd.offline
 import ckptd.torch
 import ckptd_testutil as util
+from ckptd import checkpointer_meta
 
 
 def build(seed=3, width=8):
@@ -228,6 +231,77 @@ class CheckpointerLayoutTest(util.DaemonTestCase):
                                 None)
             train_step(model, optimizer, 5)
         self.run_change("ck-param", change)
+
+
+class OptimizerLayoutTest(util.DaemonTestCase):
+    """The optimizer's layout is a tensor of its own, named by its content, registered once; a
+    save's extra blob only names it (format 3 of ckptd/checkpointer_meta.py)."""
+
+    def test_layout_is_a_tensor_saved_once_and_read_back(self):
+        def wide(seed):
+            torch.manual_seed(seed)
+            model = torch.nn.Sequential(*[torch.nn.Linear(3, 3) for _ in range(150)])
+            return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+        model, optimizer = wide(1)
+        train_step(model, optimizer, 1)
+        with self.daemon.client("layout") as c:
+            ck = ckptd.torch.Checkpointer(c, model, optimizer, on_error="raise")
+            ck.save(1)
+            name, size = ck._layout.layout
+            self.assertTrue(name.startswith(checkpointer_meta.LAYOUT_PREFIX))
+            held, check = ck._layout_tensor, c._layout
+            ck.fence()
+            ck.save(2)  # unchanged: the same tensor, no second registration
+            self.assertIs(ck._layout_tensor, held)
+            self.assertIs(c._layout, check)
+            ck.fence()
+            c.wait(2, "committed", timeout=60)
+            ck.remove_hook()
+        step = ckptd.offline.open(self.daemon.root, "layout", 2)
+        blob = step.extras(0)
+        self.assertGreater(size, 10 * 1024)  # 300 params with three state tensors each
+        self.assertLess(len(blob), 2048, "the extra blob carries the layout again")
+        self.assertEqual(pickle.loads(blob)["optimizer_layout"], (name, size))
+        self.assertIn(name, step.names())
+        self.assertNotIn(name, step.names("model") + step.names("optimizer"))
+        self.assertEqual(step.checkpointer_meta()["optimizer"]["order"][:2],
+                         ["0.weight", "0.bias"])
+        # Another trainer with the same model and optimizer names the same tensor.
+        other, other_opt = wide(2)
+        train_step(other, other_opt, 1)
+        with self.daemon.client("layout-other") as c:
+            ck = ckptd.torch.Checkpointer(c, other, other_opt, on_error="raise")
+            ck.save(1)
+            self.assertEqual(ck._layout.layout, (name, size))
+            ck.fence()
+            ck.remove_hook()
+        fresh, fresh_opt = wide(3)
+        with self.daemon.client("layout") as c:
+            ck = ckptd.torch.Checkpointer(c, fresh, fresh_opt, on_error="raise")
+            self.assertEqual(ck.load(2), 2)
+        got, want = snapshot(fresh, fresh_opt), snapshot(model, optimizer)
+        for k, v in want.items():
+            if torch.is_tensor(v):
+                self.assertTrue(torch.equal(got[k], v), k)
+
+    def test_older_formats_still_decode(self):
+        static = checkpointer_meta.static_blob({"w": {"exp_avg": ("tensor", "float32", (2,), True),
+                                                      "lr": ("value", 0.5)}}, ["w"], [["w"]])
+        v2 = pickle.dumps({"format": 2, "step": 7, "model_other": {}, "optimizer_static": static,
+                           "param_groups": [{"lr": 0.1}], "dynamic_state": {"w": {"n": 3}},
+                           "extra_state": None})
+        meta = checkpointer_meta.decode(v2)
+        self.assertEqual(meta["optimizer"]["param_groups"], [{"lr": 0.1, "params": ["w"]}])
+        self.assertEqual(meta["optimizer"]["state"]["w"],
+                         {"exp_avg": ("tensor", "float32", (2,), True), "n": ("value", 3)})
+        v3 = checkpointer_meta.encode(7, {}, (checkpointer_meta.layout_name(static), len(static)),
+                                      [{"lr": 0.1}], {"w": {"n": 3}}, None)
+        self.assertEqual(checkpointer_meta.decode(v3, lambda name, size: static), meta)
+        with self.assertRaises(ValueError):  # the layout tensor must hold what its name says
+            checkpointer_meta.decode(v3, lambda name, size: static[:-1] + b"x")
+        with self.assertRaises(ValueError):
+            checkpointer_meta.decode(v3)
 
 
 def open_fds():

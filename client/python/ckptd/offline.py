@@ -50,7 +50,7 @@ __all__ = ["steps", "latest", "open", "Checkpoint", "TensorInfo", "to_torch_save
 OPTIMIZER_PREFIX = "optimizer.state."
 
 # from_torch_save writes the Checkpointer's metadata in format 1, whole; a Checkpointer saves
-# format 2 (ckptd/checkpointer_meta.py), and checkpointer_meta.decode reads both.
+# format 3 (ckptd/checkpointer_meta.py), and checkpointer_meta.decode reads every format.
 _CHECKPOINTER_FORMAT = 1
 
 TensorInfo = collections.namedtuple("TensorInfo", ["dtype", "shape", "partial"])
@@ -186,13 +186,16 @@ class Checkpoint:
 
     def names(self, what="all", tensors=None):
         """Tensor names in manifest order: ``what`` "all", "model" (everything but
-        ``optimizer.state.*``) or "optimizer" (only those); ``tensors`` an optional glob
-        (fnmatch) or a callable taking the name."""
+        ``optimizer.state.*`` and a Checkpointer's optimizer layouts, ``ckptd.optimizer_layout.*``)
+        or "optimizer" (only ``optimizer.state.*``); ``tensors`` an optional glob (fnmatch) or a
+        callable taking the name."""
         if what not in ("all", "model", "optimizer"):
             raise _error('what must be "all", "model" or "optimizer", not %r' % (what,))
         out = []
         for name in self.tensors:
             optimizer = name.startswith(OPTIMIZER_PREFIX)
+            if what != "all" and name.startswith(checkpointer_meta.LAYOUT_PREFIX):
+                continue
             if (what == "model" and optimizer) or (what == "optimizer" and not optimizer):
                 continue
             if tensors is not None and not (tensors(name) if callable(tensors)
@@ -219,6 +222,16 @@ class Checkpoint:
         one line per problem, [] when the step is intact."""
         return list(self._reader.verify())
 
+    def _read_layout(self, name, size):
+        """The bytes of a Checkpointer's optimizer layout tensor (checkpointer_meta format 3)."""
+        if name not in self.tensors:
+            raise ValueError("its optimizer layout tensor %r is not in the step" % name)
+        data = self.read(name).numpy().tobytes()
+        if len(data) != size:
+            raise ValueError("optimizer layout tensor %r holds %d bytes, not %d"
+                             % (name, len(data), size))
+        return data
+
     def checkpointer_meta(self, rank=0):
         """The metadata ckptd.torch.Checkpointer pickled into ``rank``'s extra blob (a dict with
         ``model_other``, ``optimizer`` and ``extra_state``), or None when the step was not written
@@ -228,7 +241,7 @@ class Checkpoint:
             blob = self.extras(rank)
             if blob:
                 try:
-                    meta = checkpointer_meta.decode(blob)
+                    meta = checkpointer_meta.decode(blob, self._read_layout)
                 except ValueError:  # a blob of another writer: not ours to judge
                     meta = None
             self._meta[rank] = meta

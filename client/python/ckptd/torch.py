@@ -197,6 +197,19 @@ class _SaveLayout:
                         entries[key] = ("value", v)
                         self.dynamic.append((pname, key, st))
                 self.opt_meta[pname] = entries
+        # The optimizer's layout, pickled once per walk, is saved as a uint8 tensor of its own
+        # named by its content (format 3 of ckptd/checkpointer_meta.py): a save's extra blob
+        # only names it. A walk that finds the same bytes keeps the previous walk's tensor, so
+        # an unchanged layout is not registered again.
+        static = checkpointer_meta.static_blob(self.opt_meta, self.order, self.group_names)
+        layout_name = checkpointer_meta.layout_name(static)
+        if layout_name in tensors:
+            raise _fail("tensor name %r is ckptd's: rename it" % layout_name)
+        if ck._layout_tensor is None or ck._layout_tensor[0] != layout_name:
+            ck._layout_tensor = (layout_name,
+                                 torch.frombuffer(bytearray(static), dtype=torch.uint8))
+        layout_tensor = ck._layout_tensor[1]
+        self.layout = (layout_name, len(static))
         # Parameters and optimizer state into a few shared arenas, once: the trainer then holds a
         # few descriptors whatever its tensor count (ckptd/arena.py). The client keeps the
         # registered storages, and so the arenas, alive.
@@ -207,9 +220,11 @@ class _SaveLayout:
         for optimizer_part in (False, True):
             arena.move_into_arenas([v for name, v in tensors.items()
                                     if isinstance(v, torch.Tensor)
-                                    and (name in opt_names) == optimizer_part])
-        self.static = checkpointer_meta.static_blob(self.opt_meta, self.order, self.group_names)
-        self.sharded = ck._shard(tensors)
+                                    and (name in opt_names) == optimizer_part]
+                                   + ([layout_tensor] if optimizer_part else []))
+        # Every rank saves its layout whole, whatever shard_fn does with the state.
+        self.sharded = dict(ck._shard(tensors))
+        self.sharded[layout_name] = layout_tensor
         self.watch = ckptd._ckptd.SlotWatch(lengths, slots)
 
 
@@ -326,6 +341,9 @@ class Checkpointer:
         self._hook_handle = None
         self._hook_installed = False
         self._layout = None             # _SaveLayout of the last save
+        # (name, uint8 tensor) holding the optimizer layout of the last walk (format 3 of
+        # ckptd/checkpointer_meta.py), kept across walks while its bytes do not change
+        self._layout_tensor = None
 
     # -- failures --------------------------------------------------------------------------
 
@@ -499,7 +517,7 @@ class Checkpointer:
         dynamic = {}
         for pname, key, st in layout.dynamic:
             dynamic.setdefault(pname, {})[key] = st[key]
-        extra = checkpointer_meta.encode(step, layout.model_other, layout.static, groups, dynamic,
+        extra = checkpointer_meta.encode(step, layout.model_other, layout.layout, groups, dynamic,
                                          self._user_state())
         try:
             if layout.checked:
@@ -554,8 +572,18 @@ class Checkpointer:
             raise
         from_memory = self.client.last_load.bytes_from_memory
         from_storage = self.client.last_load.bytes_from_storage
+
+        def read_layout(name, size):
+            # Format 3: the optimizer's layout is a tensor of the step.
+            nonlocal from_memory, from_storage
+            buf = torch.empty(size, dtype=torch.uint8)
+            self.client.load({name: buf}, step=step, strict=True)
+            from_memory += self.client.last_load.bytes_from_memory
+            from_storage += self.client.last_load.bytes_from_storage
+            return buf.numpy().tobytes()
+
         try:
-            meta = checkpointer_meta.decode(extra)
+            meta = checkpointer_meta.decode(extra, read_layout)
         except ValueError as e:
             raise _fail("step %d: the rank's extra blob is not a ckptd.torch checkpoint (%s)"
                         % (step, e), "DATA_LOSS") from None

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <map>
 #include <set>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "common/checksum.h"
@@ -83,45 +84,46 @@ Status Decode(const char (&magic)[8], std::string_view bytes, std::string_view w
 
 Status ValidateTensor(const ckptd::v1::TensorEntry& t, uint32_t world_size) {
   RETURN_IF_ERROR(ValidateTensorName(t.name()));
-  const std::string ctx = "tensor '" + EscapeForLog(t.name()) + "'";
-  ASSIGN_OR_RETURN(DTypeInfo dtype, LookupDType(t.dtype()), ctx);
+  // Error contexts are built only on an error: this runs for every shard of every commit.
+  const auto ctx = [&] { return "tensor '" + EscapeForLog(t.name()) + "'"; };
+  ASSIGN_OR_RETURN(DTypeInfo dtype, LookupDType(t.dtype()), ctx());
   Shape shape(t.global_shape().begin(), t.global_shape().end());
-  ASSIGN_OR_RETURN(const uint64_t numel, ShapeNumel(shape), ctx);
+  ASSIGN_OR_RETURN(const uint64_t numel, ShapeNumel(shape), ctx());
   // The whole tensor's bytes must be countable too (a 2^62-element float32 is not).
-  RETURN_IF_ERROR(ByteSize(numel, dtype).status(), ctx);
+  RETURN_IF_ERROR(ByteSize(numel, dtype).status(), ctx());
   std::vector<ShardGeometry> geoms;
   geoms.reserve(t.shards_size());
   for (int i = 0; i < t.shards_size(); ++i) {
     const auto& s = t.shards(i);
-    const std::string sctx = ctx + " shard " + std::to_string(i);
-    ASSIGN_OR_RETURN(ShardGeometry g, GeometryFromProto(s.geometry(), shape), sctx);
-    ASSIGN_OR_RETURN(const uint64_t expect, ByteSize(g.numel(), dtype), sctx);
+    const auto sctx = [&] { return ctx() + " shard " + std::to_string(i); };
+    ASSIGN_OR_RETURN(ShardGeometry g, GeometryFromProto(s.geometry(), shape), sctx());
+    ASSIGN_OR_RETURN(const uint64_t expect, ByteSize(g.numel(), dtype), sctx());
     if (s.length() != expect) {
-      return InvalidArgument(sctx + ": length " + std::to_string(s.length()) + " but " +
+      return InvalidArgument(sctx() + ": length " + std::to_string(s.length()) + " but " +
                              g.ToString() + " of " + std::string(dtype.name) + " is " +
                              std::to_string(expect) + " bytes");
     }
     if (s.offset() % kIoAlignment != 0) {
-      return InvalidArgument(sctx + ": offset " + std::to_string(s.offset()) +
+      return InvalidArgument(sctx() + ": offset " + std::to_string(s.offset()) +
                              " is not 4096-aligned");
     }
     if (s.chunk_size() == 0 || s.chunk_size() % kIoAlignment != 0) {
-      return InvalidArgument(sctx + ": chunk size " + std::to_string(s.chunk_size()) +
+      return InvalidArgument(sctx() + ": chunk size " + std::to_string(s.chunk_size()) +
                              " is not a positive multiple of 4096");
     }
     if (static_cast<uint64_t>(s.chunk_xxh3_size()) != ChunkCount(s.length(), s.chunk_size())) {
-      return InvalidArgument(sctx + ": " + std::to_string(s.chunk_xxh3_size()) + " checksums for " +
-                             std::to_string(s.length()) + " bytes in " +
+      return InvalidArgument(sctx() + ": " + std::to_string(s.chunk_xxh3_size()) +
+                             " checksums for " + std::to_string(s.length()) + " bytes in " +
                              std::to_string(s.chunk_size()) + "-byte chunks");
     }
     const std::string& file = s.file();
     if (file.empty() || file.find('/') != std::string::npos || file == "." || file == ".." ||
         file.find('\0') != std::string::npos) {
-      return InvalidArgument(sctx + ": data file name '" + EscapeForLog(file) +
+      return InvalidArgument(sctx() + ": data file name '" + EscapeForLog(file) +
                              "' is not a plain file name");
     }
     if (world_size != 0 && s.writer_rank() >= world_size) {
-      return InvalidArgument(sctx + ": writer rank " + std::to_string(s.writer_rank()) +
+      return InvalidArgument(sctx() + ": writer rank " + std::to_string(s.writer_rank()) +
                              " is not below world size " + std::to_string(world_size));
     }
     geoms.push_back(std::move(g));
@@ -198,15 +200,15 @@ Status CheckManifestCoverage(const ckptd::v1::Manifest& m) {
     const Shape shape(t.global_shape().begin(), t.global_shape().end());
     std::vector<ShardGeometry> geoms;
     geoms.reserve(t.shards_size());
-    std::set<uint32_t> writers;
     for (const auto& s : t.shards()) {
       ASSIGN_OR_RETURN(ShardGeometry g, GeometryFromProto(s.geometry(), shape),
                        "tensor '" + EscapeForLog(t.name()) + "'");
       geoms.push_back(std::move(g));
-      writers.insert(s.writer_rank());
     }
     Status covered = CheckCoverage(EscapeForLog(t.name()), geoms);
     if (!covered.ok()) {
+      std::set<uint32_t> writers;
+      for (const auto& s : t.shards()) writers.insert(s.writer_rank());
       std::string ranks;
       for (uint32_t r : writers) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
       return Status(covered.code(), covered.message() + "; its shards were saved by rank" +
@@ -287,51 +289,76 @@ Status CheckSkippedWereWritten(const ckptd::v1::Manifest& merged,
 
 }  // namespace
 
-Result<ckptd::v1::Manifest> MergeNodeManifests(std::span<const ckptd::v1::NodeManifest> nodes) {
+Status MergeNodeManifestsInto(std::span<const ckptd::v1::NodeManifest> nodes,
+                              ckptd::v1::Manifest* out) {
   if (nodes.empty()) return InvalidArgument("no node manifests to merge");
-  ckptd::v1::Manifest out;
-  out.set_format_version(kFormatVersion);
-  out.set_job(nodes[0].job());
-  out.set_step(nodes[0].step());
-  out.set_world_size(nodes[0].world_size());
-  std::map<std::string, std::pair<ckptd::v1::TensorEntry, std::string>> tensors;
-  std::map<uint32_t, ckptd::v1::RankEntry> ranks;
+  out->Clear();
+  out->set_format_version(kFormatVersion);
+  out->set_job(nodes[0].job());
+  out->set_step(nodes[0].step());
+  out->set_world_size(nodes[0].world_size());
+  // Each tensor is copied once, straight into `out` (on its arena when it has one), and found
+  // again by name through `index`; the names it keys are out's own strings, which stay put while
+  // the repeated field grows (it holds pointers).
+  struct Seen {
+    int at;                   // index in out->tensors
+    const std::string* from;  // the node that reported it first, for errors
+  };
+  std::unordered_map<std::string_view, Seen> index;
+  size_t entries = 0;
+  for (const auto& n : nodes) entries += static_cast<size_t>(n.tensors_size());
+  index.reserve(entries);
+  std::map<uint32_t, const ckptd::v1::RankEntry*> ranks;
   for (const auto& n : nodes) {
-    if (n.job() != out.job() || n.step() != out.step() || n.world_size() != out.world_size()) {
+    if (n.job() != out->job() || n.step() != out->step() || n.world_size() != out->world_size()) {
       return InvalidArgument("node manifest of node '" + n.node_id() + "' is for job '" + n.job() +
                              "' step " + std::to_string(n.step()) + " world size " +
-                             std::to_string(n.world_size()) + ", expected job '" + out.job() +
-                             "' step " + std::to_string(out.step()) + " world size " +
-                             std::to_string(out.world_size()));
+                             std::to_string(n.world_size()) + ", expected job '" + out->job() +
+                             "' step " + std::to_string(out->step()) + " world size " +
+                             std::to_string(out->world_size()));
     }
     for (const auto& t : n.tensors()) {
-      auto [it, inserted] = tensors.try_emplace(t.name(), t, n.node_id());
-      if (inserted) continue;
-      auto& [have, from] = it->second;
+      auto it = index.find(t.name());
+      if (it == index.end()) {
+        ckptd::v1::TensorEntry* copy = out->add_tensors();
+        *copy = t;
+        index.emplace(copy->name(), Seen{out->tensors_size() - 1, &n.node_id()});
+        continue;
+      }
+      ckptd::v1::TensorEntry& have = *out->mutable_tensors(it->second.at);
       if (have.dtype() != t.dtype() ||
           !std::equal(have.global_shape().begin(), have.global_shape().end(),
                       t.global_shape().begin(), t.global_shape().end())) {
         return InvalidArgument("tensor '" + EscapeForLog(t.name()) + "' has dtype " + have.dtype() +
-                               " on node '" + from + "' but " + t.dtype() + " on node '" +
-                               n.node_id() + "' (or a different global shape)");
+                               " on node '" + *it->second.from + "' but " + t.dtype() +
+                               " on node '" + n.node_id() + "' (or a different global shape)");
       }
       for (const auto& s : t.shards()) *have.add_shards() = s;
       if (t.partial()) have.set_partial(true);  // one rank's opt-in is the tensor's
     }
     for (const auto& r : n.ranks()) {
-      if (!ranks.try_emplace(r.rank(), r).second) {
+      if (!ranks.try_emplace(r.rank(), &r).second) {
         return InvalidArgument("rank " + std::to_string(r.rank()) +
                                " is reported by two nodes (second: '" + n.node_id() + "')");
       }
     }
   }
-  for (auto& [name, entry] : tensors) {
+  index.clear();  // its keys point into the entries the sort below reorders
+  // Tensors in name order, as readers list them; sorting the pointers moves no entry.
+  auto* tensors = out->mutable_tensors();
+  std::sort(tensors->pointer_begin(), tensors->pointer_end(),
+            [](const ckptd::v1::TensorEntry* a, const ckptd::v1::TensorEntry* b) {
+              return a->name() < b->name();
+            });
+  for (auto& entry : *tensors) {
+    const std::string& name = entry.name();
     // Data-parallel replicas written by several ranks (no writer plan was in force yet, or the
     // embedded coordinator, which writes everything): keep one copy, the lowest writer rank's.
-    auto& shards = *entry.first.mutable_shards();
+    auto& shards = *entry.mutable_shards();
     if (shards.size() > 1) {
       std::map<std::string, int> first;  // serialized geometry → index kept
-      google::protobuf::RepeatedPtrField<ckptd::v1::StoredShard> kept;
+      // On the manifest's arena, so that moving a shard in and swapping the lists copy nothing.
+      google::protobuf::RepeatedPtrField<ckptd::v1::StoredShard> kept(out->GetArena());
       for (auto& s : shards) {
         auto [it, inserted] = first.try_emplace(s.geometry().SerializeAsString(), kept.size());
         if (inserted) {
@@ -360,10 +387,14 @@ Result<ckptd::v1::Manifest> MergeNodeManifests(std::span<const ckptd::v1::NodeMa
       }
       shards.Swap(&kept);
     }
-    *out.add_tensors() = std::move(entry.first);
   }
-  for (auto& [rank, entry] : ranks) *out.add_ranks() = std::move(entry);
-  RETURN_IF_ERROR(CheckSkippedWereWritten(out, nodes));
+  for (const auto& [rank, entry] : ranks) *out->add_ranks() = *entry;
+  return CheckSkippedWereWritten(*out, nodes);
+}
+
+Result<ckptd::v1::Manifest> MergeNodeManifests(std::span<const ckptd::v1::NodeManifest> nodes) {
+  ckptd::v1::Manifest out;
+  RETURN_IF_ERROR(MergeNodeManifestsInto(nodes, &out));
   return out;
 }
 

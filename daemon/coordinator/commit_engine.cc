@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include <google/protobuf/arena.h>
+
 #include "common/atomic_file.h"
 #include "common/logging.h"
 #include "common/manifest_io.h"
@@ -38,9 +40,15 @@ Result<std::vector<std::string>> CommitEngine::RemoveUncommitted() {
   return removed;
 }
 
-Result<ckptd::v1::Manifest> CommitEngine::Commit(std::span<const ckptd::v1::NodeManifest> nodes,
-                                                 const ManifestCheck& check) {
-  ASSIGN_OR_RETURN(ckptd::v1::Manifest manifest, MergeNodeManifests(nodes));
+Status CommitEngine::Commit(std::span<const ckptd::v1::NodeManifest> nodes,
+                            const ManifestCheck& check) {
+  // Blocks from 64 KiB up to 4 MiB: a large job's manifest takes a few dozen of them.
+  google::protobuf::ArenaOptions options;
+  options.start_block_size = 64 << 10;
+  options.max_block_size = 4 << 20;
+  google::protobuf::Arena arena(options);
+  auto& manifest = *google::protobuf::Arena::CreateMessage<ckptd::v1::Manifest>(&arena);
+  RETURN_IF_ERROR(MergeNodeManifestsInto(nodes, &manifest));
   const std::string job = manifest.job();
   const uint64_t step = manifest.step();
   const std::string ctx = "committing job '" + job + "' step " + std::to_string(step);
@@ -82,7 +90,7 @@ Result<ckptd::v1::Manifest> CommitEngine::Commit(std::span<const ckptd::v1::Node
     // The commit stands; a retention failure only leaves an old step behind.
     spdlog::warn("job '{}': retention after step {}: {}", job, step, retention.ToString());
   }
-  return manifest;
+  return Status::Ok();
 }
 
 std::vector<uint64_t> CommitEngine::RetentionVictims(const std::vector<uint64_t>& committed,

@@ -75,11 +75,12 @@ class CommitEngine {
 
   // Writes MANIFEST merged from `nodes` (which must cover ranks 0..world_size-1), then LATEST,
   // then applies retention. `check`, when given, may veto the merged manifest before anything
-  // is written (the coordinator checks that every registered shard has a writer). Returns the
-  // manifest written.
+  // is written (the coordinator checks that every registered shard has a writer). The merged
+  // manifest lives on a protobuf Arena for the call: at 131,072 ranks it has ~400,000 entries,
+  // and one malloc and free each was most of the commit.
   using ManifestCheck = std::function<Status(const ckptd::v1::Manifest&)>;
-  Result<ckptd::v1::Manifest> Commit(std::span<const ckptd::v1::NodeManifest> nodes,
-                                     const ManifestCheck& check = nullptr);
+  Status Commit(std::span<const ckptd::v1::NodeManifest> nodes,
+                const ManifestCheck& check = nullptr);
 
   // Deletes an uncommitted (aborted or failed) step's directory.
   Status RemoveStep(const std::string& job, uint64_t step);

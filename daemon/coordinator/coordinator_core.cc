@@ -98,7 +98,7 @@ Result<std::vector<std::string>> CoordinatorCore::RecoverJob(const std::string& 
         for (const auto& r : n.ranks()) ranks.insert(r.rank());
       }
       if (ranks.size() == nodes[0].world_size()) {
-        committed = commit_->Commit(nodes).status();
+        committed = commit_->Commit(nodes);
       } else {
         committed =
             FailedPrecondition(std::to_string(ranks.size()) + " of " +
@@ -669,7 +669,7 @@ void CoordinatorCore::TryCommit(const std::string& job) {
     ++commits_in_flight_;
     const bool posted = commit_thread_.Post([this, job, step = n, nodes = std::move(nodes)] {
       const std::string step_dir = StepDir(config_.storage_root, job, step);
-      Status st = commit_->Commit(nodes).status();
+      Status st = commit_->Commit(nodes);
       if (!st.ok()) {
         // A failure after the MANIFEST rename still leaves a committed step: report the truth.
         auto exists = fs_->Exists(JoinPath(step_dir, std::string(kManifestFileName)));

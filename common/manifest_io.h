@@ -51,9 +51,9 @@ ckptd::v1::ShardGeometry GeometryToProto(const ShardGeometry& g);
 // are kept once: the copy of the lowest writer rank; replicas whose checksums differ are an
 // error naming both ranks (overlap is allowed only between identical bytes).
 Result<ckptd::v1::Manifest> MergeNodeManifests(std::span<const ckptd::v1::NodeManifest> nodes);
-// The same, built in `out` (cleared first): a manifest on a protobuf Arena takes its hundreds of
-// thousands of entries from the arena's blocks instead of one malloc each (the coordinator's
-// commit at 100,000+ ranks: common/README or daemon/coordinator/commit_engine.cc).
+// The same, built in `out` (cleared first). A manifest on a protobuf Arena takes its hundreds
+// of thousands of entries from the arena's blocks instead of one malloc each: the coordinator's
+// commit at 100,000+ ranks (CommitEngine::Commit, daemon/coordinator/commit_engine.h).
 Status MergeNodeManifestsInto(std::span<const ckptd::v1::NodeManifest> nodes,
                               ckptd::v1::Manifest* out);
 

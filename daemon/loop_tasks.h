@@ -66,6 +66,15 @@ class LoopTasks {
   // `work()` on the pool, nothing back. false: the pool has stopped; `work` was destroyed unrun.
   [[nodiscard]] bool Background(std::function<void()> work) { return pool_->Post(std::move(work)); }
 
+  // Destroys `garbage` on the pool instead of here on the loop: O(tensors) frees (a step's
+  // captures, a pruned step's manifest) stay off the path of the trainer's next request. Freed
+  // here after all once the pool has stopped.
+  template <class T>
+  void FreeInBackground(T garbage) {
+    auto box = std::make_shared<T>(std::move(garbage));
+    static_cast<void>(Background([box = std::move(box)]() mutable { box.reset(); }));
+  }
+
   // `f()` on the loop after the running handler returns, unless the owner is gone by then.
   void Later(std::function<void()> f) {
     boost::asio::post(io_, [alive = alive_, f = std::move(f)] {

@@ -550,19 +550,14 @@ void NodeState::ReleaseCaptures(Step& s) {
   for (auto& [r, rs] : s.ranks) {
     if (rs.capture) done.push_back(std::move(rs.capture));
   }
-  if (done.empty()) return;
-  const bool posted = tasks_.Background([done = std::move(done)] {});
-  // Refused once the storage thread has stopped: the captures were freed here on the loop
-  // instead, which is all the work was.
-  static_cast<void>(posted);
+  if (!done.empty()) tasks_.FreeInBackground(std::move(done));
 }
 
 void NodeState::Prune(Job& j) {
   size_t finished = 0;
   for (const auto& [n, s] : j.steps) finished += Terminal(s.state) ? 1 : 0;
   // Like ReleaseCaptures, called right after a step's waiters were answered: a pruned step's
-  // node manifest and extras (O(tensors) protobuf entries to free: ~1 ms at 10,000 tensors) are
-  // freed on the storage thread, not here in front of the trainer's next Save.
+  // node manifest and extras (O(tensors) protobuf entries) are freed on the storage thread.
   std::vector<Step> pruned;
   for (auto it = j.steps.begin(); it != j.steps.end() && finished > config_.finished_steps_kept;) {
     const Step& s = it->second;
@@ -576,10 +571,7 @@ void NodeState::Prune(Job& j) {
       ++it;
     }
   }
-  if (pruned.empty()) return;
-  auto freed = std::make_shared<std::vector<Step>>(std::move(pruned));
-  const bool posted = tasks_.Background([freed = std::move(freed)] {});
-  static_cast<void>(posted);  // refused once the storage thread stopped: freed here instead
+  if (!pruned.empty()) tasks_.FreeInBackground(std::move(pruned));
 }
 
 void NodeState::Drain(std::function<void()> idle) {

@@ -223,14 +223,11 @@ class Checkpoint:
         return list(self._reader.verify())
 
     def _read_layout(self, name, size):
-        """The bytes of a Checkpointer's optimizer layout tensor (checkpointer_meta format 3)."""
+        """The bytes of a Checkpointer's optimizer layout tensor (checkpointer_meta format 3;
+        decode checks them against the name)."""
         if name not in self.tensors:
             raise ValueError("its optimizer layout tensor %r is not in the step" % name)
-        data = self.read(name).numpy().tobytes()
-        if len(data) != size:
-            raise ValueError("optimizer layout tensor %r holds %d bytes, not %d"
-                             % (name, len(data), size))
-        return data
+        return self.read(name).numpy().tobytes()
 
     def checkpointer_meta(self, rank=0):
         """The metadata ckptd.torch.Checkpointer pickled into ``rank``'s extra blob (a dict with

@@ -35,27 +35,7 @@
 #include "common/names.h"
 
 namespace ckpt {
-namespace {
-
-using ckptd::v1::StoredShard;
-using ckptd::v1::TensorEntry;
-
-std::string Quote(std::string_view name) { return "'" + EscapeForLog(name) + "'"; }
-
-std::string ShapeToString(std::span<const uint64_t> shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i > 0) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
-
-std::string Hex(uint64_t v) {
-  char buf[19];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
+namespace read_plan {
 
 // Where a piece's bytes go: `length` bytes from `piece_offset` inside the piece to byte
 // `dest_offset` of request `request`.
@@ -82,6 +62,34 @@ struct FilePieces {
   std::string name;  // relative to the step directory, as in the manifest
   std::vector<Piece> pieces;
 };
+
+}  // namespace read_plan
+
+namespace {
+
+using read_plan::CopySegment;
+using read_plan::FilePieces;
+using read_plan::Piece;
+
+using ckptd::v1::StoredShard;
+using ckptd::v1::TensorEntry;
+
+std::string Quote(std::string_view name) { return "'" + EscapeForLog(name) + "'"; }
+
+std::string ShapeToString(std::span<const uint64_t> shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+std::string Hex(uint64_t v) {
+  char buf[19];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
 
 // A run of pieces of one file read with one aligned buffer.
 struct ReadOp {
@@ -365,8 +373,9 @@ const TensorEntry* CheckpointReader::FindTensor(std::string_view name) const {
   return nullptr;
 }
 
-Status CheckpointReader::Read(std::span<const Request> requests, const ReadHooks* hooks,
-                              ReadStats* stats) {
+Status CheckpointReader::PlanPieces(std::span<const Request> requests,
+                                    std::vector<read_plan::FilePieces>* pieces) const {
+  auto& files = *pieces;
   // Index of tensors by name, built per call: the reader keeps no mutable state.
   std::unordered_map<std::string_view, uint32_t> by_name;
   by_name.reserve(static_cast<size_t>(manifest_.tensors_size()));
@@ -378,7 +387,6 @@ Status CheckpointReader::Read(std::span<const Request> requests, const ReadHooks
 
   // (1) + (2): plan each request; collect the pieces all requests need, each once:
   // (tensor, shard, piece) → (file, position in the file's list).
-  std::vector<FilePieces> files;
   std::unordered_map<std::string, uint32_t> file_index;
   using PieceIndex =
       std::map<std::tuple<uint32_t, uint32_t, uint32_t>, std::pair<uint32_t, uint32_t>>;
@@ -458,6 +466,14 @@ Status CheckpointReader::Read(std::span<const Request> requests, const ReadHooks
     }
   }
   piece_index.clear();
+  return Status::Ok();
+}
+
+Status CheckpointReader::Read(std::span<const Request> requests, const ReadHooks* hooks,
+                              ReadStats* stats) {
+  // (1) + (2): the pieces all requests need, each once.
+  std::vector<FilePieces> files;
+  RETURN_IF_ERROR(PlanPieces(requests, &files));
 
   auto tensor_of = [&](const Piece& p) -> const TensorEntry& {
     return manifest_.tensors(static_cast<int>(p.tensor));
@@ -572,6 +588,29 @@ Status CheckpointReader::Read(std::span<const Request> requests, const ReadHooks
   Status status = reader.Run(files, handles, sink);
   if (stats != nullptr) stats->bytes_from_storage += reader.bytes();
   return status;
+}
+
+Result<std::vector<CheckpointReader::FileRange>> CheckpointReader::StorageRanges(
+    std::span<const Request> requests, const ReadHooks* hooks) const {
+  std::vector<FilePieces> files;
+  RETURN_IF_ERROR(PlanPieces(requests, &files));
+  std::vector<FileRange> out;
+  for (auto& f : files) {
+    std::sort(f.pieces.begin(), f.pieces.end(), SortedByOffset);
+    for (const Piece& p : f.pieces) {
+      if (hooks != nullptr && hooks->find_resident &&
+          hooks->find_resident(f.name, p.file_offset, p.length) != nullptr) {
+        continue;
+      }
+      if (!out.empty() && out.back().file == f.name &&
+          out.back().offset + out.back().length == p.file_offset) {
+        out.back().length += p.length;
+      } else {
+        out.push_back(FileRange{f.name, p.file_offset, p.length});
+      }
+    }
+  }
+  return out;
 }
 
 Result<std::vector<std::string>> CheckpointReader::Verify() {

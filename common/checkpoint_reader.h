@@ -31,6 +31,10 @@
 
 namespace ckpt {
 
+namespace read_plan {
+struct FilePieces;  // checkpoint_reader.cc
+}
+
 class CheckpointReader {
  public:
   struct Options {
@@ -92,6 +96,17 @@ class CheckpointReader {
   Status Read(std::span<const Request> requests, const ReadHooks* hooks = nullptr,
               ReadStats* stats = nullptr);
 
+  // The byte ranges of data files that Read(requests, hooks) would read from storage now: the
+  // checksum pieces the requests touch that find_resident does not hold, joined where they
+  // touch, per file in offset order. Errors as Read's planning (unknown tensor, mismatches).
+  struct FileRange {
+    std::string file;
+    uint64_t offset = 0;
+    uint64_t length = 0;
+  };
+  Result<std::vector<FileRange>> StorageRanges(std::span<const Request> requests,
+                                               const ReadHooks* hooks) const;
+
   // Reads every stored byte of every shard and checks each checksum and that each data file is
   // long enough. Returns one line per problem found (empty when the step is intact).
   Result<std::vector<std::string>> Verify();
@@ -99,6 +114,10 @@ class CheckpointReader {
   uint64_t bytes_read() const { return bytes_read_.load(std::memory_order_relaxed); }
 
  private:
+  // Steps (1) and (2) of Read: the checksum pieces the requests need, each once, per file.
+  Status PlanPieces(std::span<const Request> requests,
+                    std::vector<read_plan::FilePieces>* pieces) const;
+
   FileSystem* fs_;
   std::string step_dir_;
   ckptd::v1::Manifest manifest_;

@@ -109,6 +109,10 @@ const OptionTable<DaemonConfig>& Table() {
                Bytes(&C::peer_pool)},
               {"peer-bandwidth", "cap on bytes/s the data plane sends, e.g. 1GiB (0 = none)",
                Bytes(&C::peer_bandwidth)},
+              {"peer-timeout",
+               "a request to another daemon (a chunk of a load's fetch) not answered within this "
+               "fails, and the load reads those bytes from storage, e.g. 10s",
+               Duration(&C::peer_timeout)},
           },
       }));
   return table;

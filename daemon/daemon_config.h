@@ -61,6 +61,7 @@ struct DaemonConfig {
   std::string peer_listen;      // host:port of the peer server; empty: off
   uint64_t peer_pool = 0;       // bytes this node holds for other nodes (PUT); 0: none
   uint64_t peer_bandwidth = 0;  // bytes/s the data plane may send; 0: no cap
+  std::chrono::milliseconds peer_timeout{std::chrono::seconds(10)};  // per request to a peer
 
   // YAML of the effective configuration (what --print-config prints).
   std::string ToYaml() const;

@@ -45,6 +45,9 @@ class DaemonObserver {
   // A load finished successfully.
   virtual void OnLoad(const std::string& /*job*/, uint64_t /*step*/, uint64_t /*bytes_from_memory*/,
                       uint64_t /*bytes_from_storage*/, double /*seconds*/) {}
+  // Bytes read from storage outside a trainer's load: a FETCH from another node that the data
+  // plane served from storage.
+  virtual void OnStorageRead(const std::string& /*job*/, uint64_t /*bytes*/) {}
   virtual void OnClientConnected(const ClientDescription& /*client*/) {}
   virtual void OnClientDisconnected(uint64_t /*session_id*/) {}
 };
@@ -68,6 +71,9 @@ class ObserverList final : public DaemonObserver {
   void OnLoad(const std::string& job, uint64_t step, uint64_t from_memory, uint64_t from_storage,
               double seconds) override {
     for (auto* o : observers_) o->OnLoad(job, step, from_memory, from_storage, seconds);
+  }
+  void OnStorageRead(const std::string& job, uint64_t bytes) override {
+    for (auto* o : observers_) o->OnStorageRead(job, bytes);
   }
   void OnClientConnected(const ClientDescription& client) override {
     for (auto* o : observers_) o->OnClientConnected(client);

@@ -83,8 +83,20 @@ void HotCache::Adopt(const std::string& job, uint64_t step, const std::string& f
 void HotCache::InsertRead(const std::string& job, uint64_t step, const std::string& file,
                           uint64_t offset, const std::byte* data, uint64_t length) {
   const uint64_t window_size = pool_->slot_size();
+  while (length > 0) {
+    const uint64_t start = offset / window_size * window_size;
+    const uint64_t n = std::min(length, start + window_size - offset);
+    InsertWindow(job, step, file, offset, data, n);
+    offset += n;
+    data += n;
+    length -= n;
+  }
+}
+
+void HotCache::InsertWindow(const std::string& job, uint64_t step, const std::string& file,
+                            uint64_t offset, const std::byte* data, uint64_t length) {
+  const uint64_t window_size = pool_->slot_size();
   const uint64_t start = offset / window_size * window_size;
-  if (length == 0 || offset + length > start + window_size) return;  // straddles: not cached
   MutexLock lock(mu_);
   if (NewerStepCachedLocked(job, step)) return;
   Window* window = nullptr;

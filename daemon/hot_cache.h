@@ -36,8 +36,8 @@ class HotCache {
   void Adopt(const std::string& job, uint64_t step, const std::string& file, uint64_t file_offset,
              uint64_t length, HostPool::SlotId slot);
 
-  // Copies bytes read from storage in, if a slot is free right now (never waits, never evicts
-  // another step of the same or a newer step).
+  // Copies bytes read from storage (or fetched from a peer) in, window by window, where a slot
+  // is free right now (never waits, never evicts another step of the same or a newer step).
   void InsertRead(const std::string& job, uint64_t step, const std::string& file, uint64_t offset,
                   const std::byte* data, uint64_t length);
 
@@ -56,6 +56,8 @@ class HotCache {
   bool ReclaimOne();
 
   uint64_t resident_bytes() const;
+  // Bytes per window (the pool's slot size): Find answers only ranges inside one window.
+  uint64_t window_size() const { return pool_->slot_size(); }
 
  private:
   struct Window {
@@ -70,6 +72,9 @@ class HotCache {
   };
   using Key = std::pair<std::string, uint64_t>;
 
+  // InsertRead of a range inside one window.
+  void InsertWindow(const std::string& job, uint64_t step, const std::string& file, uint64_t offset,
+                    const std::byte* data, uint64_t length);
   // Releases every slot of the entry.
   void FreeLocked(std::map<Key, StepEntry>::iterator it) REQUIRES(mu_);
   // Drops unpinned steps of `job` older than `step`.

@@ -1,6 +1,10 @@
 #include "daemon/load_service.h"
 
+#include <algorithm>
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <thread>
+#include <tuple>
 
 #include "common/logging.h"
 #include "common/names.h"
@@ -57,13 +61,77 @@ Result<std::shared_ptr<CheckpointReader>> LoadService::ReaderFor(const std::stri
   return reader;
 }
 
+struct LoadService::Prepared {
+  LoadService* self = nullptr;
+  // A load waiting for its plan sits in a timer's handler on the loop, which may outlive the
+  // service (and the caches) at shutdown: then there is nothing left to unpin.
+  std::shared_ptr<bool> alive;
+  Request request;
+  uint64_t step = 0;
+  std::string ctx;
+  std::shared_ptr<CheckpointReader> reader;
+  std::vector<CheckpointReader::Request> requests;
+  Outcome out;
+  std::chrono::steady_clock::time_point first_ask{};
+  bool pinned = false;
+  ~Prepared() {
+    if (!pinned || !*alive) return;
+    self->hot_->Unpin(request.job, step);
+    self->commit_->Unpin(request.job, step);
+  }
+};
+
 void LoadService::Load(Request request, std::function<void(Result<Outcome>)> done) {
   const std::string what =
       "load of job '" + request.job + "' into rank " + std::to_string(request.rank);
-  if (pool_.Post([this, alive = alive_, request = std::move(request), done] {
-        auto outcome = LoadNow(request);
-        boost::asio::post(io_, [alive, done, outcome = std::move(outcome)]() mutable {
-          if (*alive) done(std::move(outcome));
+  auto post_done = [this, alive = alive_, done](Result<Outcome> outcome) {
+    boost::asio::post(io_, [alive, done, outcome = std::move(outcome)]() mutable {
+      if (*alive) done(std::move(outcome));
+    });
+  };
+  if (pool_.Post([this, alive = alive_, request = std::move(request), done, post_done] {
+        auto prepared = Prepare(request);
+        if (!prepared.ok()) return post_done(prepared.status());
+        std::shared_ptr<Prepared> p = std::move(prepared).value();
+        if (!config_.plan_load || !config_.connect_peer || request.world_size == 0) {
+          return Complete(p, nullptr, done);
+        }
+        // What this load would read from storage: the question for the plan.
+        CheckpointReader::ReadHooks hooks;
+        hooks.find_resident = [&](const std::string& file, uint64_t offset, uint64_t length) {
+          return hot_->Find(request.job, p->step, file, offset, length);
+        };
+        auto needs = p->reader->StorageRanges(p->requests, &hooks);
+        if (!needs.ok()) return Complete(p, nullptr, done);
+        ckptd::v1::LoadPlanRequest ask;
+        ask.set_node_id(config_.node_id);
+        ask.set_job(request.job);
+        ask.set_step(p->step);
+        ask.set_rank(request.rank);
+        ask.set_world_size(request.world_size);
+        if (config_.peer_address) ask.set_peer_address(config_.peer_address());
+        for (const auto& r : *needs) {
+          auto* range = ask.add_needs();
+          range->set_file(r.file);
+          range->set_offset(r.offset);
+          range->set_length(r.length);
+        }
+        if (needs->empty()) {
+          // All in memory here: the round still counts this rank (so that ranks reading
+          // storage do not wait for it), but this load does not wait for the answer.
+          boost::asio::post(io_, [this, alive, ask = std::move(ask)]() mutable {
+            if (*alive)
+              config_.plan_load(std::move(ask), [](Result<ckptd::v1::LoadPlanResponse>) {});
+          });
+          return Complete(p, nullptr, done);
+        }
+        uint64_t bytes = 0;
+        for (const auto& r : *needs) bytes += r.length;
+        spdlog::info("{}: asking the coordinator who reads what ({} ranges, {} bytes)", p->ctx,
+                     needs->size(), bytes);
+        p->first_ask = std::chrono::steady_clock::now();
+        boost::asio::post(io_, [this, alive, p, ask = std::move(ask), done]() mutable {
+          if (*alive) AskPlan(std::move(p), std::move(ask), std::move(done));
         });
       })) {
     return;
@@ -74,48 +142,89 @@ void LoadService::Load(Request request, std::function<void(Result<Outcome>)> don
   });
 }
 
+void LoadService::AskPlan(std::shared_ptr<Prepared> p, ckptd::v1::LoadPlanRequest ask,
+                          std::function<void(Result<Outcome>)> done) {
+  auto copy = ask;
+  config_.plan_load(std::move(copy), [this, alive = alive_, p, ask = std::move(ask),
+                                      done](Result<ckptd::v1::LoadPlanResponse> plan) mutable {
+    if (!*alive) return;
+    // The coordinator bounds how long a round waits for the job's ranks; this bound only
+    // guards against one that keeps answering "not yet".
+    constexpr auto kGiveUp = std::chrono::minutes(2);
+    if (plan.ok() && !plan->ready() && std::chrono::steady_clock::now() - p->first_ask < kGiveUp) {
+      auto timer = std::make_shared<boost::asio::steady_timer>(
+          io_, std::chrono::milliseconds(std::max<uint32_t>(plan->retry_ms(), 10)));
+      timer->async_wait([this, alive, timer, p, ask = std::move(ask),
+                         done](const boost::system::error_code& ec) mutable {
+        if (!ec && *alive) AskPlan(std::move(p), std::move(ask), std::move(done));
+      });
+      return;
+    }
+    std::shared_ptr<const ckptd::v1::LoadPlanResponse> ready;
+    if (plan.ok() && plan->ready()) {
+      ready = std::make_shared<const ckptd::v1::LoadPlanResponse>(std::move(plan).value());
+    } else {
+      spdlog::warn("{}: no load plan across nodes ({}): reading from storage", p->ctx,
+                   plan.ok() ? "the coordinator kept waiting" : plan.status().ToString());
+    }
+    const std::string what = p->ctx;
+    if (!pool_.Post([this, p, ready, done] { Complete(p, ready, done); })) {
+      done(DaemonStopping(what));
+    }
+  });
+}
+
+void LoadService::Complete(std::shared_ptr<Prepared> p,
+                           std::shared_ptr<const ckptd::v1::LoadPlanResponse> plan,
+                           std::function<void(Result<Outcome>)> done) {
+  auto outcome = Finish(*p, plan.get());
+  p.reset();  // unpinned before the trainer hears of it
+  boost::asio::post(io_, [alive = alive_, done, outcome = std::move(outcome)]() mutable {
+    if (*alive) done(std::move(outcome));
+  });
+}
+
 Result<LoadService::Outcome> LoadService::LoadNow(const Request& request) {
+  ASSIGN_OR_RETURN(auto p, Prepare(request));
+  return Finish(*p, nullptr);
+}
+
+Result<std::shared_ptr<LoadService::Prepared>> LoadService::Prepare(const Request& request) {
   if (request.plan == nullptr) {
     return FailedPrecondition("load: register the tensors to load into first");
   }
-  uint64_t step;
+  auto p = std::make_shared<Prepared>();
+  p->self = this;
+  p->alive = alive_;
+  p->request = request;
   if (request.step) {
-    step = *request.step;
-    commit_->Pin(request.job, step);
+    p->step = *request.step;
+    commit_->Pin(request.job, p->step);
   } else {
     // Resolved and pinned at once: retention never removes the step between the two.
     ASSIGN_OR_RETURN(auto latest, commit_->PinLatest(request.job));
     if (!latest) return NotFound("job '" + request.job + "' has no committed checkpoint");
-    step = *latest;
+    p->step = *latest;
   }
-  const std::string ctx = "load of job '" + request.job + "' step " + std::to_string(step) +
-                          " into rank " + std::to_string(request.rank);
+  hot_->Pin(request.job, p->step);
+  p->pinned = true;
+  p->ctx = "load of job '" + request.job + "' step " + std::to_string(p->step) + " into rank " +
+           std::to_string(request.rank);
 
-  hot_->Pin(request.job, step);
-  struct Unpin {
-    LoadService* self;
-    const std::string& job;
-    uint64_t step;
-    ~Unpin() {
-      self->hot_->Unpin(job, step);
-      self->commit_->Unpin(job, step);
-    }
-  } unpin{this, request.job, step};
-
-  auto reader = ReaderFor(request.job, step);
+  auto reader = ReaderFor(request.job, p->step);
   if (!reader.ok()) {
     if (reader.status().code() == StatusCode::kNotFound) {
-      return NotFound(ctx + ": the step is not committed (no MANIFEST)");
+      return NotFound(p->ctx + ": the step is not committed (no MANIFEST)");
     }
-    return reader.status().WithContext(ctx);
+    return reader.status().WithContext(p->ctx);
   }
+  p->reader = std::move(reader).value();
 
-  Outcome out;
-  out.step = step;
-  std::vector<CheckpointReader::Request> requests;
-  requests.reserve(request.plan->tensors.size());
+  Outcome& out = p->out;
+  out.step = p->step;
+  p->requests.reserve(request.plan->tensors.size());
   for (const RegisteredTensor& t : request.plan->tensors) {
-    if ((*reader)->FindTensor(t.name) == nullptr) {
+    if (p->reader->FindTensor(t.name) == nullptr) {
       out.missing.push_back(t.name);
       continue;
     }
@@ -123,7 +232,7 @@ Result<LoadService::Outcome> LoadService::LoadNow(const Request& request) {
     r.sink = [memory = t.memory](uint64_t offset, const std::byte* src, uint64_t size) {
       return memory->CopyIn(offset, src, size);
     };
-    requests.push_back(std::move(r));
+    p->requests.push_back(std::move(r));
   }
   if (request.strict && !out.missing.empty()) {
     std::string names;
@@ -131,14 +240,145 @@ Result<LoadService::Outcome> LoadService::LoadNow(const Request& request) {
       names += (i ? ", '" : "'") + EscapeForLog(out.missing[i]) + "'";
     }
     if (out.missing.size() > 10) names += ", ...";
-    return NotFound(ctx + ": " + std::to_string(out.missing.size()) +
+    return NotFound(p->ctx + ": " + std::to_string(out.missing.size()) +
                     " registered tensors are not in the checkpoint: " + names);
   }
+  return p;
+}
+
+void LoadService::WaitStaged(const std::string& job, uint64_t step) {
+  std::shared_ptr<Staging> staging;
+  {
+    MutexLock lock(mu_);
+    auto it = staging_.find({job, step});
+    if (it == staging_.end()) return;
+    staging = it->second;
+  }
+  MutexLock lock(staging->mu);
+  const auto until = std::chrono::steady_clock::now() + config_.staging_wait;
+  while (!staging->done) {
+    if (!staging->cv.WaitUntil(staging->mu, until)) return;
+  }
+}
+
+Status LoadService::Stage(Prepared& p, const ckptd::v1::LoadPlanResponse& plan,
+                          uint64_t* bytes_read) {
+  const std::pair<std::string, uint64_t> key{p.request.job, p.step};
+  std::shared_ptr<Staging> staging;
+  bool mine = false;
+  {
+    MutexLock lock(mu_);
+    auto [it, fresh] = staging_.try_emplace(key);
+    if (fresh) it->second = std::make_shared<Staging>();
+    staging = it->second;
+    mine = fresh;
+  }
+  if (!mine) {  // another load of the step on this node reads them: wait for it
+    WaitStaged(key.first, key.second);
+    return Status::Ok();
+  }
+  Status status = Status::Ok();
+  std::vector<std::byte> buffer;
+  for (const auto& range : plan.serve()) {
+    auto file = fs_->Open(JoinPath(p.reader->step_dir(), range.file()), OpenOptions{});
+    if (!file.ok()) {
+      status = file.status().WithContext(p.ctx + ": the ranges it serves");
+      break;
+    }
+    const uint64_t window = hot_->window_size();
+    for (uint64_t pos = range.offset(), end = range.offset() + range.length(); pos < end;) {
+      const uint64_t n = std::min(end - pos, window - pos % window);
+      if (hot_->Find(key.first, key.second, range.file(), pos, n) == nullptr) {
+        buffer.resize(n);
+        status = (*file)->PReadAll(buffer.data(), n, pos);
+        if (!status.ok()) break;
+        *bytes_read += n;
+        hot_->InsertRead(key.first, key.second, range.file(), pos, buffer.data(), n);
+      }
+      pos += n;
+    }
+    if (!status.ok()) break;
+  }
+  {
+    MutexLock lock(staging->mu);
+    staging->done = true;
+  }
+  staging->cv.NotifyAll();
+  MutexLock lock(mu_);
+  staging_.erase(key);
+  return status;
+}
+
+std::vector<CheckpointReader::FileRange> LoadService::FetchFromPeers(
+    Prepared& p, const ckptd::v1::LoadPlanResponse& plan) {
+  std::map<std::string, std::vector<const ckptd::v1::FileRange*>> by_peer;
+  for (const auto& f : plan.fetch()) by_peer[f.peer_address()].push_back(&f.range());
+  Mutex mu;
+  std::vector<CheckpointReader::FileRange> arrived;
+  auto fetch_all = [&](const std::string& address,
+                       const std::vector<const ckptd::v1::FileRange*>& ranges) {
+    std::unique_ptr<PeerFetch> client = config_.connect_peer(address);
+    std::vector<std::byte> buffer;
+    for (const auto* r : ranges) {
+      buffer.resize(r->length());
+      Status s =
+          client->Fetch(p.request.job, p.step, r->file(), r->offset(), r->length(), buffer.data());
+      if (!s.ok()) {
+        // Dead, stalled or wrong: not asked again by this load; storage has the bytes.
+        spdlog::warn("{}: fetch from peer {} failed, reading its ranges from storage: {}", p.ctx,
+                     address, s.ToString());
+        return;
+      }
+      hot_->InsertRead(p.request.job, p.step, r->file(), r->offset(), buffer.data(), r->length());
+      MutexLock lock(mu);
+      arrived.push_back({r->file(), r->offset(), r->length()});
+    }
+  };
+  {
+    std::vector<std::jthread> threads;
+    for (const auto& [address, ranges] : by_peer) {
+      threads.emplace_back(
+          [&, &address = address, &ranges = ranges] { fetch_all(address, ranges); });
+    }
+  }
+  std::sort(arrived.begin(), arrived.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.file, a.offset) < std::tie(b.file, b.offset);
+  });
+  return arrived;
+}
+
+Result<LoadService::Outcome> LoadService::Finish(Prepared& p,
+                                                 const ckptd::v1::LoadPlanResponse* plan) {
+  const Request& request = p.request;
+  const uint64_t step = p.step;
+  Outcome& out = p.out;
+  uint64_t staged = 0;
+  std::vector<CheckpointReader::FileRange> fetched;
+  if (plan != nullptr) {
+    if (Status s = Stage(p, *plan, &staged); !s.ok()) {
+      spdlog::warn("{}: {}", p.ctx, s.ToString());  // the peers read those from storage
+    }
+    fetched = FetchFromPeers(p, *plan);
+  }
+  // Resident bytes that arrived from peers for this load, counted as they are found.
+  uint64_t from_peers = 0;
+  auto fetched_here = [&](const std::string& file, uint64_t offset, uint64_t length) {
+    auto it = std::upper_bound(fetched.begin(), fetched.end(), std::tie(file, offset),
+                               [](const auto& key, const CheckpointReader::FileRange& r) {
+                                 return key < std::tie(r.file, r.offset);
+                               });
+    if (it == fetched.begin()) return false;
+    --it;
+    return it->file == file && offset + length <= it->offset + it->length;
+  };
 
   CheckpointReader::ReadHooks hooks;
-  hooks.find_resident = [this, &request, step](const std::string& file, uint64_t offset,
-                                               uint64_t length) {
-    return hot_->Find(request.job, step, file, offset, length);
+  hooks.find_resident = [&](const std::string& file, uint64_t offset, uint64_t length) {
+    const std::byte* bytes = hot_->Find(request.job, step, file, offset, length);
+    if (bytes != nullptr && !fetched.empty() && fetched_here(file, offset, length)) {
+      from_peers += length;
+    }
+    return bytes;
   };
   hooks.on_storage_piece = [this, &request, step](const std::string& file, uint64_t offset,
                                                   const std::byte* data, uint64_t length) {
@@ -148,13 +388,14 @@ Result<LoadService::Outcome> LoadService::LoadNow(const Request& request) {
   {
     auto lock = StepLock(request.job, step);
     MutexLock guard(*lock);
-    RETURN_IF_ERROR((*reader)->Read(requests, &hooks, &stats), ctx);
+    RETURN_IF_ERROR(p.reader->Read(p.requests, &hooks, &stats), p.ctx);
   }
-  out.bytes_from_memory = stats.bytes_from_memory;
-  out.bytes_from_storage = stats.bytes_from_storage;
+  out.bytes_from_peers = std::min(from_peers, stats.bytes_from_memory);
+  out.bytes_from_memory = stats.bytes_from_memory - out.bytes_from_peers;
+  out.bytes_from_storage = stats.bytes_from_storage + staged;
   // This rank's blob; a rank the step never had (the job grew) gets that of rank
   // (rank mod saved world size).
-  const auto& manifest = (*reader)->manifest();
+  const auto& manifest = p.reader->manifest();
   out.saved_world_size = manifest.world_size();
   out.extra_rank = manifest.world_size() == 0 || request.rank < manifest.world_size()
                        ? request.rank
@@ -162,10 +403,11 @@ Result<LoadService::Outcome> LoadService::LoadNow(const Request& request) {
   for (const auto& r : manifest.ranks()) {
     if (r.rank() == out.extra_rank) out.extra = r.extra();
   }
-  spdlog::info("{}: {} tensors, {} bytes from memory, {} from storage{}", ctx, requests.size(),
-               out.bytes_from_memory, out.bytes_from_storage,
+  spdlog::info("{}: {} tensors, {} bytes from memory, {} from peers, {} from storage{}", p.ctx,
+               p.requests.size(), out.bytes_from_memory, out.bytes_from_peers,
+               out.bytes_from_storage,
                out.missing.empty() ? "" : ", " + std::to_string(out.missing.size()) + " missing");
-  return out;
+  return std::move(out);
 }
 
 }  // namespace ckpt

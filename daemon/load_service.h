@@ -11,6 +11,18 @@
 // Loads of one step run one at a time so that this holds without racing; loads of different
 // steps and jobs run in parallel on the load threads, never on the Asio loop, and never wait
 // for saves of other jobs.
+//
+// Across nodes (with a global coordinator, Config::plan_load): before a load reads storage it
+// asks the coordinator who reads what (daemon/coordinator/load_planner.h) — the ranges it needs
+// and its node does not hold. While the plan waits for the job's other ranks the load holds no
+// thread: the question is asked again from a timer on the loop. With the plan, the load (1)
+// reads the ranges this node serves into the hot cache, once per node and step (other loads of
+// the step on this node wait for that, and so does the data plane's FETCH of them:
+// WaitStaged), (2) fetches the ranges other nodes read over the data plane into the hot cache,
+// one thread per peer — a peer that fails is not asked again by this load — and (3) reads as
+// above, so fetched bytes are verified against the manifest like any resident bytes, and
+// whatever did not arrive (a dead or stalled peer, a full pool) is read from storage. A failed
+// or absent plan is a load as before.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -25,10 +37,20 @@
 #include "common/mutex.h"
 #include "daemon/capture_plan.h"
 #include "daemon/coordinator/commit_engine.h"
+#include "daemon/coordinator/coordinator_port.h"
 #include "daemon/hot_cache.h"
 #include "daemon/task_pool.h"
 
 namespace ckpt {
+
+// Bytes of a step's data file from another daemon's data plane (daemon/peer/; main.cc makes
+// these from peer::PeerClient). One connection; calls are serialized.
+class PeerFetch {
+ public:
+  virtual ~PeerFetch() = default;
+  virtual Status Fetch(const std::string& job, uint64_t step, const std::string& file,
+                       uint64_t offset, uint64_t length, std::byte* out) = 0;
+};
 
 class LoadService {
  public:
@@ -36,6 +58,14 @@ class LoadService {
     std::string storage_root;
     int threads = 2;
     CheckpointReader::Options reader;
+    // Cold loads across nodes; null: every load reads what it needs itself.
+    // Both set, or the load plans nothing.
+    std::function<void(ckptd::v1::LoadPlanRequest, CoordinatorPort::PlanLoadDone)> plan_load;
+    std::string node_id;
+    std::function<std::string()> peer_address;  // this node's data plane; "" serves nothing
+    std::function<std::unique_ptr<PeerFetch>(const std::string& address)> connect_peer;
+    // Longest a FETCH of a step waits for this node to read the ranges it serves.
+    std::chrono::milliseconds staging_wait{std::chrono::seconds(30)};
   };
   LoadService(boost::asio::io_context& io, Config config, FileSystem* fs, CommitEngine* commit,
               HotCache* hot);
@@ -49,6 +79,7 @@ class LoadService {
     std::optional<uint64_t> step;  // nullopt: the newest committed
     bool strict = true;            // a registered tensor missing from the step is an error
     uint32_t rank = 0;
+    uint32_t world_size = 0;                  // of the loading job; 0: no plan across nodes
     std::shared_ptr<const CapturePlan> plan;  // the tensors to fill
   };
   struct Outcome {
@@ -57,16 +88,43 @@ class LoadService {
     uint32_t extra_rank = 0;        // whose blob `extra` is (LoadReply.extra_rank)
     uint32_t saved_world_size = 0;  // how many ranks saved the step
     uint64_t bytes_from_memory = 0;
-    uint64_t bytes_from_storage = 0;
+    uint64_t bytes_from_storage = 0;  // with a plan, also what this load read for other nodes
+    uint64_t bytes_from_peers = 0;
     std::vector<std::string> missing;
   };
   // Runs the load on a load thread; `done` is posted onto the Asio loop.
   void Load(Request request, std::function<void(Result<Outcome>)> done);
 
-  // Synchronous body of Load (for tests and the load threads).
+  // Synchronous body of Load without a plan across nodes (tests).
   Result<Outcome> LoadNow(const Request& request);
 
+  // Returns once this node is not reading ranges of the step that it serves to other nodes
+  // (or after Config::staging_wait). For the data plane's FETCH, from its threads.
+  void WaitStaged(const std::string& job, uint64_t step);
+
  private:
+  struct Prepared;
+  struct Staging {
+    Mutex mu;
+    CondVar cv;
+    bool done GUARDED_BY(mu) = false;
+  };
+  // Resolves and pins the step, opens its reader, matches the registered tensors.
+  Result<std::shared_ptr<Prepared>> Prepare(const Request& request);
+  // On the loop: asks for the plan until it is ready, then finishes on a load thread.
+  void AskPlan(std::shared_ptr<Prepared> prepared, ckptd::v1::LoadPlanRequest ask,
+               std::function<void(Result<Outcome>)> done);
+  // Runs on a load thread and posts the outcome to the loop.
+  void Complete(std::shared_ptr<Prepared> prepared,
+                std::shared_ptr<const ckptd::v1::LoadPlanResponse> plan,
+                std::function<void(Result<Outcome>)> done);
+  Result<Outcome> Finish(Prepared& p, const ckptd::v1::LoadPlanResponse* plan);
+  // (1) of the plan: the ranges this node serves, read into the hot cache once per node.
+  Status Stage(Prepared& p, const ckptd::v1::LoadPlanResponse& plan, uint64_t* bytes_read);
+  // (2): the ranges other nodes read, fetched into the hot cache; returns the ranges that arrived.
+  std::vector<CheckpointReader::FileRange> FetchFromPeers(Prepared& p,
+                                                          const ckptd::v1::LoadPlanResponse& plan);
+
   Result<std::shared_ptr<CheckpointReader>> ReaderFor(const std::string& job, uint64_t step);
   std::shared_ptr<Mutex> StepLock(const std::string& job, uint64_t step);
 
@@ -82,6 +140,8 @@ class LoadService {
       GUARDED_BY(mu_);
   // One per step being loaded: loads of one step take turns (read-once per node).
   std::map<std::pair<std::string, uint64_t>, std::weak_ptr<Mutex>> step_locks_ GUARDED_BY(mu_);
+  // Steps whose served ranges this node is reading now.
+  std::map<std::pair<std::string, uint64_t>, std::shared_ptr<Staging>> staging_ GUARDED_BY(mu_);
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

@@ -38,6 +38,7 @@
 #include "daemon/load_service.h"
 #include "daemon/local_server.h"
 #include "daemon/node_state.h"
+#include "daemon/peer/peer_client.h"
 #include "daemon/peer/peer_server.h"
 #include "daemon/peer/peer_source.h"
 #include "daemon/peer/peer_store.h"
@@ -69,6 +70,33 @@ void RaiseFileLimit() {
     ::setrlimit(RLIMIT_NOFILE, &lim);
   }
 }
+
+// The address other daemons reach this node's data plane at: the bound one, with a wildcard host
+// (0.0.0.0, ::) replaced by this host's name.
+std::string AdvertisedPeerAddress(const std::string& bound) {
+  const auto colon = bound.rfind(':');
+  if (colon == std::string::npos) return bound;
+  const std::string host = bound.substr(0, colon);
+  if (host != "0.0.0.0" && host != "[::]" && host != "::" && !host.empty()) return bound;
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) return bound;
+  return std::string(name) + bound.substr(colon);
+}
+
+// A load's fetches from another daemon, over its data plane.
+class PeerClientFetch final : public PeerFetch {
+ public:
+  PeerClientFetch(peer::PeerClient::Config config, peer::TokenBucket* bucket,
+                  peer::PeerObserver* observer)
+      : client_(std::move(config), bucket, observer) {}
+  Status Fetch(const std::string& job, uint64_t step, const std::string& file, uint64_t offset,
+               uint64_t length, std::byte* out) override {
+    return client_.Fetch({job, step, file, offset, length}, out);
+  }
+
+ private:
+  peer::PeerClient client_;
+};
 
 // ---- global coordinator (--coordinator ADDR and the coordinator-* keys) ----
 // Null when the embedded coordinator applies. Errors name the flag.
@@ -218,8 +246,33 @@ int RunDaemon(const DaemonConfig& config) {
     node.AttachCoordinator(embedded.get());
   }
 
+  // Observers first: the load service and the data plane count into the metrics.
+  peer::TokenBucket peer_bandwidth(config.peer_bandwidth);
+  ObserverList observers;
+  DaemonMetrics metrics(kVersion, config.node_id, pool->get(), &hot, [&flush] {
+    const FlushEngine::Activity a = flush.activity();
+    return std::make_pair(a.in_flight, a.oldest_seconds);
+  });
   LoadService::Config load_config;
   load_config.storage_root = config.storage_root;
+  // With a global coordinator, cold loads are planned across nodes: what several nodes need is
+  // read from storage by one and fetched from it by the others (daemon/load_service.h). The
+  // address peers reach this node at is known once the data plane is bound (below).
+  std::string peer_advertised;
+  if (*coordinator_link) {
+    load_config.plan_load = [link = coordinator_link->get()](ckptd::v1::LoadPlanRequest request,
+                                                             CoordinatorPort::PlanLoadDone done) {
+      link->PlanLoad(std::move(request), std::move(done));
+    };
+    load_config.node_id = config.node_id;
+    load_config.peer_address = [&peer_advertised] { return peer_advertised; };
+    load_config.connect_peer = [&config, &peer_bandwidth, &metrics](
+                                   const std::string& address) -> std::unique_ptr<PeerFetch> {
+      return std::make_unique<PeerClientFetch>(
+          peer::PeerClient::Config{address, config.peer_timeout, 16ull << 20}, &peer_bandwidth,
+          &metrics);
+    };
+  }
   LoadService loads(io, load_config, fs, &commit, &hot);
 
   SessionServices services;
@@ -243,11 +296,6 @@ int RunDaemon(const DaemonConfig& config) {
     return 2;
   }
   server_config.group = *socket_group;
-  ObserverList observers;
-  DaemonMetrics metrics(kVersion, config.node_id, pool->get(), &hot, [&flush] {
-    const FlushEngine::Activity a = flush.activity();
-    return std::make_pair(a.in_flight, a.oldest_seconds);
-  });
   NodeAdminProvider::Sources admin_sources;
   admin_sources.node = &node;
   admin_sources.pool = pool->get();
@@ -294,8 +342,12 @@ int RunDaemon(const DaemonConfig& config) {
   // FETCH from what this node holds for others, its hot cache or committed storage, and keeps
   // what other nodes PUT within --peer-pool. Its own loop thread and pool.
   peer::PeerStore peer_store(config.peer_pool);
-  peer::TokenBucket peer_bandwidth(config.peer_bandwidth);
   peer::DaemonPeerSource peer_source(&peer_store, &hot, config.slot_size, fs, config.storage_root);
+  peer_source.SetLoadHooks(
+      [&loads](const std::string& job, uint64_t step) { loads.WaitStaged(job, step); },
+      [&observers](const std::string& job, uint64_t bytes) {
+        observers.OnStorageRead(job, bytes);
+      });
   std::unique_ptr<peer::PeerServer> peer_server;
   if (!config.peer_listen.empty()) {
     peer::PeerServer::Config peer_config;
@@ -357,6 +409,7 @@ int RunDaemon(const DaemonConfig& config) {
             [&] {
               RETURN_IF_ERROR(peer_server->Start());
               admin_provider.AddConfig("peer-bound", peer_server->bound_address());
+              peer_advertised = AdvertisedPeerAddress(peer_server->bound_address());
               spdlog::info("peer data plane: bound {}, peer pool {}, bandwidth cap {}",
                            peer_server->bound_address(), FormatBytes(config.peer_pool),
                            config.peer_bandwidth == 0 ? std::string("none")

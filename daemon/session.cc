@@ -508,6 +508,9 @@ void Session::HandleLoad(uint64_t id, const ckptd::v1::Load& load) {
   if (load.has_step()) req.step = load.step();
   req.strict = load.strict();
   req.rank = rank_;
+  // Planned across nodes with the job's other ranks: only a load of the session's own job
+  // (a shared job's ranks are not this job's).
+  req.world_size = source == job_ ? world_size_ : 0;
   req.plan = plan_;
   // A load of "the latest" of the session's own job restores the job's restore point: the same
   // step on every rank of a restart (restore_points.h). Set before `start` runs.
@@ -554,6 +557,7 @@ void Session::HandleLoad(uint64_t id, const ckptd::v1::Load& load) {
       r->set_saved_world_size(out->saved_world_size);
       r->set_bytes_from_memory(out->bytes_from_memory);
       r->set_bytes_from_storage(out->bytes_from_storage);
+      r->set_bytes_from_peers(out->bytes_from_peers);
       for (auto& m : out->missing) r->add_missing(m);
       self->Send(reply);
     });

@@ -224,7 +224,8 @@ class PyClient {
     return *latest;
   }
 
-  // (step, extra, bytes_from_memory, bytes_from_storage, missing, extra_rank, saved_world_size)
+  // (step, extra, bytes_from_memory, bytes_from_storage, missing, extra_rank, saved_world_size,
+  //  bytes_from_peers)
   py::tuple Load(std::optional<uint64_t> step, bool strict, uint64_t cuda_stream,
                  const std::string& job) {
     auto result = [&] {
@@ -236,7 +237,7 @@ class PyClient {
     for (const std::string& name : result->missing) missing.append(py::str(name));
     return py::make_tuple(result->step, py::bytes(result->extra), result->bytes_from_memory,
                           result->bytes_from_storage, missing, result->extra_rank,
-                          result->saved_world_size);
+                          result->saved_world_size, result->bytes_from_peers);
   }
 
   void Abandon(std::optional<uint64_t> step, const std::string& reason) {

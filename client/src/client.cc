@@ -1340,6 +1340,7 @@ Result<LoadResult> Client::Impl::Load(const LoadOptions& options) {
   result.saved_world_size = lr.saved_world_size();
   result.bytes_from_memory = lr.bytes_from_memory();
   result.bytes_from_storage = lr.bytes_from_storage();
+  result.bytes_from_peers = lr.bytes_from_peers();
   result.missing.assign(lr.missing().begin(), lr.missing().end());
   if (lr.cuda_events_size() > 0) {
     ASSIGN_OR_RETURN(detail::CudaExporter * exporter, detail::CudaExporter::Get(), "load");

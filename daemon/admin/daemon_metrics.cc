@@ -370,6 +370,10 @@ void DaemonMetrics::OnLoad(const std::string&, uint64_t, uint64_t from_memory,
   load_seconds_.Observe(seconds);
 }
 
+void DaemonMetrics::OnStorageRead(const std::string&, uint64_t bytes) {
+  read_bytes_.Add({{"source", "storage"}}).Increment(static_cast<double>(bytes));
+}
+
 void DaemonMetrics::OnClientConnected(const ClientDescription& client) {
   {
     MutexLock lock(mu_);

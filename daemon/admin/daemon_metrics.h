@@ -6,7 +6,9 @@
 // source only):
 //   ckptd_build_info{version,node}                    1
 //   ckptd_captured_bytes_total, ckptd_persisted_bytes_total
-//   ckptd_read_bytes_total{source="memory"|"storage"} bytes restored by loads
+//   ckptd_read_bytes_total{source="memory"|"storage"} bytes restored by loads; "storage" also
+//                              counts what a load read for other nodes and what the data plane
+//                              read from storage to serve them: all of this daemon's reads
 //   ckptd_capture_duration_seconds                    histogram, save accepted → rank captured
 //   ckptd_flush_duration_seconds                      histogram, rank captured → rank persisted
 //   ckptd_load_duration_seconds                       histogram
@@ -130,6 +132,7 @@ class DaemonMetrics final : public DaemonObserver, public peer::PeerObserver {
                       double seconds) override;
   void OnRankPersisted(const std::string& job, uint64_t step, uint32_t rank, uint64_t bytes,
                        double seconds) override;
+  void OnStorageRead(const std::string& job, uint64_t bytes) override;
   void OnLoad(const std::string& job, uint64_t step, uint64_t bytes_from_memory,
               uint64_t bytes_from_storage, double seconds) override;
   void OnClientConnected(const ClientDescription& client) override;

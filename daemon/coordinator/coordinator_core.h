@@ -68,6 +68,7 @@
 #include "common/mutex.h"
 #include "daemon/coordinator/commit_engine.h"
 #include "daemon/coordinator/layout_registry.h"
+#include "daemon/coordinator/load_planner.h"
 #include "daemon/coordinator/restore_points.h"
 #include "daemon/coordinator/writer_plan.h"
 #include "daemon/task_pool.h"
@@ -91,6 +92,9 @@ class CoordinatorCore {
     // How long a registration asked for its layout has to send it before another registration
     // of the same layout is asked instead (layout_registry.h).
     std::chrono::milliseconds layout_ask_timeout{std::chrono::seconds(3)};
+    // Cold loads across nodes (load_planner.h): how long a round waits for the rest of the
+    // job's ranks before planning with those that asked.
+    LoadPlanner::Options load_plan;
     size_t finished_steps_kept = 64;  // per job, to answer late reports
     // A step the recovery scan removed is answered ABORTED when a daemon reports it again: it
     // was in flight on a live daemon when the coordinator restarted. False in process: the
@@ -181,6 +185,11 @@ class CoordinatorCore {
   Result<std::optional<uint64_t>> RestorePoint(const std::string& job, uint32_t rank,
                                                uint32_t world_size, const std::string& session);
   Result<std::vector<uint64_t>> List(const std::string& job);
+  // A rank about to load a step from storage: who reads what (load_planner.h). Does not take
+  // the core's mutex.
+  Result<ckptd::v1::LoadPlanResponse> PlanLoad(const ckptd::v1::LoadPlanRequest& req) {
+    return load_planner_.Ask(req);
+  }
 
   Snapshot TakeSnapshot();
 
@@ -277,6 +286,7 @@ class CoordinatorCore {
   std::map<std::string, JobRecord> jobs_ GUARDED_BY(mu_);
   std::map<std::string, NodeRecord> nodes_ GUARDED_BY(mu_);
   RestorePoints restore_points_ GUARDED_BY(mu_);
+  LoadPlanner load_planner_{config_.load_plan};  // its own lock
   LayoutRegistry layouts_ GUARDED_BY(mu_);
   int plans_in_flight_ GUARDED_BY(mu_) = 0;
   int commits_in_flight_ GUARDED_BY(mu_) = 0;

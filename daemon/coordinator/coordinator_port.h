@@ -42,6 +42,13 @@ class CoordinatorPort {
   // `done` runs on the loop.
   virtual void Latest(const std::string& job, std::optional<RestoreQuery> restore_point,
                       LatestDone done) = 0;
+  // Who reads which stored bytes of a cold load across nodes (load_planner.h). `done` runs on
+  // the loop, or at once from the caller when the port plans no loads: kUnimplemented, the
+  // default (the coordinator in process serves one node, whose loads already read once).
+  using PlanLoadDone = std::function<void(Result<ckptd::v1::LoadPlanResponse>)>;
+  virtual void PlanLoad(ckptd::v1::LoadPlanRequest /*request*/, PlanLoadDone done) {
+    done(Unimplemented("no coordinator plans loads across nodes here"));
+  }
 };
 
 }  // namespace ckpt

@@ -13,6 +13,7 @@ namespace ckpt::peer {
 
 Status DaemonPeerSource::Read(const Region& region, std::byte* out) {
   if (store_ != nullptr && store_->Read(region, out)) return Status::Ok();
+  if (wait_staged_) wait_staged_(region.job, region.step);
   if (hot_ == nullptr) return ReadStorage(region, out);
   // Window by window, what the cache holds is copied under a pin; the misses, joined where
   // they touch, are read from storage after the pin is let go, so a slow storage read never
@@ -38,6 +39,9 @@ Status DaemonPeerSource::Read(const Region& region, std::byte* out) {
     piece.offset = start;
     piece.length = stop - start;
     RETURN_IF_ERROR(ReadStorage(piece, out + (start - region.offset)));
+    if (on_storage_read_) on_storage_read_(region.job, piece.length);
+    hot_->InsertRead(region.job, region.step, region.file, start, out + (start - region.offset),
+                     piece.length);
   }
   return Status::Ok();
 }

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
 
 #include "common/file_system.h"
@@ -44,6 +45,16 @@ class DaemonPeerSource final : public PeerSource {
                    std::string storage_root)
       : store_(store), hot_(hot), window_(window), fs_(fs), root_(std::move(storage_root)) {}
 
+  // For a cold load across nodes (daemon/load_service.h): `wait_staged` returns once this node
+  // has read the ranges of the step it serves (a FETCH that arrives first waits for them rather
+  // than read them a second time); `on_storage_read` counts what Read had to read from storage,
+  // which it also keeps in the hot cache for the next peer asking. Set before serving.
+  void SetLoadHooks(std::function<void(const std::string& job, uint64_t step)> wait_staged,
+                    std::function<void(const std::string& job, uint64_t bytes)> on_storage_read) {
+    wait_staged_ = std::move(wait_staged);
+    on_storage_read_ = std::move(on_storage_read);
+  }
+
   Status Read(const Region& region, std::byte* out) override;
 
  private:
@@ -54,6 +65,8 @@ class DaemonPeerSource final : public PeerSource {
   uint64_t window_;
   FileSystem* fs_;
   std::string root_;
+  std::function<void(const std::string&, uint64_t)> wait_staged_;
+  std::function<void(const std::string&, uint64_t)> on_storage_read_;
 };
 
 }  // namespace ckpt::peer

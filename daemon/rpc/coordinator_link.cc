@@ -294,4 +294,26 @@ void CoordinatorLink::Latest(const std::string& job, std::optional<RestoreQuery>
   }
 }
 
+void CoordinatorLink::PlanLoad(ckptd::v1::LoadPlanRequest request, PlanLoadDone done) {
+  auto answer = std::make_shared<PlanLoadDone>(std::move(done));
+  const std::string what = "coordinator " + config_.address + ": load plan of job '" +
+                           request.job() + "' step " + std::to_string(request.step());
+  const bool queued = Enqueue([this, request = std::move(request), answer, what]() mutable {
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    ckptd::v1::LoadPlanResponse resp;
+    grpc::Status st = stub_->PlanLoad(&ctx, request, &resp);
+    Result<ckptd::v1::LoadPlanResponse> out =
+        st.ok()
+            ? Result<ckptd::v1::LoadPlanResponse>(std::move(resp))
+            : Result<ckptd::v1::LoadPlanResponse>(Unavailable(what + ": " + st.error_message()));
+    PostToLoop([answer, out = std::move(out)]() mutable { (*answer)(std::move(out)); });
+  });
+  if (!queued) {
+    PostToLoop([answer, what] {
+      (*answer)(Unavailable(what + ": the link is stopping or its queue is full"));
+    });
+  }
+}
+
 }  // namespace ckpt

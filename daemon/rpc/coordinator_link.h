@@ -65,6 +65,7 @@ class CoordinatorLink final : public CoordinatorPort {
   void ReportRegistration(ckptd::v1::ReportRegistrationRequest request) override;
   void Latest(const std::string& job, std::optional<RestoreQuery> restore_point,
               LatestDone done) override;
+  void PlanLoad(ckptd::v1::LoadPlanRequest request, PlanLoadDone done) override;
 
   const Config& config() const { return config_; }
 

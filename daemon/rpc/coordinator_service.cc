@@ -169,4 +169,10 @@ grpc::ServerUnaryReactor* CoordinatorService::ListSteps(grpc::CallbackServerCont
   return reactor;
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::PlanLoad(grpc::CallbackServerContext* ctx,
+                                                       const ckptd::v1::LoadPlanRequest* req,
+                                                       ckptd::v1::LoadPlanResponse* resp) {
+  return FinishWith(ctx, core_->PlanLoad(*req), resp);
+}
+
 }  // namespace ckpt

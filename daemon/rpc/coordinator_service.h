@@ -37,6 +37,9 @@ class CoordinatorService final : public ckptd::v1::Coordinator::CallbackService 
   grpc::ServerUnaryReactor* ListSteps(grpc::CallbackServerContext* ctx,
                                       const ckptd::v1::JobRequest* req,
                                       ckptd::v1::ListStepsResponse* resp) override;
+  grpc::ServerUnaryReactor* PlanLoad(grpc::CallbackServerContext* ctx,
+                                     const ckptd::v1::LoadPlanRequest* req,
+                                     ckptd::v1::LoadPlanResponse* resp) override;
 
  private:
   CoordinatorCore* core_;

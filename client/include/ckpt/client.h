@@ -149,6 +149,9 @@ struct LoadResult {
   uint32_t saved_world_size = 0;     // how many ranks saved the step
   uint64_t bytes_from_memory = 0;    // served from the daemon's host memory (hot restore)
   uint64_t bytes_from_storage = 0;   // read from storage
+  uint64_t bytes_from_peers = 0;     // read by other nodes' daemons and sent to this one (a
+                                     // cold load across nodes); bytes_from_storage then also
+                                     // counts what this daemon read for the others
   std::vector<std::string> missing;  // non-strict loads: registered tensors not in the step
 };
 

@@ -191,10 +191,10 @@ class LoadInfo:
     """What the last :meth:`Client.load` did (``Client.last_load``)."""
 
     __slots__ = ("step", "extra", "bytes_from_memory", "bytes_from_storage", "missing",
-                 "extra_rank", "saved_world_size")
+                 "extra_rank", "saved_world_size", "bytes_from_peers")
 
     def __init__(self, step, extra, bytes_from_memory, bytes_from_storage, missing,
-                 extra_rank=0, saved_world_size=0):
+                 extra_rank=0, saved_world_size=0, bytes_from_peers=0):
         self.step = step                              # the step that was loaded
         self.extra = extra                            # this rank's extra bytes (see extra_rank)
         self.bytes_from_memory = bytes_from_memory    # served from the daemon's host memory
@@ -204,6 +204,9 @@ class LoadInfo:
         # (the job grew) those of rank (rank % saved_world_size).
         self.extra_rank = extra_rank
         self.saved_world_size = saved_world_size      # how many ranks saved the step
+        # Read from storage by other nodes' daemons and sent to this one (a cold load of a job
+        # across nodes); bytes_from_storage then also counts what this daemon read for them.
+        self.bytes_from_peers = bytes_from_peers
 
     def __repr__(self):
         return ("ckptd.LoadInfo(step=%d, extra=%d bytes, bytes_from_memory=%d, "
@@ -512,10 +515,10 @@ class Client:
         if job is not None and not isinstance(job, str):
             raise _error("job must be a string, not %r" % (job,))
         self._register(tensors)
-        loaded, extra, from_memory, from_storage, missing, extra_rank, saved_world = self._c.load(
-            step, bool(strict), _cuda_stream(self._cuda), job or "")
+        (loaded, extra, from_memory, from_storage, missing, extra_rank, saved_world,
+         from_peers) = self._c.load(step, bool(strict), _cuda_stream(self._cuda), job or "")
         self.last_load = LoadInfo(loaded, extra, from_memory, from_storage, list(missing),
-                                  extra_rank, saved_world)
+                                  extra_rank, saved_world, from_peers)
         return extra
 
     def abandon(self, step=None, reason=""):

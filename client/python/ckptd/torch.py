@@ -332,7 +332,7 @@ class Checkpointer:
         self.fence_timeout = fence_timeout
         self._staging = {}              # buffer name -> its shared staging copy
         self.loaded_extra_state = None
-        self.last_restore = None        # {step, bytes_from_memory, bytes_from_storage} of load()
+        self.last_restore = None        # {step, bytes_from_memory/_storage/_peers} of load()
         self.last_error = None          # the last failure of a save or a fence
         self.failed_saves = 0           # saves that failed or whose fence gave up
         self._warned = set()            # (what, code) already warned about
@@ -572,14 +572,16 @@ class Checkpointer:
             raise
         from_memory = self.client.last_load.bytes_from_memory
         from_storage = self.client.last_load.bytes_from_storage
+        from_peers = self.client.last_load.bytes_from_peers
 
         def read_layout(name, size):
             # Format 3: the optimizer's layout is a tensor of the step.
-            nonlocal from_memory, from_storage
+            nonlocal from_memory, from_storage, from_peers
             buf = torch.empty(size, dtype=torch.uint8)
             self.client.load({name: buf}, step=step, strict=True)
             from_memory += self.client.last_load.bytes_from_memory
             from_storage += self.client.last_load.bytes_from_storage
+            from_peers += self.client.last_load.bytes_from_peers
             return buf.numpy().tobytes()
 
         try:
@@ -600,9 +602,10 @@ class Checkpointer:
                 raise
             from_memory += self.client.last_load.bytes_from_memory
             from_storage += self.client.last_load.bytes_from_storage
-        # Where the restore came from: the daemon's memory (hot) or storage.
+            from_peers += self.client.last_load.bytes_from_peers
+        # Where the restore came from: the daemon's memory (hot), other nodes' daemons, storage.
         self.last_restore = {"step": step, "bytes_from_memory": from_memory,
-                             "bytes_from_storage": from_storage,
+                             "bytes_from_storage": from_storage, "bytes_from_peers": from_peers,
                              "extra_rank": self.client.last_load.extra_rank}
         self.loaded_extra_state = _extras.restore(self.extra_state, meta["extra_state"])
         return step

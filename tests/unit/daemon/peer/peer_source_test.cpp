@@ -75,7 +75,10 @@ TEST_CASE("peer source: store, then hot cache per window, then committed storage
   st = source.Read({"job", 10, kFile, 0, 10}, o);
   CHECK(st.code() == StatusCode::kNotFound);
   CHECK_THAT(st.message(), Catch::Contains("step 10"));
-  CHECK((*pool)->free_slots() == 3);  // the source pins and unpins; it takes no slot
+  // What the source read from storage stays in the hot cache for the next peer asking (a cold
+  // load across nodes): windows 0 and 2, and 1 now held by the adopted slot. One slot is left.
+  CHECK(hot.resident_bytes() == 3 * kWindow);
+  CHECK((*pool)->free_slots() == 1);
 }
 
 }  // namespace

@@ -1,0 +1,112 @@
+// LoadPlanner: who reads which stored bytes when a whole job restores from storage, so that each
+// stored byte that several nodes need is read from storage once per job, not once per node
+// (docs/design.md §4.7 "cold load across nodes").
+//
+// The round. Every rank of a loading job asks (PlanLoad) with the byte ranges of the step's data
+// files its load needs and that its node does not already hold in memory, and with its node's
+// data-plane address. The answers are "not yet, ask again in retry_ms" until every rank of the
+// job's world has asked, or until `wait` has passed since the first ask (a rank that never
+// loads, a node that died: the others do not wait for it longer than that). Then the plan is
+// made once and frozen: each byte range is cut at every node's range boundaries and on a `grain`
+// grid of file offsets; a piece that one node needs stays that node's own storage read; a piece
+// several nodes need is assigned to one of them — the needer with the fewest bytes assigned so
+// far, among those that serve a data plane — which reads it from storage first and serves it;
+// the others fetch it from that node. Each node's answer lists what it serves (read these
+// first) and what it fetches (from whom); everything else it needs it reads itself. A rank that
+// asks after the plan was made (late) gets the plan's pieces that cover its needs. A rank that
+// needs nothing (its node holds the bytes: a hot restore) is counted and answered at once, never
+// kept waiting. A rank's next load of the same step (the Checkpointer loads the model, then the
+// optimizer's state) is in the step's next round, planned the same way. A plan is forgotten
+// `keep` after it was made, so that a later restart of the job plans anew with its own nodes.
+//
+// Failure is always a storage read: a fetch that fails, stalls or returns bad bytes (the loader
+// verifies each checksum piece against the manifest, wherever its bytes came from) is read from
+// storage by the loader itself. So a plan can be wrong about who is alive and still never make
+// a load fail or return wrong bytes.
+//
+// Cost: the plan is O(R log R) in the ranges all nodes sent (R ≈ nodes × stored shards they
+// read), made once per job restart on the asking thread; answers are O(the node's pieces).
+// Memory: the rounds in progress and the plans younger than `keep`, each O(R).
+//
+// Thread safety: all methods may be called from any thread (one mutex; the plan is made under
+// it, which serializes the rounds of different jobs: a restart is rare).
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ckptd/v1/coordinator.pb.h"
+#include "common/mutex.h"
+#include "common/status.h"
+
+namespace ckpt {
+
+class LoadPlanner {
+ public:
+  using Clock = std::chrono::steady_clock;
+  struct Options {
+    std::chrono::milliseconds wait{std::chrono::seconds(5)};  // for the rest of the ranks
+    std::chrono::milliseconds retry{50};                      // LoadPlanResponse.retry_ms
+    std::chrono::milliseconds keep{std::chrono::minutes(2)};  // a made plan's lifetime
+    uint64_t grain = 16ull << 20;  // pieces are cut at multiples of this file offset
+    size_t max_rounds = 256;       // rounds and plans held at once (oldest dropped)
+  };
+  LoadPlanner() : LoadPlanner(Options()) {}
+  explicit LoadPlanner(Options options) : options_(options) {
+    options_.grain = std::max<uint64_t>(options_.grain, 4096);
+  }
+
+  // One rank's ask. Errors: a request without job, node or world size, a rank outside the world,
+  // a range that is empty or overflows (kInvalidArgument).
+  Result<ckptd::v1::LoadPlanResponse> Ask(const ckptd::v1::LoadPlanRequest& request,
+                                          Clock::time_point now);
+  Result<ckptd::v1::LoadPlanResponse> Ask(const ckptd::v1::LoadPlanRequest& request) {
+    return Ask(request, Clock::now());
+  }
+
+  size_t rounds() const;
+
+ private:
+  // [begin, end) of one file, with the node that reads it from storage for everyone.
+  struct Piece {
+    uint64_t begin;
+    uint64_t end;
+    uint32_t reader;  // index into Round::nodes
+    bool shared;      // more than one node needs it
+  };
+  struct NodeNeeds {
+    std::string peer_address;
+    std::map<uint32_t, std::vector<ckptd::v1::FileRange>> by_rank;
+  };
+  struct Round {
+    uint32_t world_size = 0;
+    Clock::time_point first_ask;
+    Clock::time_point planned_at;
+    bool planned = false;
+    std::map<uint32_t, std::string> asked;   // rank → node
+    std::set<uint32_t> answered;             // ranks told their part (a new ask: next round)
+    std::map<std::string, NodeNeeds> needs;  // node → what its ranks asked for
+    std::vector<std::string> nodes;          // after planning: index → node id
+    std::vector<std::string> addresses;      // after planning: index → its data plane
+    std::map<std::string, std::vector<Piece>> pieces;  // file → pieces, sorted
+  };
+
+  void MakePlan(Round& round) const;
+  ckptd::v1::LoadPlanResponse Answer(const Round& round, const std::string& node,
+                                     const std::vector<ckptd::v1::FileRange>& needs) const;
+  void DropExpiredLocked(Clock::time_point now) REQUIRES(mu_);
+
+  Options options_;
+  mutable Mutex mu_;
+  // (job, step) → its rounds, oldest first: a rank's k-th load of the step is in round k.
+  std::map<std::pair<std::string, uint64_t>, std::deque<Round>> rounds_ GUARDED_BY(mu_);
+};
+
+}  // namespace ckpt

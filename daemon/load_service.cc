@@ -246,7 +246,8 @@ Result<std::shared_ptr<LoadService::Prepared>> LoadService::Prepare(const Reques
   return p;
 }
 
-void LoadService::WaitStaged(const std::string& job, uint64_t step) {
+void LoadService::WaitStaged(const std::string& job, uint64_t step, const std::string& file,
+                             uint64_t offset, uint64_t length) {
   std::shared_ptr<Staging> staging;
   {
     MutexLock lock(mu_);
@@ -254,9 +255,21 @@ void LoadService::WaitStaged(const std::string& job, uint64_t step) {
     if (it == staging_.end()) return;
     staging = it->second;
   }
+  // The served range holding the region, if any (else: wait for all of them).
+  const auto& ranges = staging->ranges;
+  size_t index = ranges.size();
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    if (ranges[i].file == file && ranges[i].offset <= offset &&
+        offset + length <= ranges[i].offset + ranges[i].length) {
+      index = i;
+      break;
+    }
+  }
+  const uint64_t end = offset + length;
   MutexLock lock(staging->mu);
   const auto until = std::chrono::steady_clock::now() + config_.staging_wait;
-  while (!staging->done) {
+  while (!staging->done &&
+         !(staging->next > index || (staging->next == index && staging->at >= end))) {
     if (!staging->cv.WaitUntil(staging->mu, until)) return;
   }
 }
@@ -264,46 +277,50 @@ void LoadService::WaitStaged(const std::string& job, uint64_t step) {
 Status LoadService::Stage(Prepared& p, const ckptd::v1::LoadPlanResponse& plan,
                           uint64_t* bytes_read) {
   const std::pair<std::string, uint64_t> key{p.request.job, p.step};
+  auto mine = std::make_shared<Staging>();
+  for (const auto& r : plan.serve()) mine->ranges.push_back({r.file(), r.offset(), r.length()});
   std::shared_ptr<Staging> staging;
-  bool mine = false;
   {
     MutexLock lock(mu_);
-    auto [it, fresh] = staging_.try_emplace(key);
-    if (fresh) it->second = std::make_shared<Staging>();
-    staging = it->second;
-    mine = fresh;
+    staging = staging_.try_emplace(key, mine).first->second;
   }
-  if (!mine) {  // another load of the step on this node reads them: wait for it
-    WaitStaged(key.first, key.second);
+  if (staging != mine) {  // another load of the step on this node reads them: wait for it
+    WaitStaged(key.first, key.second, "", 0, 0);
     return Status::Ok();
   }
   Status status = Status::Ok();
   std::vector<std::byte> buffer;
-  for (const auto& range : plan.serve()) {
-    auto file = fs_->Open(JoinPath(p.reader->step_dir(), range.file()), OpenOptions{});
+  const uint64_t window = hot_->window_size();
+  for (size_t i = 0; i < mine->ranges.size() && status.ok(); ++i) {
+    const auto& range = mine->ranges[i];
+    auto file = fs_->Open(JoinPath(p.reader->step_dir(), range.file), OpenOptions{});
     if (!file.ok()) {
       status = file.status().WithContext(p.ctx + ": the ranges it serves");
       break;
     }
-    const uint64_t window = hot_->window_size();
-    for (uint64_t pos = range.offset(), end = range.offset() + range.length(); pos < end;) {
+    for (uint64_t pos = range.offset, end = range.offset + range.length; pos < end;) {
       const uint64_t n = std::min(end - pos, window - pos % window);
-      if (hot_->Find(key.first, key.second, range.file(), pos, n) == nullptr) {
+      if (hot_->Find(key.first, key.second, range.file, pos, n) == nullptr) {
         buffer.resize(n);
         status = (*file)->PReadAll(buffer.data(), n, pos);
         if (!status.ok()) break;
         *bytes_read += n;
-        hot_->InsertRead(key.first, key.second, range.file(), pos, buffer.data(), n);
+        hot_->InsertRead(key.first, key.second, range.file, pos, buffer.data(), n);
       }
       pos += n;
+      {
+        MutexLock lock(mine->mu);
+        mine->next = pos < end ? i : i + 1;
+        mine->at = pos < end ? pos : 0;
+      }
+      mine->cv.NotifyAll();
     }
-    if (!status.ok()) break;
   }
   {
-    MutexLock lock(staging->mu);
-    staging->done = true;
+    MutexLock lock(mine->mu);
+    mine->done = true;
   }
-  staging->cv.NotifyAll();
+  mine->cv.NotifyAll();
   MutexLock lock(mu_);
   staging_.erase(key);
   return status;

@@ -98,16 +98,24 @@ class LoadService {
   // Synchronous body of Load without a plan across nodes (tests).
   Result<Outcome> LoadNow(const Request& request);
 
-  // Returns once this node is not reading ranges of the step that it serves to other nodes
-  // (or after Config::staging_wait). For the data plane's FETCH, from its threads.
-  void WaitStaged(const std::string& job, uint64_t step);
+  // Returns once this node holds the region of a step whose served ranges it is reading now
+  // (the region is read, or all of them are, or Config::staging_wait passed); at once when it is
+  // reading none. For the data plane's FETCH, from its threads: a fetch waits for the bytes it
+  // asks for, not for the whole staging, so fetches overlap the storage reads.
+  void WaitStaged(const std::string& job, uint64_t step, const std::string& file, uint64_t offset,
+                  uint64_t length);
 
  private:
   struct Prepared;
   struct Staging {
+    // The served ranges, in the order they are read; fixed before the staging is published.
+    std::vector<CheckpointReader::FileRange> ranges;
     Mutex mu;
     CondVar cv;
     bool done GUARDED_BY(mu) = false;
+    // Progress: ranges before `next` are read, and of range `next` the bytes before `at`.
+    size_t next GUARDED_BY(mu) = 0;
+    uint64_t at GUARDED_BY(mu) = 0;
   };
   // Resolves and pins the step, opens its reader, matches the registered tensors.
   Result<std::shared_ptr<Prepared>> Prepare(const Request& request);

@@ -344,7 +344,9 @@ int RunDaemon(const DaemonConfig& config) {
   peer::PeerStore peer_store(config.peer_pool);
   peer::DaemonPeerSource peer_source(&peer_store, &hot, config.slot_size, fs, config.storage_root);
   peer_source.SetLoadHooks(
-      [&loads](const std::string& job, uint64_t step) { loads.WaitStaged(job, step); },
+      [&loads](const peer::Region& r) {
+        loads.WaitStaged(r.job, r.step, r.file, r.offset, r.length);
+      },
       [&observers](const std::string& job, uint64_t bytes) {
         observers.OnStorageRead(job, bytes);
       });

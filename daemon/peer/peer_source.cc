@@ -13,7 +13,7 @@ namespace ckpt::peer {
 
 Status DaemonPeerSource::Read(const Region& region, std::byte* out) {
   if (store_ != nullptr && store_->Read(region, out)) return Status::Ok();
-  if (wait_staged_) wait_staged_(region.job, region.step);
+  if (wait_staged_) wait_staged_(region);
   if (hot_ == nullptr) return ReadStorage(region, out);
   // Window by window, what the cache holds is copied under a pin; the misses, joined where
   // they touch, are read from storage after the pin is let go, so a slow storage read never

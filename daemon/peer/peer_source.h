@@ -46,10 +46,10 @@ class DaemonPeerSource final : public PeerSource {
       : store_(store), hot_(hot), window_(window), fs_(fs), root_(std::move(storage_root)) {}
 
   // For a cold load across nodes (daemon/load_service.h): `wait_staged` returns once this node
-  // has read the ranges of the step it serves (a FETCH that arrives first waits for them rather
-  // than read them a second time); `on_storage_read` counts what Read had to read from storage,
+  // has read the region if it is one it serves (a FETCH that arrives first waits for it rather
+  // than read it a second time); `on_storage_read` counts what Read had to read from storage,
   // which it also keeps in the hot cache for the next peer asking. Set before serving.
-  void SetLoadHooks(std::function<void(const std::string& job, uint64_t step)> wait_staged,
+  void SetLoadHooks(std::function<void(const Region& region)> wait_staged,
                     std::function<void(const std::string& job, uint64_t bytes)> on_storage_read) {
     wait_staged_ = std::move(wait_staged);
     on_storage_read_ = std::move(on_storage_read);
@@ -65,7 +65,7 @@ class DaemonPeerSource final : public PeerSource {
   uint64_t window_;
   FileSystem* fs_;
   std::string root_;
-  std::function<void(const std::string&, uint64_t)> wait_staged_;
+  std::function<void(const Region&)> wait_staged_;
   std::function<void(const std::string&, uint64_t)> on_storage_read_;
 };
 

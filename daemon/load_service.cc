@@ -74,8 +74,10 @@ struct LoadService::Prepared {
   Outcome out;
   std::chrono::steady_clock::time_point first_ask{};
   bool pinned = false;
+  std::shared_ptr<Staging> staging;  // while this load plans across nodes
   ~Prepared() {
     if (!pinned || !*alive) return;
+    if (staging != nullptr) self->LeaveStaging(request.job, step, staging);
     self->hot_->Unpin(request.job, step);
     self->commit_->Unpin(request.job, step);
   }
@@ -130,6 +132,7 @@ void LoadService::Load(Request request, std::function<void(Result<Outcome>)> don
         spdlog::info("{}: asking the coordinator who reads what ({} ranges, {} bytes)", p->ctx,
                      needs->size(), bytes);
         p->first_ask = std::chrono::steady_clock::now();
+        p->staging = JoinStaging(request.job, p->step);
         boost::asio::post(io_, [this, alive, p, ask = std::move(ask), done]() mutable {
           if (*alive) AskPlan(std::move(p), std::move(ask), std::move(done));
         });
@@ -246,6 +249,33 @@ Result<std::shared_ptr<LoadService::Prepared>> LoadService::Prepare(const Reques
   return p;
 }
 
+std::shared_ptr<LoadService::Staging> LoadService::JoinStaging(const std::string& job,
+                                                               uint64_t step) {
+  std::shared_ptr<Staging> staging;
+  {
+    MutexLock lock(mu_);
+    auto& slot = staging_[{job, step}];
+    if (slot == nullptr) slot = std::make_shared<Staging>();
+    staging = slot;
+    MutexLock inner(staging->mu);
+    ++staging->loads;
+  }
+  return staging;
+}
+
+void LoadService::LeaveStaging(const std::string& job, uint64_t step,
+                               const std::shared_ptr<Staging>& staging) {
+  MutexLock lock(mu_);
+  {
+    MutexLock inner(staging->mu);
+    if (--staging->loads > 0) return;
+    staging->done = true;  // the last load ended: nobody will stage (any more)
+  }
+  staging->cv.NotifyAll();
+  auto it = staging_.find({job, step});
+  if (it != staging_.end() && it->second == staging) staging_.erase(it);
+}
+
 void LoadService::WaitStaged(const std::string& job, uint64_t step, const std::string& file,
                              uint64_t offset, uint64_t length) {
   std::shared_ptr<Staging> staging;
@@ -255,19 +285,23 @@ void LoadService::WaitStaged(const std::string& job, uint64_t step, const std::s
     if (it == staging_.end()) return;
     staging = it->second;
   }
+  const uint64_t end = offset + length;
+  MutexLock lock(staging->mu);
+  const auto until = std::chrono::steady_clock::now() + config_.staging_wait;
+  // Until the plan is heard, the served ranges are not known: wait for them.
+  while (!staging->done && !staging->started) {
+    if (!staging->cv.WaitUntil(staging->mu, until)) return;
+  }
   // The served range holding the region, if any (else: wait for all of them).
   const auto& ranges = staging->ranges;
   size_t index = ranges.size();
   for (size_t i = 0; i < ranges.size(); ++i) {
     if (ranges[i].file == file && ranges[i].offset <= offset &&
-        offset + length <= ranges[i].offset + ranges[i].length) {
+        end <= ranges[i].offset + ranges[i].length) {
       index = i;
       break;
     }
   }
-  const uint64_t end = offset + length;
-  MutexLock lock(staging->mu);
-  const auto until = std::chrono::steady_clock::now() + config_.staging_wait;
   while (!staging->done &&
          !(staging->next > index || (staging->next == index && staging->at >= end))) {
     if (!staging->cv.WaitUntil(staging->mu, until)) return;
@@ -276,23 +310,30 @@ void LoadService::WaitStaged(const std::string& job, uint64_t step, const std::s
 
 Status LoadService::Stage(Prepared& p, const ckptd::v1::LoadPlanResponse& plan,
                           uint64_t* bytes_read) {
-  const std::pair<std::string, uint64_t> key{p.request.job, p.step};
-  auto mine = std::make_shared<Staging>();
-  for (const auto& r : plan.serve()) mine->ranges.push_back({r.file(), r.offset(), r.length()});
-  std::shared_ptr<Staging> staging;
+  Staging& staging = *p.staging;
+  std::vector<CheckpointReader::FileRange> ranges;
+  for (const auto& r : plan.serve()) ranges.push_back({r.file(), r.offset(), r.length()});
   {
-    MutexLock lock(mu_);
-    staging = staging_.try_emplace(key, mine).first->second;
+    MutexLock lock(staging.mu);
+    if (staging.started) {
+      // Another load of the step here heard the plan first and reads what the node serves:
+      // wait for it (its bytes land in the hot cache this load reads from).
+      const auto until = std::chrono::steady_clock::now() + config_.staging_wait;
+      while (!staging.done && staging.next < staging.ranges.size()) {
+        if (!staging.cv.WaitUntil(staging.mu, until)) break;
+      }
+      return Status::Ok();
+    }
+    staging.started = true;
+    staging.ranges = ranges;
   }
-  if (staging != mine) {  // another load of the step on this node reads them: wait for it
-    WaitStaged(key.first, key.second, "", 0, 0);
-    return Status::Ok();
-  }
+  staging.cv.NotifyAll();
   Status status = Status::Ok();
   std::vector<std::byte> buffer;
   const uint64_t window = hot_->window_size();
-  for (size_t i = 0; i < mine->ranges.size() && status.ok(); ++i) {
-    const auto& range = mine->ranges[i];
+  const std::string& job = p.request.job;
+  for (size_t i = 0; i < ranges.size() && status.ok(); ++i) {
+    const auto& range = ranges[i];
     auto file = fs_->Open(JoinPath(p.reader->step_dir(), range.file), OpenOptions{});
     if (!file.ok()) {
       status = file.status().WithContext(p.ctx + ": the ranges it serves");
@@ -300,29 +341,27 @@ Status LoadService::Stage(Prepared& p, const ckptd::v1::LoadPlanResponse& plan,
     }
     for (uint64_t pos = range.offset, end = range.offset + range.length; pos < end;) {
       const uint64_t n = std::min(end - pos, window - pos % window);
-      if (hot_->Find(key.first, key.second, range.file, pos, n) == nullptr) {
+      if (hot_->Find(job, p.step, range.file, pos, n) == nullptr) {
         buffer.resize(n);
         status = (*file)->PReadAll(buffer.data(), n, pos);
         if (!status.ok()) break;
         *bytes_read += n;
-        hot_->InsertRead(key.first, key.second, range.file, pos, buffer.data(), n);
+        hot_->InsertRead(job, p.step, range.file, pos, buffer.data(), n);
       }
       pos += n;
       {
-        MutexLock lock(mine->mu);
-        mine->next = pos < end ? i : i + 1;
-        mine->at = pos < end ? pos : 0;
+        MutexLock lock(staging.mu);
+        staging.next = pos < end ? i : i + 1;
+        staging.at = pos < end ? pos : 0;
       }
-      mine->cv.NotifyAll();
+      staging.cv.NotifyAll();
     }
   }
   {
-    MutexLock lock(mine->mu);
-    mine->done = true;
+    MutexLock lock(staging.mu);
+    staging.next = ranges.size();  // also after an error: waiting fetches read storage instead
   }
-  mine->cv.NotifyAll();
-  MutexLock lock(mu_);
-  staging_.erase(key);
+  staging.cv.NotifyAll();
   return status;
 }
 
@@ -371,7 +410,7 @@ Result<LoadService::Outcome> LoadService::Finish(Prepared& p,
   Outcome& out = p.out;
   uint64_t staged = 0;
   std::vector<CheckpointReader::FileRange> fetched;
-  if (plan != nullptr) {
+  if (plan != nullptr && p.staging != nullptr) {
     if (Status s = Stage(p, *plan, &staged); !s.ok()) {
       spdlog::warn("{}: {}", p.ctx, s.ToString());  // the peers read those from storage
     }

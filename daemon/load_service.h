@@ -98,25 +98,35 @@ class LoadService {
   // Synchronous body of Load without a plan across nodes (tests).
   Result<Outcome> LoadNow(const Request& request);
 
-  // Returns once this node holds the region of a step whose served ranges it is reading now
-  // (the region is read, or all of them are, or Config::staging_wait passed); at once when it is
-  // reading none. For the data plane's FETCH, from its threads: a fetch waits for the bytes it
-  // asks for, not for the whole staging, so fetches overlap the storage reads.
+  // Returns once this node holds the region of a step that a load here is planning or staging
+  // (the region is read, or all the served ranges are, or the loads ended without staging, or
+  // Config::staging_wait passed); at once when no load of the step here asked for a plan. For
+  // the data plane's FETCH, from its threads: a fetch waits for the bytes it asks for, not for
+  // the whole staging, so fetches overlap the storage reads; and a FETCH that arrives before
+  // this node heard its plan (the peer heard first) waits rather than read the bytes a second
+  // time.
   void WaitStaged(const std::string& job, uint64_t step, const std::string& file, uint64_t offset,
                   uint64_t length);
 
  private:
   struct Prepared;
+  // One per step that loads here are planning: registered when a load asks for its plan,
+  // staged by the first of them to hear the plan, dropped when the last of them ends.
   struct Staging {
-    // The served ranges, in the order they are read; fixed before the staging is published.
-    std::vector<CheckpointReader::FileRange> ranges;
     Mutex mu;
     CondVar cv;
+    int loads GUARDED_BY(mu) = 0;  // loads of the step here that asked and have not ended
+    bool started GUARDED_BY(mu) = false;
     bool done GUARDED_BY(mu) = false;
+    // The served ranges, in the order they are read (set when started).
+    std::vector<CheckpointReader::FileRange> ranges GUARDED_BY(mu);
     // Progress: ranges before `next` are read, and of range `next` the bytes before `at`.
     size_t next GUARDED_BY(mu) = 0;
     uint64_t at GUARDED_BY(mu) = 0;
   };
+  // A load of (job, step) is about to ask for its plan / has ended.
+  std::shared_ptr<Staging> JoinStaging(const std::string& job, uint64_t step);
+  void LeaveStaging(const std::string& job, uint64_t step, const std::shared_ptr<Staging>& s);
   // Resolves and pins the step, opens its reader, matches the registered tensors.
   Result<std::shared_ptr<Prepared>> Prepare(const Request& request);
   // On the loop: asks for the plan until it is ready, then finishes on a load thread.

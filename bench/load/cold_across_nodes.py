@@ -13,10 +13,11 @@ memory) start inside one blkio cgroup whose read bandwidth on the root's disk is
   planned   daemons with --peer-listen: each stored byte several nodes need is read by one and
             fetched by the others over the data plane (docs/design.md §4.7)
 
-Reported per mode: the wall time from starting the 4 rank processes to the last one done (each
-registers its tensors, loads, and checks every element it loaded), the mean time of one load in
-the daemons (ckptd_load_duration_seconds: from the load request to its reply, the plan's wait
-included), and the daemons' storage reads (ckptd_read_bytes_total{source="storage"}, summed) over
+Reported per mode: the job's load, from the first rank's Load call to the last one's return
+(the ranks print both on the machine's monotonic clock); the wall time from starting the 4 rank
+processes to the last one done (each also registers its tensors before and checks every element
+after); the mean time of one load in the daemons (ckptd_load_duration_seconds, the plan's wait
+included); and the daemons' storage reads (ckptd_read_bytes_total{source="storage"}, summed) over
 the step's unique bytes. Needs root (cgroup, drop_caches).
 
   sudo /usr/bin/python3 bench/load/cold_across_nodes.py [--bin build/bin] [--tensors 88]
@@ -135,7 +136,7 @@ class Cluster:
         return outs
 
     def scrape(self):
-        """(storage bytes read by all daemons, mean seconds of a load in the daemons)"""
+        """(storage bytes read by all daemons, mean seconds of one load in the daemons)"""
         def value(page, series):
             m = re.search("^" + re.escape(series) + r" (\S+)$", page, re.M)
             return float(m.group(1)) if m else 0.0
@@ -183,14 +184,20 @@ def main():
                     f.write("3")
                 cluster.start_daemons("%s-%d" % (mode, r), peer=(mode == "planned"), cgroup=True)
                 t0 = time.monotonic()
-                cluster.ranks("load", ["--step", "1"])
+                outs = cluster.ranks("load", ["--step", "1"])
                 seconds = time.monotonic() - t0
-                reads, load_seconds = cluster.scrape()
+                # The job's load: first Load call started → last one returned (ranks' clocks).
+                spans = [tuple(int(x) for x in re.search(r"load_ns (\d+) (\d+)", o).groups())
+                         for o in outs]
+                load_seconds = (max(e for _, e in spans) - min(b for b, _ in spans)) / 1e9
+                reads, daemon_seconds = cluster.scrape()
                 cluster.stop_daemons()
                 results[mode].append({"seconds": seconds, "load_seconds": load_seconds,
+                                      "daemon_load_seconds": daemon_seconds,
                                       "storage_bytes": reads})
-                print("round %d %-8s  %6.2f s (a load in the daemon: %5.2f s)  storage reads "
-                      "%.2f x unique" % (r, mode, seconds, load_seconds, reads / unique), flush=True)
+                print("round %d %-8s  %6.2f s, the job's load %5.2f s (one in a daemon: %5.2f s)  "
+                      "storage reads %.2f x unique" % (r, mode, seconds, load_seconds,
+                                                       daemon_seconds, reads / unique), flush=True)
     finally:
         for d in cluster.daemons:
             d["proc"].kill()
@@ -209,8 +216,8 @@ def main():
                "median_load_seconds": load,
                "time_ratio_planned_over_per_node": med["planned"] / med["per-node"],
                "load_ratio_planned_over_per_node": load["planned"] / load["per-node"]}
-    print("median: per-node %.2f s (loads %.2f s, reads %.2f x), planned %.2f s (loads %.2f s, "
-          "reads %.2f x): ratio %.2f (loads %.2f)"
+    print("median: per-node %.2f s (the job's load %.2f s, reads %.2f x), planned %.2f s (the "
+          "job's load %.2f s, reads %.2f x): ratio %.2f (the job's load %.2f)"
           % (med["per-node"], load["per-node"], reads["per-node"], med["planned"],
              load["planned"], reads["planned"], summary["time_ratio_planned_over_per_node"],
              summary["load_ratio_planned_over_per_node"]))

@@ -9,11 +9,14 @@
 //   save --steps 1,2,3: per step fill, Save, WaitSnapshot, Wait(committed); prints
 //        "step <s> committed" or "step <s> failed: <message>"; exit 0 (1: could not even start).
 //   load [--step N]: registers its layout, loads, checks every element; prints
-//        "loaded step <s> bytes <n>"; exit 0 when every element matches, 3 otherwise.
+//        "loaded step <s> bytes <n> ... load_ns <start> <end>" (the Load call, on the monotonic
+//        clock that every process of the machine shares); exit 0 when every element matches, 3
+//        otherwise.
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdio>
 #include <sstream>
 #include <string>
@@ -88,14 +91,21 @@ int main(int argc, char** argv) {
   }
   if (mode == "load") {
     std::memset(base, 0xEE, model.total_bytes());
+    const auto started = std::chrono::steady_clock::now();
     auto loaded = (*client)->Load(load_step);
+    const auto ended = std::chrono::steady_clock::now();
     if (!loaded.ok()) return Fail("load", loaded.status());
     const uint64_t bad = model.CountMismatches(base, loaded->step);
+    const auto ns = [](std::chrono::steady_clock::time_point t) {
+      return static_cast<long long>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count());
+    };
     std::printf(
-        "loaded step %llu bytes %llu mismatches %llu extra '%s'\n",
+        "loaded step %llu bytes %llu mismatches %llu extra '%s' load_ns %lld %lld\n",
         static_cast<unsigned long long>(loaded->step),
-        static_cast<unsigned long long>(loaded->bytes_from_storage + loaded->bytes_from_memory),
-        static_cast<unsigned long long>(bad), loaded->extra.c_str());
+        static_cast<unsigned long long>(loaded->bytes_from_storage + loaded->bytes_from_memory +
+                                        loaded->bytes_from_peers),
+        static_cast<unsigned long long>(bad), loaded->extra.c_str(), ns(started), ns(ended));
     return bad == 0 ? 0 : 3;
   }
   std::fprintf(stderr, "ckpt_coordinator_rank: unknown mode '%s'\n", mode.c_str());

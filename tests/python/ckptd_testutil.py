@@ -36,14 +36,20 @@ class Daemon:
     """A ckptd with its socket, admin socket and storage root in a fresh temporary directory.
 
     start() returns once the daemon answers a client's hello (ckptd.Client retries connecting
-    for `ready_timeout` seconds): readiness is a real connection, never a sleep."""
+    for `ready_timeout` seconds): readiness is a real connection, never a sleep.
 
-    def __init__(self, *extra_args, directory=None, job="ready-probe"):
+    `root` is the storage root (default: <directory>/storage; one given is never removed by
+    cleanup(), so that several daemons — the nodes of a test — can share it) and `node_id` the
+    daemon's --node-id."""
+
+    def __init__(self, *extra_args, directory=None, job="ready-probe", root=None,
+                 node_id="pytest"):
         self.bin = require_env()
         self.own_dir = directory is None
         self.dir = directory or tempfile.mkdtemp(prefix="ckptd-pytest-")
         self.socket = os.path.join(self.dir, "ckptd.sock")
-        self.root = os.path.join(self.dir, "storage")
+        self.root = root or os.path.join(self.dir, "storage")
+        self.node_id = node_id
         self.log_path = os.path.join(self.dir, "ckptd.log")
         self.extra_args = list(extra_args)
         self.proc = None
@@ -51,7 +57,7 @@ class Daemon:
 
     def start(self, ready_timeout=20.0):
         args = [self.bin, "--socket", self.socket, "--admin", "unix:" + os.path.join(self.dir, "admin.sock"),
-                "--storage-root", self.root, "--node-id", "pytest", "--log-level", "info",
+                "--storage-root", self.root, "--node-id", self.node_id, "--log-level", "info",
                 "--metrics", "127.0.0.1:0"]
         args += SMALL_POOL + QUICK_STOP + self.extra_args
         self._log = open(self.log_path, "ab")
@@ -155,9 +161,35 @@ def metrics_text(daemon):
         return r.read().decode()
 
 
-def metric(daemon, name):
-    """The value of an unlabelled series of the daemon's /metrics."""
-    for line in metrics_text(daemon).splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError("%s not in /metrics" % name)
+def _parse_series(line):
+    """(name, {label: value}, value) of a sample line of the Prometheus text format, or None."""
+    m = re.match(r"([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)", line)
+    if not m:
+        return None
+    unescape = {"n": "\n"}
+    labels = {k: re.sub(r"\\(.)", lambda e: unescape.get(e.group(1), e.group(1)), v)
+              for k, v in re.findall(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"',
+                                     m.group(2) or "")}
+    return m.group(1), labels, float(m.group(3))
+
+
+def metric(daemon, name, labels=None, default=None):
+    """The value of a series of the daemon's /metrics: the unlabelled one, or with `labels` (a
+    dict, e.g. {"source": "storage"}) the one with exactly those labels. A series the page lacks
+    is `default` when one is given (a labelled counter appears only once counted), else an
+    AssertionError."""
+    if labels is None:
+        for line in metrics_text(daemon).splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    else:
+        want = {str(k): str(v) for k, v in labels.items()}
+        for line in metrics_text(daemon).splitlines():
+            if line.startswith("#"):
+                continue
+            series = _parse_series(line)
+            if series and series[0] == name and series[1] == want:
+                return series[2]
+    if default is not None:
+        return default
+    raise AssertionError("%s%s not in /metrics" % (name, "" if labels is None else labels))

@@ -151,7 +151,7 @@ struct LoadResult {
   uint64_t bytes_from_storage = 0;   // read from storage
   uint64_t bytes_from_peers = 0;     // read by other nodes' daemons and sent to this one (a
                                      // cold load across nodes); bytes_from_storage then also
-                                     // counts what this daemon read for the others
+                                     // counts what this load read from storage to serve others
   std::vector<std::string> missing;  // non-strict loads: registered tensors not in the step
 };
 

@@ -205,7 +205,7 @@ class LoadInfo:
         self.extra_rank = extra_rank
         self.saved_world_size = saved_world_size      # how many ranks saved the step
         # Read from storage by other nodes' daemons and sent to this one (a cold load of a job
-        # across nodes); bytes_from_storage then also counts what this daemon read for them.
+        # across nodes); bytes_from_storage then also counts what this load read to serve them.
         self.bytes_from_peers = bytes_from_peers
 
     def __repr__(self):

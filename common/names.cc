@@ -100,4 +100,24 @@ Status ValidateTensorName(std::string_view name) {
   return Status::Ok();
 }
 
+Status ValidateDataFileName(std::string_view file) {
+  const auto bad = [&](const std::string& why) {
+    return InvalidArgument("file name '" + EscapeForLog(file) + "' " + why);
+  };
+  if (file.empty() || file.size() > kMaxDataFileNameLength) {
+    return bad("must be 1-" + std::to_string(kMaxDataFileNameLength) + " bytes");
+  }
+  for (char c : file) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-';
+    if (!ok) return bad("may hold only [A-Za-z0-9._-]");
+  }
+  if (file.front() == '.') return bad("must not start with '.'");
+  constexpr std::string_view kSuffix = ".data";
+  if (file.size() <= kSuffix.size() || file.substr(file.size() - kSuffix.size()) != kSuffix) {
+    return bad("is not a data file (*.data)");
+  }
+  return Status::Ok();
+}
+
 }  // namespace ckpt

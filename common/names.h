@@ -21,6 +21,11 @@ Status ValidateJobName(std::string_view job);
 Status ValidateTensorName(std::string_view name);
 // Node ids name files (node-<id>.nmf): same rules as job ids.
 Status ValidateNodeId(std::string_view node_id);
+// A data file of a step directory as other processes name it (the data plane, a load plan):
+// 1–128 bytes of [A-Za-z0-9._-], not starting with '.', ending in ".data" — one component
+// inside the step directory, never a path out of it.
+inline constexpr size_t kMaxDataFileNameLength = 128;
+Status ValidateDataFileName(std::string_view file);
 
 // The name with control and non-ASCII bytes escaped as \xNN, cut to 80 bytes: safe for logs.
 std::string EscapeForLog(std::string_view s);

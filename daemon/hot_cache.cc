@@ -119,8 +119,20 @@ void HotCache::InsertWindow(const std::string& job, uint64_t step, const std::st
   StepEntry& e = steps_[{job, step}];
   e.last_use = ++clock_;
   auto it = e.files[file].find(start);
-  std::memcpy(pool_->slot_data(it->second.slot) + (offset - start), data, length);
-  AddValid(it->second, offset - start, offset - start + length);
+  // Only into the gaps: bytes already valid may be in use by a reader that has verified them
+  // (Find's pointer, under the step's pin), and must never change under it.
+  Window& w = it->second;
+  std::byte* slot = pool_->slot_data(w.slot);
+  uint64_t pos = offset - start;
+  const uint64_t end = pos + length;
+  for (const auto& [vb, ve] : w.valid) {  // sorted, disjoint
+    if (ve <= pos) continue;
+    if (vb >= end) break;
+    if (vb > pos) std::memcpy(slot + pos, data + (pos - (offset - start)), vb - pos);
+    pos = std::max(pos, ve);
+  }
+  if (pos < end) std::memcpy(slot + pos, data + (pos - (offset - start)), end - pos);
+  AddValid(w, offset - start, end);
 }
 
 const std::byte* HotCache::Find(const std::string& job, uint64_t step, const std::string& file,

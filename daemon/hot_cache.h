@@ -38,6 +38,7 @@ class HotCache {
 
   // Copies bytes read from storage (or fetched from a peer) in, window by window, where a slot
   // is free right now (never waits, never evicts another step of the same or a newer step).
+  // Bytes already resident are left as they are: a reader may be using them.
   void InsertRead(const std::string& job, uint64_t step, const std::string& file, uint64_t offset,
                   const std::byte* data, uint64_t length);
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <random>
+#include <set>
 #include <thread>
 #include <tuple>
 
@@ -23,7 +25,10 @@ LoadService::LoadService(boost::asio::io_context& io, Config config, FileSystem*
       fs_(fs),
       commit_(commit),
       hot_(hot),
-      pool_(config_.threads, 0, "load") {}
+      pool_(config_.threads, 0, "load") {
+  std::random_device random;
+  instance_ = std::to_string(random()) + std::to_string(random());
+}
 
 LoadService::~LoadService() {
   *alive_ = false;
@@ -75,9 +80,10 @@ struct LoadService::Prepared {
   std::chrono::steady_clock::time_point first_ask{};
   bool pinned = false;
   std::shared_ptr<Staging> staging;  // while this load plans across nodes
+  bool heard = false;                // its plan's answer came (Staging::pending counted down)
   ~Prepared() {
     if (!pinned || !*alive) return;
-    if (staging != nullptr) self->LeaveStaging(request.job, step, staging);
+    if (staging != nullptr) self->LeaveStaging(staging, heard);
     self->hot_->Unpin(request.job, step);
     self->commit_->Unpin(request.job, step);
   }
@@ -95,8 +101,12 @@ void LoadService::Load(Request request, std::function<void(Result<Outcome>)> don
         auto prepared = Prepare(request);
         if (!prepared.ok()) return post_done(prepared.status());
         std::shared_ptr<Prepared> p = std::move(prepared).value();
-        if (!config_.plan_load || !config_.connect_peer || request.world_size == 0) {
-          return Complete(p, nullptr, done);
+        // Planned only where this node serves a data plane: a node without one could only
+        // fetch, and where no node has one the plan's wait would buy nothing.
+        const std::string address = config_.peer_address ? config_.peer_address() : "";
+        if (!config_.plan_load || !config_.connect_peer || request.world_size == 0 ||
+            address.empty()) {
+          return Complete(std::move(p), nullptr, done);
         }
         // What this load would read from storage: the question for the plan.
         CheckpointReader::ReadHooks hooks;
@@ -104,14 +114,16 @@ void LoadService::Load(Request request, std::function<void(Result<Outcome>)> don
           return hot_->Find(request.job, p->step, file, offset, length);
         };
         auto needs = p->reader->StorageRanges(p->requests, &hooks);
-        if (!needs.ok()) return Complete(p, nullptr, done);
+        if (!needs.ok()) return Complete(std::move(p), nullptr, done);
         ckptd::v1::LoadPlanRequest ask;
         ask.set_node_id(config_.node_id);
         ask.set_job(request.job);
         ask.set_step(p->step);
         ask.set_rank(request.rank);
         ask.set_world_size(request.world_size);
-        if (config_.peer_address) ask.set_peer_address(config_.peer_address());
+        ask.set_peer_address(address);
+        ask.set_session(config_.node_id + "/" + instance_ + "/" +
+                        std::to_string(request.session_id));
         for (const auto& r : *needs) {
           auto* range = ask.add_needs();
           range->set_file(r.file);
@@ -125,7 +137,7 @@ void LoadService::Load(Request request, std::function<void(Result<Outcome>)> don
             if (*alive)
               config_.plan_load(std::move(ask), [](Result<ckptd::v1::LoadPlanResponse>) {});
           });
-          return Complete(p, nullptr, done);
+          return Complete(std::move(p), nullptr, done);
         }
         uint64_t bytes = 0;
         for (const auto& r : *needs) bytes += r.length;
@@ -170,8 +182,30 @@ void LoadService::AskPlan(std::shared_ptr<Prepared> p, ckptd::v1::LoadPlanReques
       spdlog::warn("{}: no load plan across nodes ({}): reading from storage", p->ctx,
                    plan.ok() ? "the coordinator kept waiting" : plan.status().ToString());
     }
+    if (ready != nullptr) {
+      // Only data files of this step: a plan that names anything else is not followed.
+      std::set<std::string, std::less<>> files;
+      for (const auto& t : p->reader->manifest().tensors()) {
+        for (const auto& shard : t.shards()) files.insert(shard.file());
+      }
+      const auto unknown = [&](const std::string& f) { return !files.contains(f); };
+      const bool bad = std::any_of(ready->serve().begin(), ready->serve().end(),
+                                   [&](const auto& r) { return unknown(r.file()); }) ||
+                       std::any_of(ready->fetch().begin(), ready->fetch().end(),
+                                   [&](const auto& f) { return unknown(f.range().file()); });
+      if (bad) {
+        spdlog::warn("{}: the load plan names files the step does not have: reading from storage",
+                     p->ctx);
+        ready = nullptr;
+      }
+    }
+    Heard(*p->staging, ready.get());
+    p->heard = true;
     const std::string what = p->ctx;
-    if (!pool_.Post([this, p, ready, done] { Complete(p, ready, done); })) {
+    // Moved, not copied: the last reference is Complete's, which unpins before replying.
+    if (!pool_.Post([this, p = std::move(p), ready, done]() mutable {
+          Complete(std::move(p), ready, done);
+        })) {
       done(DaemonStopping(what));
     }
   });
@@ -251,29 +285,50 @@ Result<std::shared_ptr<LoadService::Prepared>> LoadService::Prepare(const Reques
 
 std::shared_ptr<LoadService::Staging> LoadService::JoinStaging(const std::string& job,
                                                                uint64_t step) {
-  std::shared_ptr<Staging> staging;
-  {
-    MutexLock lock(mu_);
-    auto& slot = staging_[{job, step}];
-    if (slot == nullptr) slot = std::make_shared<Staging>();
-    staging = slot;
-    MutexLock inner(staging->mu);
-    ++staging->loads;
+  MutexLock lock(mu_);
+  auto& slot = staging_[{job, step}];
+  if (slot == nullptr) slot = std::make_shared<Staging>();
+  // Entries outlive their loads (a peer may still fetch a round's ranges after the loads here
+  // moved on: it must find them served, not wait for the next round); the idle ones of the
+  // oldest steps go once there are more than kStagingKept.
+  constexpr size_t kStagingKept = 16;
+  for (auto it = staging_.begin(); staging_.size() > kStagingKept && it != staging_.end();) {
+    bool idle;
+    {
+      MutexLock inner(it->second->mu);
+      idle = it->second->loads == 0;
+    }
+    it = idle ? staging_.erase(it) : std::next(it);
   }
-  return staging;
+  MutexLock inner(slot->mu);
+  ++slot->loads;
+  ++slot->pending;
+  return slot;
 }
 
-void LoadService::LeaveStaging(const std::string& job, uint64_t step,
-                               const std::shared_ptr<Staging>& staging) {
-  MutexLock lock(mu_);
+void LoadService::Heard(Staging& s, const ckptd::v1::LoadPlanResponse* plan) {
   {
-    MutexLock inner(staging->mu);
-    if (--staging->loads > 0) return;
-    staging->done = true;  // the last load ended: nobody will stage (any more)
+    MutexLock lock(s.mu);
+    --s.pending;
+    if (plan != nullptr && !plan->serve().empty()) {
+      auto [it, fresh] = s.rounds.try_emplace(plan->round());
+      if (fresh) {
+        for (const auto& r : plan->serve()) {
+          it->second.ranges.push_back({r.file(), r.offset(), r.length()});
+        }
+      }
+    }
+  }
+  s.cv.NotifyAll();
+}
+
+void LoadService::LeaveStaging(const std::shared_ptr<Staging>& staging, bool heard) {
+  {
+    MutexLock lock(staging->mu);
+    if (!heard) --staging->pending;
+    --staging->loads;
   }
   staging->cv.NotifyAll();
-  auto it = staging_.find({job, step});
-  if (it != staging_.end() && it->second == staging) staging_.erase(it);
 }
 
 void LoadService::WaitStaged(const std::string& job, uint64_t step, const std::string& file,
@@ -285,49 +340,62 @@ void LoadService::WaitStaged(const std::string& job, uint64_t step, const std::s
     if (it == staging_.end()) return;
     staging = it->second;
   }
+  Staging& s = *staging;
   const uint64_t end = offset + length;
-  MutexLock lock(staging->mu);
+  MutexLock lock(s.mu);
   const auto until = std::chrono::steady_clock::now() + config_.staging_wait;
-  // Until the plan is heard, the served ranges are not known: wait for them.
-  while (!staging->done && !staging->started) {
-    if (!staging->cv.WaitUntil(staging->mu, until)) return;
-  }
-  // The served range holding the region, if any (else: wait for all of them).
-  const auto& ranges = staging->ranges;
-  size_t index = ranges.size();
-  for (size_t i = 0; i < ranges.size(); ++i) {
-    if (ranges[i].file == file && ranges[i].offset <= offset &&
-        end <= ranges[i].offset + ranges[i].length) {
-      index = i;
-      break;
+  while (true) {
+    // A served range of a round heard here that holds the region: wait until it is read.
+    const Staging::Round* in = nullptr;
+    size_t index = 0;
+    for (const auto& [id, round] : s.rounds) {
+      for (size_t i = 0; i < round.ranges.size() && in == nullptr; ++i) {
+        const auto& r = round.ranges[i];
+        if (r.file == file && r.offset <= offset && end <= r.offset + r.length) {
+          in = &round;
+          index = i;
+        }
+      }
     }
-  }
-  while (!staging->done &&
-         !(staging->next > index || (staging->next == index && staging->at >= end))) {
-    if (!staging->cv.WaitUntil(staging->mu, until)) return;
+    if (in != nullptr) {
+      if (in->next > index || (in->next == index && in->at >= end) || s.loads == 0) return;
+    } else if (s.pending == 0) {
+      return;  // not served here, and no load here is about to hear a plan that might
+    }
+    if (!s.cv.WaitUntil(s.mu, until)) return;
   }
 }
 
 Status LoadService::Stage(Prepared& p, const ckptd::v1::LoadPlanResponse& plan,
                           uint64_t* bytes_read) {
-  Staging& staging = *p.staging;
+  Staging& s = *p.staging;
+  Staging::Round* round = nullptr;
   std::vector<CheckpointReader::FileRange> ranges;
-  for (const auto& r : plan.serve()) ranges.push_back({r.file(), r.offset(), r.length()});
   {
-    MutexLock lock(staging.mu);
-    if (staging.started) {
-      // Another load of the step here heard the plan first and reads what the node serves:
-      // wait for it (its bytes land in the hot cache this load reads from).
+    MutexLock lock(s.mu);
+    auto it = s.rounds.find(plan.round());
+    if (it == s.rounds.end()) return Status::Ok();  // this node serves nothing in the round
+    round = &it->second;  // map nodes are stable; the entry lives as long as the staging
+    if (round->claimed) {
+      // Another load here heard this round first and reads what the node serves: wait for it
+      // (its bytes land in the hot cache this load reads from).
       const auto until = std::chrono::steady_clock::now() + config_.staging_wait;
-      while (!staging.done && staging.next < staging.ranges.size()) {
-        if (!staging.cv.WaitUntil(staging.mu, until)) break;
+      while (round->next < round->ranges.size()) {
+        if (!s.cv.WaitUntil(s.mu, until)) break;
       }
       return Status::Ok();
     }
-    staging.started = true;
-    staging.ranges = ranges;
+    round->claimed = true;
+    ranges = round->ranges;
   }
-  staging.cv.NotifyAll();
+  auto progress = [&](size_t next, uint64_t at) {
+    {
+      MutexLock lock(s.mu);
+      round->next = next;
+      round->at = at;
+    }
+    s.cv.NotifyAll();
+  };
   Status status = Status::Ok();
   std::vector<std::byte> buffer;
   const uint64_t window = hot_->window_size();
@@ -349,19 +417,10 @@ Status LoadService::Stage(Prepared& p, const ckptd::v1::LoadPlanResponse& plan,
         hot_->InsertRead(job, p.step, range.file, pos, buffer.data(), n);
       }
       pos += n;
-      {
-        MutexLock lock(staging.mu);
-        staging.next = pos < end ? i : i + 1;
-        staging.at = pos < end ? pos : 0;
-      }
-      staging.cv.NotifyAll();
+      progress(pos < end ? i : i + 1, pos < end ? pos : 0);
     }
   }
-  {
-    MutexLock lock(staging.mu);
-    staging.next = ranges.size();  // also after an error: waiting fetches read storage instead
-  }
-  staging.cv.NotifyAll();
+  progress(ranges.size(), 0);  // also after an error: waiting fetches read storage instead
   return status;
 }
 
@@ -446,8 +505,11 @@ Result<LoadService::Outcome> LoadService::Finish(Prepared& p,
     MutexLock guard(*lock);
     RETURN_IF_ERROR(p.reader->Read(p.requests, &hooks, &stats), p.ctx);
   }
+  // What this load found resident came from peers, from its own staging (counted as storage),
+  // or was in memory before: each byte restored counts once among memory, peers and storage.
   out.bytes_from_peers = std::min(from_peers, stats.bytes_from_memory);
-  out.bytes_from_memory = stats.bytes_from_memory - out.bytes_from_peers;
+  out.bytes_from_memory = stats.bytes_from_memory - out.bytes_from_peers -
+                          std::min(staged, stats.bytes_from_memory - out.bytes_from_peers);
   out.bytes_from_storage = stats.bytes_from_storage + staged;
   // This rank's blob; a rank the step never had (the job grew) gets that of rank
   // (rank mod saved world size).

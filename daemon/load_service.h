@@ -16,9 +16,10 @@
 // asks the coordinator who reads what (daemon/coordinator/load_planner.h) — the ranges it needs
 // and its node does not hold. While the plan waits for the job's other ranks the load holds no
 // thread: the question is asked again from a timer on the loop. With the plan, the load (1)
-// reads the ranges this node serves into the hot cache, once per node and step (other loads of
-// the step on this node wait for that, and so does the data plane's FETCH of them:
-// WaitStaged), (2) fetches the ranges other nodes read over the data plane into the hot cache,
+// reads the ranges this node serves into the hot cache, once per node and round of the plan
+// (other loads of the round on this node wait for that, and so does the data plane's FETCH of
+// each range — from the moment this node heard its plan, or asked for it: WaitStaged), (2)
+// fetches the ranges other nodes read over the data plane into the hot cache,
 // one thread per peer — a peer that fails is not asked again by this load — and (3) reads as
 // above, so fetched bytes are verified against the manifest like any resident bytes, and
 // whatever did not arrive (a dead or stalled peer, a full pool) is read from storage. A failed
@@ -80,6 +81,7 @@ class LoadService {
     bool strict = true;            // a registered tensor missing from the step is an error
     uint32_t rank = 0;
     uint32_t world_size = 0;                  // of the loading job; 0: no plan across nodes
+    uint64_t session_id = 0;                  // the trainer's session (a restart has new ones)
     std::shared_ptr<const CapturePlan> plan;  // the tensors to fill
   };
   struct Outcome {
@@ -110,23 +112,28 @@ class LoadService {
 
  private:
   struct Prepared;
-  // One per step that loads here are planning: registered when a load asks for its plan,
-  // staged by the first of them to hear the plan, dropped when the last of them ends.
+  // One per step that loads here plan: joined when a load asks for its plan, left when it
+  // ends, kept after (the last 16 steps) so that a late FETCH finds its round served. A load that
+  // hears its plan publishes the round's served ranges here at once (a FETCH of them waits from
+  // then on); the first load here of that round reads them.
   struct Staging {
+    struct Round {
+      std::vector<CheckpointReader::FileRange> ranges;  // in the order they are read
+      bool claimed = false;                             // a load here reads them
+      // Progress: ranges before `next` are read, and of range `next` the bytes before `at`.
+      size_t next = 0;
+      uint64_t at = 0;
+    };
     Mutex mu;
     CondVar cv;
-    int loads GUARDED_BY(mu) = 0;  // loads of the step here that asked and have not ended
-    bool started GUARDED_BY(mu) = false;
-    bool done GUARDED_BY(mu) = false;
-    // The served ranges, in the order they are read (set when started).
-    std::vector<CheckpointReader::FileRange> ranges GUARDED_BY(mu);
-    // Progress: ranges before `next` are read, and of range `next` the bytes before `at`.
-    size_t next GUARDED_BY(mu) = 0;
-    uint64_t at GUARDED_BY(mu) = 0;
+    int loads GUARDED_BY(mu) = 0;    // loads of the step here that asked and have not ended
+    int pending GUARDED_BY(mu) = 0;  // ... and have not heard their plan yet
+    std::map<uint64_t, Round> rounds GUARDED_BY(mu);  // LoadPlanResponse.round → its staging
   };
-  // A load of (job, step) is about to ask for its plan / has ended.
   std::shared_ptr<Staging> JoinStaging(const std::string& job, uint64_t step);
-  void LeaveStaging(const std::string& job, uint64_t step, const std::shared_ptr<Staging>& s);
+  void LeaveStaging(const std::shared_ptr<Staging>& s, bool heard);
+  // The load heard its plan (null: it gave up asking): published before any load stages it.
+  static void Heard(Staging& s, const ckptd::v1::LoadPlanResponse* plan);
   // Resolves and pins the step, opens its reader, matches the registered tensors.
   Result<std::shared_ptr<Prepared>> Prepare(const Request& request);
   // On the loop: asks for the plan until it is ready, then finishes on a load thread.
@@ -137,7 +144,7 @@ class LoadService {
                 std::shared_ptr<const ckptd::v1::LoadPlanResponse> plan,
                 std::function<void(Result<Outcome>)> done);
   Result<Outcome> Finish(Prepared& p, const ckptd::v1::LoadPlanResponse* plan);
-  // (1) of the plan: the ranges this node serves, read into the hot cache once per node.
+  // (1) of the plan: the ranges this node serves, read into the hot cache once per round.
   Status Stage(Prepared& p, const ckptd::v1::LoadPlanResponse& plan, uint64_t* bytes_read);
   // (2): the ranges other nodes read, fetched into the hot cache; returns the ranges that arrived.
   std::vector<CheckpointReader::FileRange> FetchFromPeers(Prepared& p,
@@ -161,6 +168,7 @@ class LoadService {
   // Steps whose served ranges this node is reading now.
   std::map<std::pair<std::string, uint64_t>, std::shared_ptr<Staging>> staging_ GUARDED_BY(mu_);
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  std::string instance_;  // random per daemon process: sessions of a restarted daemon differ
 };
 
 }  // namespace ckpt

@@ -266,6 +266,7 @@ int RunDaemon(const DaemonConfig& config) {
     };
     load_config.node_id = config.node_id;
     load_config.peer_address = [&peer_advertised] { return peer_advertised; };
+    load_config.staging_wait = config.peer_timeout;  // no FETCH waits longer than its asker
     load_config.connect_peer = [&config, &peer_bandwidth, &metrics](
                                    const std::string& address) -> std::unique_ptr<PeerFetch> {
       return std::make_unique<PeerClientFetch>(

@@ -511,6 +511,7 @@ void Session::HandleLoad(uint64_t id, const ckptd::v1::Load& load) {
   // Planned across nodes with the job's other ranks: only a load of the session's own job
   // (a shared job's ranks are not this job's).
   req.world_size = source == job_ ? world_size_ : 0;
+  req.session_id = id_;
   req.plan = plan_;
   // A load of "the latest" of the session's own job restores the job's restore point: the same
   // step on every rank of a restart (restore_points.h). Set before `start` runs.

@@ -57,6 +57,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <new>
 #include <optional>
 #include <set>
 #include <string>
@@ -188,7 +189,11 @@ class CoordinatorCore {
   // A rank about to load a step from storage: who reads what (load_planner.h). Does not take
   // the core's mutex.
   Result<ckptd::v1::LoadPlanResponse> PlanLoad(const ckptd::v1::LoadPlanRequest& req) {
-    return load_planner_.Ask(req);
+    try {
+      return load_planner_.Ask(req);
+    } catch (const std::bad_alloc&) {  // a plan too large for this process: refused, not fatal
+      return ResourceExhausted("load plan of job '" + req.job() + "': out of memory");
+    }
   }
 
   Snapshot TakeSnapshot();

@@ -4,6 +4,8 @@
 #include <limits>
 #include <utility>
 
+#include "common/names.h"
+
 namespace ckpt {
 
 namespace {
@@ -22,21 +24,35 @@ FileRange MakeRange(const std::string& file, uint64_t begin, uint64_t end) {
   return r;
 }
 
+// What one ask may name: the plan's pieces (at most needed bytes / grain + ranges) stay within
+// a few million per rank however hostile the request.
+constexpr int kMaxRanges = 1 << 20;
+constexpr uint64_t kMaxNeededBytes = 64ull << 40;  // 64 TiB: a rank's whole state, many times
+
 Status CheckRequest(const LoadPlanRequest& req) {
-  if (req.job().empty() || req.node_id().empty()) {
-    return InvalidArgument("load plan: the request names no job or no node");
-  }
+  RETURN_IF_ERROR(ValidateJobName(req.job()), "load plan");
+  RETURN_IF_ERROR(ValidateNodeId(req.node_id()), "load plan");
   if (req.world_size() == 0 || req.rank() >= req.world_size()) {
     return InvalidArgument("load plan: rank " + std::to_string(req.rank()) + " of world size " +
                            std::to_string(req.world_size()));
   }
+  if (req.needs_size() > kMaxRanges) {
+    return InvalidArgument("load plan: " + std::to_string(req.needs_size()) +
+                           " ranges, over the limit of " + std::to_string(kMaxRanges));
+  }
+  uint64_t total = 0;
   for (const FileRange& r : req.needs()) {
-    if (r.file().empty() || r.length() == 0 ||
-        r.offset() > std::numeric_limits<uint64_t>::max() - r.length()) {
+    RETURN_IF_ERROR(ValidateDataFileName(r.file()), "load plan");
+    if (r.length() == 0 || r.length() > kMaxNeededBytes || r.offset() > kMaxNeededBytes << 8) {
       return InvalidArgument("load plan: bad range of '" + r.file() + "' at " +
                              std::to_string(r.offset()) + " (" + std::to_string(r.length()) +
                              " bytes)");
     }
+    total += r.length();  // no overflow: each at most 2^46, at most 2^20 of them
+  }
+  if (total > kMaxNeededBytes) {
+    return InvalidArgument("load plan: " + std::to_string(total) +
+                           " bytes asked, over the limit of " + std::to_string(kMaxNeededBytes));
   }
   return Status::Ok();
 }
@@ -51,14 +67,15 @@ size_t LoadPlanner::rounds() const {
 }
 
 void LoadPlanner::DropExpiredLocked(Clock::time_point now) {
-  // A plan once `keep` has passed; a round never planned (nobody asked since the first ask,
-  // past `wait`: its restart died) as well, so that the next restart starts afresh.
+  // A plan once `keep` has passed since it was made; a round never planned once `keep` has
+  // passed since its first ask (its ranks stopped asking: the restart died).
   size_t total = 0;
   for (auto it = rounds_.begin(); it != rounds_.end();) {
     std::erase_if(it->second, [&](const Round& r) {
       return r.planned ? now - r.planned_at >= options_.keep : now - r.first_ask >= options_.keep;
     });
     total += it->second.size();
+    if (it->second.empty()) read_.erase(it->first);
     it = it->second.empty() ? rounds_.erase(it) : std::next(it);
   }
   while (total > options_.max_rounds) {
@@ -67,7 +84,10 @@ void LoadPlanner::DropExpiredLocked(Clock::time_point now) {
           return a.second.front().first_ask < b.second.front().first_ask;
         });
     oldest->second.pop_front();
-    if (oldest->second.empty()) rounds_.erase(oldest);
+    if (oldest->second.empty()) {
+      read_.erase(oldest->first);
+      rounds_.erase(oldest);
+    }
     --total;
   }
 }
@@ -79,6 +99,15 @@ Result<LoadPlanResponse> LoadPlanner::Ask(const LoadPlanRequest& req, Clock::tim
   // The rank's round: the first one that has not answered it yet (its first load of the step,
   // or the one it keeps asking while it waits); after all of them, a new one (its next load).
   auto& list = rounds_[{req.job(), req.step()}];
+  // A rank asking from a session its rounds did not see it in: the job restarted (within
+  // `keep` of its last load); the earlier rounds are not this incarnation's.
+  if (std::any_of(list.begin(), list.end(), [&](const Round& r) {
+        auto it = r.sessions.find(req.rank());
+        return it != r.sessions.end() && it->second != req.session();
+      })) {
+    list.clear();
+    read_.erase({req.job(), req.step()});
+  }
   Round* round = nullptr;
   for (Round& r : list) {
     if (!r.answered.contains(req.rank())) {
@@ -94,7 +123,9 @@ Result<LoadPlanResponse> LoadPlanner::Ask(const LoadPlanRequest& req, Clock::tim
   if (round->world_size == 0) {
     round->world_size = req.world_size();
     round->first_ask = now;
+    round->id = ++next_round_id_;
   }
+  round->sessions[req.rank()] = req.session();
   const std::vector<FileRange> needs(req.needs().begin(), req.needs().end());
   if (!round->planned) {
     round->asked[req.rank()] = req.node_id();
@@ -103,6 +134,7 @@ Result<LoadPlanResponse> LoadPlanner::Ask(const LoadPlanRequest& req, Clock::tim
       round->answered.insert(req.rank());
       LoadPlanResponse none;
       none.set_ready(true);
+      none.set_round(round->id);
       return none;
     }
     NodeNeeds& node = round->needs[req.node_id()];
@@ -114,7 +146,7 @@ Result<LoadPlanResponse> LoadPlanner::Ask(const LoadPlanRequest& req, Clock::tim
       wait.set_retry_ms(static_cast<uint32_t>(options_.retry.count()));
       return wait;
     }
-    MakePlan(*round);
+    MakePlan(*round, read_[{req.job(), req.step()}]);
     round->planned = true;
     round->planned_at = now;
   }
@@ -122,10 +154,11 @@ Result<LoadPlanResponse> LoadPlanner::Ask(const LoadPlanRequest& req, Clock::tim
   return Answer(*round, req.node_id(), needs);
 }
 
-void LoadPlanner::MakePlan(Round& round) const {
+void LoadPlanner::MakePlan(Round& round, std::map<std::string, uint64_t>& read) const {
   round.nodes.clear();  // a plan that threw (out of memory) left a part behind
   round.addresses.clear();
   round.pieces.clear();
+  round.serve.clear();
   // Each node's needs, merged per file.
   std::map<std::string, std::vector<std::pair<uint64_t, std::pair<uint64_t, uint32_t>>>> by_file;
   std::vector<bool> can_serve;
@@ -157,6 +190,7 @@ void LoadPlanner::MakePlan(Round& round) const {
   // nodes needing the bytes is constant; that span is cut on the grain grid, and each piece goes
   // to the needer with the fewest bytes so far.
   std::vector<uint64_t> assigned(round.nodes.size(), 0);
+  for (size_t n = 0; n < round.nodes.size(); ++n) assigned[n] = read[round.nodes[n]];
   for (auto& [file, spans] : by_file) {
     struct Event {
       uint64_t pos;
@@ -188,10 +222,16 @@ void LoadPlanner::MakePlan(Round& round) const {
         // The next grid line, without overflow near the top of the offset range.
         const uint64_t end =
             begin + std::min(next - begin, options_.grain - begin % options_.grain);
+        // Ties go round-robin from a node that depends on the round, so that the small
+        // first pieces of successive rounds (model, then optimizer state) do not all land on
+        // the same node.
+        const auto order = [&](uint32_t n) {
+          return (n + round.id) % static_cast<uint64_t>(round.nodes.size());
+        };
         uint32_t reader = kNoReader;
         for (uint32_t n : active) {
           if (can_serve[n] && (reader == kNoReader || assigned[n] < assigned[reader] ||
-                               (assigned[n] == assigned[reader] && n < reader))) {
+                               (assigned[n] == assigned[reader] && order(n) < order(reader)))) {
             reader = n;
           }
         }
@@ -203,6 +243,21 @@ void LoadPlanner::MakePlan(Round& round) const {
       }
     }
   }
+  for (size_t n = 0; n < round.nodes.size(); ++n) read[round.nodes[n]] = assigned[n];
+  // What each node reads for the others, merged where it is contiguous: answered per ask.
+  round.serve.assign(round.nodes.size(), {});
+  for (const auto& [file, pieces] : round.pieces) {
+    for (const Piece& p : pieces) {
+      if (!p.shared) continue;
+      auto& serve = round.serve[p.reader];
+      if (!serve.empty() && serve.back().file() == file &&
+          serve.back().offset() + serve.back().length() == p.begin) {
+        serve.back().set_length(p.end - serve.back().offset());
+      } else {
+        serve.push_back(MakeRange(file, p.begin, p.end));
+      }
+    }
+  }
   round.needs.clear();  // the plan holds what answers need; the asks are not kept
 }
 
@@ -210,23 +265,12 @@ LoadPlanResponse LoadPlanner::Answer(const Round& round, const std::string& node
                                      const std::vector<FileRange>& needs) const {
   LoadPlanResponse out;
   out.set_ready(true);
+  out.set_round(round.id);
   const auto me_it = std::find(round.nodes.begin(), round.nodes.end(), node);
   const uint32_t me =
       me_it == round.nodes.end() ? kNoReader : static_cast<uint32_t>(me_it - round.nodes.begin());
-  // What this node reads for the others, merged where it is contiguous.
   if (me != kNoReader) {
-    for (const auto& [file, pieces] : round.pieces) {
-      for (const Piece& p : pieces) {
-        if (p.reader != me || !p.shared) continue;
-        auto* serve = out.mutable_serve();
-        if (!serve->empty() && serve->rbegin()->file() == file &&
-            serve->rbegin()->offset() + serve->rbegin()->length() == p.begin) {
-          serve->rbegin()->set_length(p.end - serve->rbegin()->offset());
-        } else {
-          *serve->Add() = MakeRange(file, p.begin, p.end);
-        }
-      }
-    }
+    for (const FileRange& r : round.serve[me]) *out.add_serve() = r;
   }
   // What this rank fetches: the parts of its needs that another node reads. A node that was
   // part of the plan fetches only shared pieces (an unshared one is its own); a latecomer

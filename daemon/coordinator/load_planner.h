@@ -9,24 +9,31 @@
 // loads, a node that died: the others do not wait for it longer than that). Then the plan is
 // made once and frozen: each byte range is cut at every node's range boundaries and on a `grain`
 // grid of file offsets; a piece that one node needs stays that node's own storage read; a piece
-// several nodes need is assigned to one of them — the needer with the fewest bytes assigned so
-// far, among those that serve a data plane — which reads it from storage first and serves it;
+// several nodes need is assigned to one of them — the needer with the fewest bytes to read in
+// the step's rounds so far (ties rotate with the round), among those that serve a data plane —
+// which reads it from storage first and serves it;
 // the others fetch it from that node. Each node's answer lists what it serves (read these
 // first) and what it fetches (from whom); everything else it needs it reads itself. A rank that
 // asks after the plan was made (late) gets the plan's pieces that cover its needs. A rank that
 // needs nothing (its node holds the bytes: a hot restore) is counted and answered at once, never
 // kept waiting. A rank's next load of the same step (the Checkpointer loads the model, then the
-// optimizer's state) is in the step's next round, planned the same way. A plan is forgotten
-// `keep` after it was made, so that a later restart of the job plans anew with its own nodes.
+// optimizer's state) is in the step's next round, planned the same way. A rank asking from a
+// session the step's rounds did not see it in starts the step's rounds afresh: the job
+// restarted. A plan is forgotten `keep` after it was made, so that a later restart of the job
+// plans anew with its own nodes.
 //
 // Failure is always a storage read: a fetch that fails, stalls or returns bad bytes (the loader
 // verifies each checksum piece against the manifest, wherever its bytes came from) is read from
 // storage by the loader itself. So a plan can be wrong about who is alive and still never make
 // a load fail or return wrong bytes.
 //
-// Cost: the plan is O(R log R) in the ranges all nodes sent (R ≈ nodes × stored shards they
-// read), made once per job restart on the asking thread; answers are O(the node's pieces).
-// Memory: the rounds in progress and the plans younger than `keep`, each O(R).
+// Cost: the plan is O(R log R + B / grain) in the ranges all nodes sent (R ≈ nodes × stored
+// shards they read) and the bytes they cover (B), plus O(nodes) per change of the set of nodes
+// needing a span (the sweep's active set: O(nodes²) per file when every node needs all of it),
+// made once per round on the asking thread. An answer is O(what the node serves + the rank's
+// needs × log pieces). A request may name at most 2^20 ranges and 64 TiB (CheckRequest), so one
+// ask cannot make a plan of more than a few million pieces. Memory: the rounds in progress and
+// the plans younger than `keep`, each O(R + B / grain).
 //
 // Thread safety: all methods may be called from any thread (one mutex; the plan is made under
 // it, which serializes the rounds of different jobs: a restart is rare).
@@ -90,15 +97,20 @@ class LoadPlanner {
     Clock::time_point first_ask;
     Clock::time_point planned_at;
     bool planned = false;
-    std::map<uint32_t, std::string> asked;   // rank → node
-    std::set<uint32_t> answered;             // ranks told their part (a new ask: next round)
-    std::map<std::string, NodeNeeds> needs;  // node → what its ranks asked for
-    std::vector<std::string> nodes;          // after planning: index → node id
-    std::vector<std::string> addresses;      // after planning: index → its data plane
-    std::map<std::string, std::vector<Piece>> pieces;  // file → pieces, sorted
+    std::map<uint32_t, std::string> asked;     // rank → node
+    std::set<uint32_t> answered;               // ranks told their part (a new ask: next round)
+    std::map<uint32_t, std::string> sessions;  // rank → the session it asked from
+    uint64_t id = 0;                           // LoadPlanResponse.round
+    std::map<std::string, NodeNeeds> needs;    // node → what its ranks asked for
+    std::vector<std::string> nodes;            // after planning: index → node id
+    std::vector<std::string> addresses;        // after planning: index → its data plane
+    std::map<std::string, std::vector<Piece>> pieces;      // file → pieces, sorted
+    std::vector<std::vector<ckptd::v1::FileRange>> serve;  // index → what that node serves
   };
 
-  void MakePlan(Round& round) const;
+  // `read`: bytes each node reads from storage in the step's earlier rounds, carried on so that
+  // the rounds of one restart balance together.
+  void MakePlan(Round& round, std::map<std::string, uint64_t>& read) const;
   ckptd::v1::LoadPlanResponse Answer(const Round& round, const std::string& node,
                                      const std::vector<ckptd::v1::FileRange>& needs) const;
   void DropExpiredLocked(Clock::time_point now) REQUIRES(mu_);
@@ -107,6 +119,12 @@ class LoadPlanner {
   mutable Mutex mu_;
   // (job, step) → its rounds, oldest first: a rank's k-th load of the step is in round k.
   std::map<std::pair<std::string, uint64_t>, std::deque<Round>> rounds_ GUARDED_BY(mu_);
+  // Round ids start from the clock, so that a restarted coordinator's never repeat the ones
+  // daemons remember from before.
+  uint64_t next_round_id_ GUARDED_BY(mu_) = static_cast<uint64_t>(
+      std::chrono::system_clock::now().time_since_epoch() / std::chrono::microseconds(1));
+  // (job, step) → node → bytes it reads in the step's rounds (MakePlan's `read`).
+  std::map<std::pair<std::string, uint64_t>, std::map<std::string, uint64_t>> read_ GUARDED_BY(mu_);
 };
 
 }  // namespace ckpt

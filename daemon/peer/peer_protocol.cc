@@ -149,30 +149,10 @@ std::string DescribeRegion(const Region& r) {
          std::to_string(r.offset + r.length) + ")";
 }
 
-Status ValidateDataFileName(std::string_view file) {
-  const auto bad = [&](const std::string& why) {
-    return InvalidArgument("peer: file name '" + EscapeForLog(file) + "' " + why);
-  };
-  if (file.empty() || file.size() > kMaxFileNameLength) {
-    return bad("must be 1-" + std::to_string(kMaxFileNameLength) + " bytes");
-  }
-  for (char c : file) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '.' || c == '_' || c == '-';
-    if (!ok) return bad("may hold only [A-Za-z0-9._-]");
-  }
-  if (file.front() == '.') return bad("must not start with '.'");
-  constexpr std::string_view kSuffix = ".data";
-  if (file.size() <= kSuffix.size() || file.substr(file.size() - kSuffix.size()) != kSuffix) {
-    return bad("is not a data file (*.data)");
-  }
-  return Status::Ok();
-}
-
 Status ValidateRegion(const Region& r) {
   RETURN_IF_ERROR(ValidateJobName(r.job), "peer region");
   RETURN_IF_ERROR(ValidateDataFileName(r.file),
-                  "job '" + r.job + "' step " + std::to_string(r.step));
+                  "peer: job '" + r.job + "' step " + std::to_string(r.step));
   if (r.length > kMaxChunkBytes) {
     return InvalidArgument("peer: " + DescribeRegion(r) + ": length over the chunk limit of " +
                            std::to_string(kMaxChunkBytes) + " bytes");

@@ -60,7 +60,6 @@ inline constexpr uint8_t kVersion = 1;
 inline constexpr size_t kHeaderBytes = 32;
 inline constexpr uint32_t kMaxMetaBytes = 4096;
 inline constexpr uint64_t kMaxChunkBytes = 64ull << 20;
-inline constexpr size_t kMaxFileNameLength = 128;
 
 enum class FrameType : uint8_t { kFetch = 1, kPut = 2, kDrop = 3, kReply = 4 };
 std::string_view FrameTypeName(FrameType type);
@@ -90,8 +89,6 @@ struct Region {
 // "job 'j' step 7 file rank-00000.data [0, 4096)", names escaped for logs.
 std::string DescribeRegion(const Region& region);
 
-// A step directory's data file name (see the essay).
-Status ValidateDataFileName(std::string_view file);
 // Job and file names, length <= kMaxChunkBytes, no overflow. Messages name the region.
 Status ValidateRegion(const Region& region);
 

@@ -179,7 +179,8 @@ class Coordinator:
 class ColdLoadTest(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="ckptd-cold-")
-        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
+        if not os.environ.get("CKPT_KEEP_TMP"):
+            self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
         self.root = os.path.join(self.tmp, "root")
         self.logs = []   # (what, path) of every process started, printed when the test fails
         self.procs = []  # rank processes, killed in cleanup if still running

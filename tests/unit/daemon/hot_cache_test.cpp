@@ -335,5 +335,26 @@ TEST_CASE("destroying the cache returns every slot, pinned or not", "[hot_cache]
   CHECK(pool->free_slots() == 4);
 }
 
+// Bytes already resident never change: a reader may be copying them out after verifying them.
+// A range spanning windows is cached window by window.
+TEST_CASE("InsertRead fills only the gaps and splits ranges at windows", "[hot_cache]") {
+  auto pool = MakePool(4);
+  HotCache cache(pool.get());
+  const std::vector<std::byte> first(kWindow, std::byte{0x11}),
+      second(2 * kWindow, std::byte{0x22});
+  cache.InsertRead("job", 5, kFile, 0, first.data(), 100);
+  cache.InsertRead("job", 5, kFile, 0, second.data(), kWindow + 50);  // over [0, 100) again
+  const std::byte* head = cache.Find("job", 5, kFile, 0, 100);
+  REQUIRE(head != nullptr);
+  CHECK(std::all_of(head, head + 100, [](std::byte b) { return b == std::byte{0x11}; }));
+  const std::byte* rest = cache.Find("job", 5, kFile, 100, kWindow - 100);
+  REQUIRE(rest != nullptr);
+  CHECK(std::all_of(rest, rest + kWindow - 100, [](std::byte b) { return b == std::byte{0x22}; }));
+  const std::byte* next = cache.Find("job", 5, kFile, kWindow, 50);  // the second window
+  REQUIRE(next != nullptr);
+  CHECK(next[0] == std::byte{0x22});
+  CHECK(pool->free_slots() == 2);
+}
+
 }  // namespace
 }  // namespace ckpt

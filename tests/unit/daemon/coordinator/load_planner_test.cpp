@@ -136,9 +136,11 @@ TEST_CASE("LoadPlanner: data parallel 4 splits the shared file in four", "[load_
 TEST_CASE("LoadPlanner: a range only one node needs stays local", "[load_plan]") {
   LoadPlanner planner;
   const LoadPlanner::Clock::time_point t0 = LoadPlanner::Clock::now();
-  CHECK_FALSE(Ok(planner.Ask(Req(0, 2, "n0", "h0:1", {Range("A", 0, kMiB)}), t0)).ready());
-  const LoadPlanResponse b = Ok(planner.Ask(Req(1, 2, "n1", "h1:1", {Range("B", 0, kMiB)}), t0));
-  const LoadPlanResponse a = Ok(planner.Ask(Req(0, 2, "n0", "h0:1", {Range("A", 0, kMiB)}), t0));
+  CHECK_FALSE(Ok(planner.Ask(Req(0, 2, "n0", "h0:1", {Range("a.data", 0, kMiB)}), t0)).ready());
+  const LoadPlanResponse b =
+      Ok(planner.Ask(Req(1, 2, "n1", "h1:1", {Range("b.data", 0, kMiB)}), t0));
+  const LoadPlanResponse a =
+      Ok(planner.Ask(Req(0, 2, "n0", "h0:1", {Range("a.data", 0, kMiB)}), t0));
   for (const LoadPlanResponse& r : {a, b}) {
     CHECK(r.ready());
     CHECK(r.serve().empty());
@@ -309,6 +311,30 @@ TEST_CASE("LoadPlanner: a rank's next load of the step is the next round, and ho
   CHECK(cold.fetch().empty());
 }
 
+// A restart of the job within `keep` of its last load (new sessions) starts the step's rounds
+// afresh, instead of the answered ranks going on to a next round that the others never join.
+TEST_CASE("LoadPlanner: a rank asking from a new session starts the step's rounds afresh",
+          "[load_plan]") {
+  LoadPlanner planner;
+  const LoadPlanner::Clock::time_point t0 = LoadPlanner::Clock::now();
+  const FileRange need = Range(kFile, 0, 32 * kMiB);
+  auto ask = [&](uint32_t rank, const std::string& session) {
+    auto req = Req(rank, 2, "n" + std::to_string(rank), "h:1", {need});
+    req.set_session(session);
+    return Ok(planner.Ask(req, t0));
+  };
+  CHECK_FALSE(ask(0, "a0").ready());
+  const LoadPlanResponse first = ask(1, "a1");
+  REQUIRE(first.ready());
+  // Rank 1 restarts before rank 0 polled: a new round for both, waiting for rank 0 again.
+  CHECK_FALSE(ask(1, "b1").ready());
+  CHECK(planner.rounds() == 1);
+  const LoadPlanResponse second = ask(0, "b0");
+  REQUIRE(second.ready());
+  CHECK(second.round() != first.round());
+  CHECK(Total(ServeSpans(second)) + Total(FetchSpans(second)) == 32 * kMiB);
+}
+
 TEST_CASE("LoadPlanner: a plan is forgotten keep after it was made", "[load_plan]") {
   LoadPlanner::Options options;
   options.keep = std::chrono::seconds(1);
@@ -331,17 +357,24 @@ TEST_CASE("LoadPlanner: a plan is forgotten keep after it was made", "[load_plan
   CHECK(planner.rounds() == 2);
 }
 
-// A valid range that ends in the last grain of the uint64 offsets: the grid cut must not wrap
-// (it once computed (begin / grain + 1) * grain, which wrapped to 0 and cut [0, 2^64) into 2^40
-// pieces under the planner's mutex).
-TEST_CASE("LoadPlanner: a range in the last grain of uint64 offsets is planned", "[load_plan]") {
+// Offsets and lengths are bounded (a request cannot make a plan of 2^40 pieces): a range at the
+// top of the uint64 offsets is refused, and a request over 64 TiB or 2^20 ranges too; a range
+// near the bound is planned, its grid cut without overflow.
+TEST_CASE("LoadPlanner: ranges are bounded, and one near the bound is planned", "[load_plan]") {
   LoadPlanner planner;
-  const uint64_t offset = std::numeric_limits<uint64_t>::max() - kMiB;  // end: 2^64 - 1
-  const auto r = planner.Ask(Req(0, 1, "n0", "h0:1", {Range(kFile, offset, kMiB)}));
-  REQUIRE(r.ok());
-  CHECK(r->ready());
-  CHECK(r->serve().empty());
-  CHECK(r->fetch().empty());
+  const uint64_t top = std::numeric_limits<uint64_t>::max() - kMiB;
+  auto r = planner.Ask(Req(0, 1, "n0", "h0:1", {Range(kFile, top, kMiB)}));
+  CHECK(r.status().code() == StatusCode::kInvalidArgument);
+  r = planner.Ask(Req(0, 1, "n0", "h0:1", {Range(kFile, 0, 65ull << 40)}));
+  CHECK(r.status().code() == StatusCode::kInvalidArgument);
+  r = planner.Ask(Req(0, 1, "n0", "h0:1", {Range("../../etc/passwd", 0, kMiB)}));
+  CHECK(r.status().code() == StatusCode::kInvalidArgument);
+  const uint64_t near = (1ull << 54) - 3 * kMiB;
+  const auto ok = planner.Ask(Req(0, 1, "n0", "h0:1", {Range(kFile, near, 2 * kMiB)}));
+  REQUIRE(ok.ok());
+  CHECK(ok->ready());
+  CHECK(ok->serve().empty());
+  CHECK(ok->fetch().empty());
 }
 
 }  // namespace

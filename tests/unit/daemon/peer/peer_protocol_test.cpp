@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/names.h"
 #include "daemon/peer/peer_address.h"
 #include "tests/test_util.h"
 

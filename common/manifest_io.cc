@@ -4,6 +4,7 @@
 #include <cstring>
 #include <map>
 #include <set>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -82,7 +83,11 @@ Status Decode(const char (&magic)[8], std::string_view bytes, std::string_view w
   return Status::Ok();
 }
 
-Status ValidateTensor(const ckptd::v1::TensorEntry& t, uint32_t world_size) {
+// Everything ValidateManifest checks of one tensor but the overlap of its shards, whose
+// geometries it leaves in `geoms` for that check (or the commit's coverage check): converting
+// each shard once serves both.
+Status ValidateTensorShards(const ckptd::v1::TensorEntry& t, uint32_t world_size,
+                            std::vector<ShardGeometry>* geoms) {
   RETURN_IF_ERROR(ValidateTensorName(t.name()));
   // Error contexts are built only on an error: this runs for every shard of every commit.
   const auto ctx = [&] { return "tensor '" + EscapeForLog(t.name()) + "'"; };
@@ -91,8 +96,8 @@ Status ValidateTensor(const ckptd::v1::TensorEntry& t, uint32_t world_size) {
   ASSIGN_OR_RETURN(const uint64_t numel, ShapeNumel(shape), ctx());
   // The whole tensor's bytes must be countable too (a 2^62-element float32 is not).
   RETURN_IF_ERROR(ByteSize(numel, dtype).status(), ctx());
-  std::vector<ShardGeometry> geoms;
-  geoms.reserve(t.shards_size());
+  geoms->clear();
+  geoms->reserve(t.shards_size());
   for (int i = 0; i < t.shards_size(); ++i) {
     const auto& s = t.shards(i);
     const auto sctx = [&] { return ctx() + " shard " + std::to_string(i); };
@@ -126,9 +131,56 @@ Status ValidateTensor(const ckptd::v1::TensorEntry& t, uint32_t world_size) {
       return InvalidArgument(sctx() + ": writer rank " + std::to_string(s.writer_rank()) +
                              " is not below world size " + std::to_string(world_size));
     }
-    geoms.push_back(std::move(g));
+    geoms->push_back(std::move(g));
   }
-  return CheckNoPartialOverlap(t.name(), geoms);
+  return Status::Ok();
+}
+
+// CheckCoverage of one tensor, its error naming the ranks that saved the tensor.
+Status CheckTensorCoverage(const ckptd::v1::TensorEntry& t, std::span<const ShardGeometry> geoms) {
+  Status covered = CheckCoverage(EscapeForLog(t.name()), geoms);
+  if (covered.ok()) return covered;
+  std::set<uint32_t> writers;
+  for (const auto& s : t.shards()) writers.insert(s.writer_rank());
+  std::string ranks;
+  for (uint32_t r : writers) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  return Status(covered.code(), covered.message() + "; its shards were saved by rank" +
+                                    (writers.size() == 1 ? " " : "s ") + ranks +
+                                    ". A checkpoint that cannot be restored is not committed");
+}
+
+// ValidateManifest, and with `coverage` CheckManifestCoverage too, in one pass.
+Status ValidateManifestImpl(const ckptd::v1::Manifest& m, bool coverage) {
+  if (m.format_version() == 0 || m.format_version() > kFormatVersion) {
+    return FailedPrecondition("manifest format version " + std::to_string(m.format_version()) +
+                              " is not supported");
+  }
+  RETURN_IF_ERROR(ValidateJobName(m.job()));
+  if (m.world_size() == 0) return InvalidArgument("manifest world size is 0");
+  std::vector<std::string_view> names;
+  names.reserve(m.tensors_size());
+  std::vector<ShardGeometry> geoms;
+  for (const auto& t : m.tensors()) {
+    RETURN_IF_ERROR(ValidateTensorShards(t, m.world_size(), &geoms));
+    if (coverage && !t.partial()) {
+      RETURN_IF_ERROR(CheckTensorCoverage(t, geoms));  // no partial overlap, and no hole
+    } else {
+      RETURN_IF_ERROR(CheckNoPartialOverlap(t.name(), geoms));
+    }
+    names.push_back(t.name());
+  }
+  std::sort(names.begin(), names.end());
+  auto dup = std::adjacent_find(names.begin(), names.end());
+  if (dup != names.end()) {
+    return InvalidArgument("tensor '" + EscapeForLog(*dup) + "' is listed twice");
+  }
+  for (const auto& r : m.ranks()) {
+    if (r.rank() >= m.world_size()) {
+      return InvalidArgument("rank " + std::to_string(r.rank()) + " is not below world size " +
+                             std::to_string(m.world_size()));
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -168,53 +220,26 @@ Result<ckptd::v1::NodeManifest> ReadNodeManifest(FileSystem* fs, const std::stri
 }
 
 Status ValidateManifest(const ckptd::v1::Manifest& m) {
-  if (m.format_version() == 0 || m.format_version() > kFormatVersion) {
-    return FailedPrecondition("manifest format version " + std::to_string(m.format_version()) +
-                              " is not supported");
-  }
-  RETURN_IF_ERROR(ValidateJobName(m.job()));
-  if (m.world_size() == 0) return InvalidArgument("manifest world size is 0");
-  std::vector<std::string_view> names;
-  names.reserve(m.tensors_size());
-  for (const auto& t : m.tensors()) {
-    RETURN_IF_ERROR(ValidateTensor(t, m.world_size()));
-    names.push_back(t.name());
-  }
-  std::sort(names.begin(), names.end());
-  auto dup = std::adjacent_find(names.begin(), names.end());
-  if (dup != names.end()) {
-    return InvalidArgument("tensor '" + EscapeForLog(*dup) + "' is listed twice");
-  }
-  for (const auto& r : m.ranks()) {
-    if (r.rank() >= m.world_size()) {
-      return InvalidArgument("rank " + std::to_string(r.rank()) + " is not below world size " +
-                             std::to_string(m.world_size()));
-    }
-  }
-  return Status::Ok();
+  return ValidateManifestImpl(m, /*coverage=*/false);
+}
+
+Status ValidateManifestForCommit(const ckptd::v1::Manifest& m) {
+  return ValidateManifestImpl(m, /*coverage=*/true);
 }
 
 Status CheckManifestCoverage(const ckptd::v1::Manifest& m) {
+  std::vector<ShardGeometry> geoms;
   for (const auto& t : m.tensors()) {
     if (t.partial()) continue;  // saved in part on purpose
     const Shape shape(t.global_shape().begin(), t.global_shape().end());
-    std::vector<ShardGeometry> geoms;
+    geoms.clear();
     geoms.reserve(t.shards_size());
     for (const auto& s : t.shards()) {
       ASSIGN_OR_RETURN(ShardGeometry g, GeometryFromProto(s.geometry(), shape),
                        "tensor '" + EscapeForLog(t.name()) + "'");
       geoms.push_back(std::move(g));
     }
-    Status covered = CheckCoverage(EscapeForLog(t.name()), geoms);
-    if (!covered.ok()) {
-      std::set<uint32_t> writers;
-      for (const auto& s : t.shards()) writers.insert(s.writer_rank());
-      std::string ranks;
-      for (uint32_t r : writers) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-      return Status(covered.code(), covered.message() + "; its shards were saved by rank" +
-                                        (writers.size() == 1 ? " " : "s ") + ranks +
-                                        ". A checkpoint that cannot be restored is not committed");
-    }
+    RETURN_IF_ERROR(CheckTensorCoverage(t, geoms));
   }
   return Status::Ok();
 }
@@ -244,157 +269,6 @@ ckptd::v1::ShardGeometry GeometryToProto(const ShardGeometry& g) {
     flat->set_flat_offset(g.flat_offset());
     flat->set_numel(g.numel());
   }
-  return out;
-}
-
-namespace {
-
-// Every shard a rank left to another under the writer plan (NodeManifest.skipped) must be in
-// the merged manifest, with the same dtype, global shape and geometry. A plan that changed
-// while a step was in flight can make two ranks each leave a replica to the other: the step
-// then fails here, naming both ends, instead of committing a hole.
-Status CheckSkippedWereWritten(const ckptd::v1::Manifest& merged,
-                               std::span<const ckptd::v1::NodeManifest> nodes) {
-  const bool any =
-      std::any_of(nodes.begin(), nodes.end(), [](const auto& n) { return n.skipped_size() > 0; });
-  if (!any) return Status::Ok();
-  // Every stored shard once, as tensor name + geometry: one lookup per skipped shard.
-  std::map<std::string_view, const ckptd::v1::TensorEntry*> by_name;
-  std::unordered_set<std::string> written;
-  for (const auto& t : merged.tensors()) {
-    by_name.emplace(t.name(), &t);
-    for (const auto& s : t.shards()) {
-      written.insert(t.name() + '\0' + s.geometry().SerializeAsString());
-    }
-  }
-  for (const auto& n : nodes) {
-    for (const auto& k : n.skipped()) {
-      auto it = by_name.find(k.name());
-      const ckptd::v1::TensorEntry* t = it == by_name.end() ? nullptr : it->second;
-      const bool found = t != nullptr && t->dtype() == k.dtype() &&
-                         std::equal(t->global_shape().begin(), t->global_shape().end(),
-                                    k.global_shape().begin(), k.global_shape().end()) &&
-                         written.count(k.name() + '\0' + k.geometry().SerializeAsString()) != 0;
-      if (!found) {
-        return FailedPrecondition(
-            "tensor '" + EscapeForLog(k.name()) + "': rank " + std::to_string(k.rank()) +
-            " (node '" + n.node_id() +
-            "') left a shard to another rank under the writer plan, and no rank wrote it (the "
-            "plan changed while the step was in flight); the next step uses one plan");
-      }
-    }
-  }
-  return Status::Ok();
-}
-
-}  // namespace
-
-Status MergeNodeManifestsInto(std::span<const ckptd::v1::NodeManifest> nodes,
-                              ckptd::v1::Manifest* out) {
-  if (nodes.empty()) return InvalidArgument("no node manifests to merge");
-  out->Clear();
-  out->set_format_version(kFormatVersion);
-  out->set_job(nodes[0].job());
-  out->set_step(nodes[0].step());
-  out->set_world_size(nodes[0].world_size());
-  // Each tensor is copied once, straight into `out` (on its arena when it has one), and found
-  // again by name through `index`; the names it keys are out's own strings, which stay put while
-  // the repeated field grows (it holds pointers).
-  struct Seen {
-    int at;                   // index in out->tensors
-    const std::string* from;  // the node that reported it first, for errors
-  };
-  std::unordered_map<std::string_view, Seen> index;
-  size_t entries = 0;
-  for (const auto& n : nodes) entries += static_cast<size_t>(n.tensors_size());
-  index.reserve(entries);
-  std::map<uint32_t, const ckptd::v1::RankEntry*> ranks;
-  for (const auto& n : nodes) {
-    if (n.job() != out->job() || n.step() != out->step() || n.world_size() != out->world_size()) {
-      return InvalidArgument("node manifest of node '" + n.node_id() + "' is for job '" + n.job() +
-                             "' step " + std::to_string(n.step()) + " world size " +
-                             std::to_string(n.world_size()) + ", expected job '" + out->job() +
-                             "' step " + std::to_string(out->step()) + " world size " +
-                             std::to_string(out->world_size()));
-    }
-    for (const auto& t : n.tensors()) {
-      auto it = index.find(t.name());
-      if (it == index.end()) {
-        ckptd::v1::TensorEntry* copy = out->add_tensors();
-        *copy = t;
-        index.emplace(copy->name(), Seen{out->tensors_size() - 1, &n.node_id()});
-        continue;
-      }
-      ckptd::v1::TensorEntry& have = *out->mutable_tensors(it->second.at);
-      if (have.dtype() != t.dtype() ||
-          !std::equal(have.global_shape().begin(), have.global_shape().end(),
-                      t.global_shape().begin(), t.global_shape().end())) {
-        return InvalidArgument("tensor '" + EscapeForLog(t.name()) + "' has dtype " + have.dtype() +
-                               " on node '" + *it->second.from + "' but " + t.dtype() +
-                               " on node '" + n.node_id() + "' (or a different global shape)");
-      }
-      for (const auto& s : t.shards()) *have.add_shards() = s;
-      if (t.partial()) have.set_partial(true);  // one rank's opt-in is the tensor's
-    }
-    for (const auto& r : n.ranks()) {
-      if (!ranks.try_emplace(r.rank(), &r).second) {
-        return InvalidArgument("rank " + std::to_string(r.rank()) +
-                               " is reported by two nodes (second: '" + n.node_id() + "')");
-      }
-    }
-  }
-  index.clear();  // its keys point into the entries the sort below reorders
-  // Tensors in name order, as readers list them; sorting the pointers moves no entry.
-  auto* tensors = out->mutable_tensors();
-  std::sort(tensors->pointer_begin(), tensors->pointer_end(),
-            [](const ckptd::v1::TensorEntry* a, const ckptd::v1::TensorEntry* b) {
-              return a->name() < b->name();
-            });
-  for (auto& entry : *tensors) {
-    const std::string& name = entry.name();
-    // Data-parallel replicas written by several ranks (no writer plan was in force yet, or the
-    // embedded coordinator, which writes everything): keep one copy, the lowest writer rank's.
-    auto& shards = *entry.mutable_shards();
-    if (shards.size() > 1) {
-      std::map<std::string, int> first;  // serialized geometry → index kept
-      // On the manifest's arena, so that moving a shard in and swapping the lists copy nothing.
-      google::protobuf::RepeatedPtrField<ckptd::v1::StoredShard> kept(out->GetArena());
-      for (auto& s : shards) {
-        auto [it, inserted] = first.try_emplace(s.geometry().SerializeAsString(), kept.size());
-        if (inserted) {
-          *kept.Add() = std::move(s);
-          continue;
-        }
-        const auto& have = kept[it->second];
-        if (!std::equal(have.chunk_xxh3().begin(), have.chunk_xxh3().end(), s.chunk_xxh3().begin(),
-                        s.chunk_xxh3().end())) {
-          // Overlap is allowed only between exact replicas: these hold different bytes.
-          size_t chunk = 0;
-          while (chunk <
-                     static_cast<size_t>(std::min(have.chunk_xxh3_size(), s.chunk_xxh3_size())) &&
-                 have.chunk_xxh3(chunk) == s.chunk_xxh3(chunk)) {
-            ++chunk;
-          }
-          return InvalidArgument(
-              "tensor '" + EscapeForLog(name) + "': ranks " +
-              std::to_string(std::min(have.writer_rank(), s.writer_rank())) + " and " +
-              std::to_string(std::max(have.writer_rank(), s.writer_rank())) +
-              " saved the same shard with different bytes (first differing chunk " +
-              std::to_string(chunk) + " of " + std::to_string(have.chunk_xxh3_size()) +
-              "); shards may overlap only as exact replicas");
-        }
-        if (s.writer_rank() < have.writer_rank()) kept[it->second] = std::move(s);
-      }
-      shards.Swap(&kept);
-    }
-  }
-  for (const auto& [rank, entry] : ranks) *out->add_ranks() = *entry;
-  return CheckSkippedWereWritten(*out, nodes);
-}
-
-Result<ckptd::v1::Manifest> MergeNodeManifests(std::span<const ckptd::v1::NodeManifest> nodes) {
-  ckptd::v1::Manifest out;
-  RETURN_IF_ERROR(MergeNodeManifestsInto(nodes, &out));
   return out;
 }
 

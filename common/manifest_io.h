@@ -1,4 +1,5 @@
-// Manifest files: encoding, validation, conversion to geometry, merging node manifests.
+// Manifest files: encoding, validation, conversion to geometry (merging node manifests is in
+// common/manifest_merge.h).
 //
 // A manifest file (MANIFEST, node-*.nmf) is a 32-byte header followed by a protobuf payload:
 //   bytes 0..7   magic "CKPTMAN\0" (MANIFEST) or "CKPTNMF\0" (node manifest)
@@ -40,22 +41,13 @@ Status ValidateManifest(const ckptd::v1::Manifest& m);
 // the tensor, the first uncovered coordinates and the ranks that saved it. Not a reader's check: a
 // reader may load what a checkpoint does hold.
 Status CheckManifestCoverage(const ckptd::v1::Manifest& m);
+// ValidateManifest and CheckManifestCoverage in one pass, each shard's geometry converted once:
+// what a commit checks.
+Status ValidateManifestForCommit(const ckptd::v1::Manifest& m);
 
 Result<ShardGeometry> GeometryFromProto(const ckptd::v1::ShardGeometry& g,
                                         const Shape& global_shape);
 ckptd::v1::ShardGeometry GeometryToProto(const ShardGeometry& g);
-
-// Tensors of all node manifests combined (shards of one tensor from several nodes are joined;
-// dtype or shape disagreements are errors naming both nodes), ranks combined and sorted.
-// Shards of one tensor with identical geometry (data-parallel replicas written more than once)
-// are kept once: the copy of the lowest writer rank; replicas whose checksums differ are an
-// error naming both ranks (overlap is allowed only between identical bytes).
-Result<ckptd::v1::Manifest> MergeNodeManifests(std::span<const ckptd::v1::NodeManifest> nodes);
-// The same, built in `out` (cleared first). A manifest on a protobuf Arena takes its hundreds
-// of thousands of entries from the arena's blocks instead of one malloc each: the coordinator's
-// commit at 100,000+ ranks (CommitEngine::Commit, daemon/coordinator/commit_engine.h).
-Status MergeNodeManifestsInto(std::span<const ckptd::v1::NodeManifest> nodes,
-                              ckptd::v1::Manifest* out);
 
 // The newest committed step of a job whose MANIFEST reads and validates: LATEST (or the newest
 // MANIFEST), falling back step by step past damaged ones (logged, and appended to `damaged`

@@ -113,8 +113,7 @@ Status WriteOfflineCheckpoint(FileSystem* fs, const std::string& root, const std
     RETURN_IF_ERROR(fs->SyncDir(root));
     RETURN_IF_ERROR(fs->SyncDir(job_dir));
     RETURN_IF_ERROR(WriteDataFile(fs, JoinPath(step_dir, DataFileName(0)), tensors, m));
-    RETURN_IF_ERROR(ValidateManifest(m));
-    RETURN_IF_ERROR(CheckManifestCoverage(m));
+    RETURN_IF_ERROR(ValidateManifestForCommit(m));
     // The data file's directory entry is durable before the MANIFEST can point at it.
     return fs->SyncDir(step_dir);
   };

@@ -2,11 +2,10 @@
 
 #include <chrono>
 
-#include <google/protobuf/arena.h>
-
 #include "common/atomic_file.h"
 #include "common/logging.h"
 #include "common/manifest_io.h"
+#include "common/manifest_merge.h"
 #include "common/names.h"
 #include "common/step_layout.h"
 
@@ -42,13 +41,13 @@ Result<std::vector<std::string>> CommitEngine::RemoveUncommitted() {
 
 Status CommitEngine::Commit(std::span<const ckptd::v1::NodeManifest> nodes,
                             const ManifestCheck& check) {
-  // Blocks from 64 KiB up to 4 MiB: a large job's manifest takes a few dozen of them.
-  google::protobuf::ArenaOptions options;
-  options.start_block_size = 64 << 10;
-  options.max_block_size = 4 << 20;
-  google::protobuf::Arena arena(options);
-  auto& manifest = *google::protobuf::Arena::CreateMessage<ckptd::v1::Manifest>(&arena);
-  RETURN_IF_ERROR(MergeNodeManifestsInto(nodes, &manifest));
+  MergeOnArena merge;
+  for (const auto& n : nodes) RETURN_IF_ERROR(merge.merger().Add(n));
+  RETURN_IF_ERROR(merge.merger().Finish());
+  return CommitMerged(merge.manifest(), check);
+}
+
+Status CommitEngine::CommitMerged(ckptd::v1::Manifest& manifest, const ManifestCheck& check) {
   const std::string job = manifest.job();
   const uint64_t step = manifest.step();
   const std::string ctx = "committing job '" + job + "' step " + std::to_string(step);
@@ -61,8 +60,7 @@ Status CommitEngine::Commit(std::span<const ckptd::v1::NodeManifest> nodes,
                                 std::chrono::system_clock::now().time_since_epoch())
                                 .count()));
   manifest.set_writer(config_.writer);
-  RETURN_IF_ERROR(ValidateManifest(manifest), ctx);
-  RETURN_IF_ERROR(CheckManifestCoverage(manifest), ctx);
+  RETURN_IF_ERROR(ValidateManifestForCommit(manifest), ctx);
   if (check) RETURN_IF_ERROR(check(manifest), ctx);
 
   const std::string job_dir = JobDir(config_.storage_root, job);

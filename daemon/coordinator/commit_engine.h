@@ -81,6 +81,10 @@ class CommitEngine {
   using ManifestCheck = std::function<Status(const ckptd::v1::Manifest&)>;
   Status Commit(std::span<const ckptd::v1::NodeManifest> nodes,
                 const ManifestCheck& check = nullptr);
+  // The same for a manifest already merged (ManifestMerger::Finish, common/manifest_merge.h):
+  // the coordinator merges each node's report as it arrives. Sets `merged`'s creation time and
+  // writer, validates it and checks its coverage, then writes it as above.
+  Status CommitMerged(ckptd::v1::Manifest& merged, const ManifestCheck& check = nullptr);
 
   // Deletes an uncommitted (aborted or failed) step's directory.
   Status RemoveStep(const std::string& job, uint64_t step);

@@ -272,6 +272,7 @@ void CoordinatorCore::Decide(const std::string& job, uint64_t step, StepRecord& 
   Broadcast(job, e);
   if (state == ckptd::v1::STEP_STATE_ABORTED || state == ckptd::v1::STEP_STATE_FAILED) {
     s.manifests.clear();
+    s.merge.reset();  // its queued merges finish on the commit thread and free it there
     ++commits_in_flight_;
     const bool posted = commit_thread_.Post([this, job, step] {
       Status st = commit_->RemoveStep(job, step);
@@ -386,7 +387,7 @@ Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
         s.captured.insert(r.rank());
         s.persisted.insert(r.rank());
       }
-      s.manifests[req.node_id()] = m;
+      MergeAsReported(s, std::make_shared<const ckptd::v1::NodeManifest>(m));
       if (s.captured.size() == s.world_size && s.state < ckptd::v1::STEP_STATE_CAPTURED) {
         Decide(req.job(), req.step(), s, ckptd::v1::STEP_STATE_CAPTURED, "");
       }
@@ -654,6 +655,20 @@ void CoordinatorCore::SendPlan(const std::string& job, JobRecord& j, const std::
   n->second.sink->Send(e);
 }
 
+void CoordinatorCore::MergeAsReported(StepRecord& s,
+                                      std::shared_ptr<const ckptd::v1::NodeManifest> m) {
+  const bool first = s.manifests.insert_or_assign(m->node_id(), m).second;
+  if (!first) s.merge_stale = true;
+  if (s.merge_stale) return;
+  if (!s.merge) s.merge = std::make_shared<MergeOnArena>();
+  // An error stays in the merger and ends the commit; a task not posted (stopping) leaves the
+  // step to the next start's recovery scan.
+  if (!commit_thread_.Post(
+          [merge = s.merge, m = std::move(m)] { (void)merge->merger().Add(*m); })) {
+    s.merge_stale = true;
+  }
+}
+
 void CoordinatorCore::TryCommit(const std::string& job) {
   auto j = jobs_.find(job);
   if (j == jobs_.end()) return;
@@ -662,26 +677,39 @@ void CoordinatorCore::TryCommit(const std::string& job) {
     // The oldest step in flight decides: later ones wait for it.
     if (s.state != ckptd::v1::STEP_STATE_PERSISTED || s.committing) return;
     s.committing = true;
-    std::vector<ckptd::v1::NodeManifest> nodes;
-    nodes.reserve(s.manifests.size());
-    for (auto& [node, m] : s.manifests) nodes.push_back(std::move(m));
+    // The merge of the reports so far, queued before this task on the same thread; afresh
+    // from every report when a node reported twice.
+    std::shared_ptr<MergeOnArena> merge = s.merge_stale ? nullptr : std::move(s.merge);
+    std::vector<std::shared_ptr<const ckptd::v1::NodeManifest>> nodes;
+    if (!merge) {
+      for (auto& [node, m] : s.manifests) nodes.push_back(std::move(m));
+    }
     s.manifests.clear();
+    s.merge.reset();
     ++commits_in_flight_;
-    const bool posted = commit_thread_.Post([this, job, step = n, nodes = std::move(nodes)] {
-      const std::string step_dir = StepDir(config_.storage_root, job, step);
-      Status st = commit_->Commit(nodes);
-      if (!st.ok()) {
-        // A failure after the MANIFEST rename still leaves a committed step: report the truth.
-        auto exists = fs_->Exists(JoinPath(step_dir, std::string(kManifestFileName)));
-        if (exists.ok() && *exists) {
-          spdlog::warn("{}: committed, but: {}", StepName(job, step), st.ToString());
-          st = Status::Ok();
-        }
-      }
-      // Before the decision goes out, so a step heard as committed has no leftovers below it.
-      if (st.ok()) RemoveUnreportedBelow(job, step);
-      OnCommitted(job, step, st);
-    });
+    const bool posted = commit_thread_.Post(
+        [this, job, step = n, merge = std::move(merge), nodes = std::move(nodes)]() mutable {
+          const std::string step_dir = StepDir(config_.storage_root, job, step);
+          if (!merge) {
+            merge = std::make_shared<MergeOnArena>();
+            for (const auto& m : nodes) {
+              if (!merge->merger().Add(*m).ok()) break;  // Finish returns the error
+            }
+          }
+          Status st = merge->merger().Finish();
+          if (st.ok()) st = commit_->CommitMerged(merge->manifest());
+          if (!st.ok()) {
+            // A failure after the MANIFEST rename still leaves a committed step: report the truth.
+            auto exists = fs_->Exists(JoinPath(step_dir, std::string(kManifestFileName)));
+            if (exists.ok() && *exists) {
+              spdlog::warn("{}: committed, but: {}", StepName(job, step), st.ToString());
+              st = Status::Ok();
+            }
+          }
+          // Before the decision goes out, so a step heard as committed has no leftovers below it.
+          if (st.ok()) RemoveUnreportedBelow(job, step);
+          OnCommitted(job, step, st);
+        });
     if (!posted) {
       // Stopping: no commit now. The node manifests are on storage, so the next start's
       // recovery scan commits the step; until then it stays `committing` (not tried again).

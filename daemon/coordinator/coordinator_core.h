@@ -34,8 +34,12 @@
 //     registered again, the plan is revoked and every rank writes all it holds. So the first
 //     save after a restart — any layout — writes everything, and the next uses the new plan.
 //     Each node manifest lists what its ranks skipped, and the merge checks that some rank
-//     wrote it (manifest_io.h): a plan that changed under a step can fail that step, never
+//     wrote it (manifest_merge.h): a plan that changed under a step can fail that step, never
 //     commit a hole.
+//   * each node's PERSISTED report is merged into the step's manifest as it arrives, on the
+//     commit thread (ManifestMerger); the commit itself finishes the merge (name order, replicas,
+//     skipped shards), validates and writes. A node that reports a step twice makes the commit
+//     merge all of the step's reports afresh instead.
 //
 // Cost model — what grows with what (R ranks on N nodes, L distinct layouts of T tensors,
 // S distinct shards; measured in bench/coordinator, bench/README.md "Coordinator"):
@@ -45,6 +49,8 @@
 //   * a plan: O(R + L·T + S log S) on the plan thread (writer_plan.h); a restart whose ranks
 //     come back with the same layouts on the same nodes reuses the previous plan;
 //   * a plan's events: O(S + R) in all, each node getting the writes of its own ranks;
+//   * a commit, after the last report: that node's merge, then O(S log S + R log R) to finish
+//     and validate, and the MANIFEST write (the other nodes' merges ran as they reported);
 //   * a node lost: O(its ranks) per job; a heartbeat (Watch) or step report never waits for a
 //     plan (the mutex is not held while planning).
 //
@@ -66,6 +72,7 @@
 
 #include "ckptd/v1/coordinator.pb.h"
 #include "common/file_system.h"
+#include "common/manifest_merge.h"
 #include "common/mutex.h"
 #include "daemon/coordinator/commit_engine.h"
 #include "daemon/coordinator/layout_registry.h"
@@ -212,7 +219,12 @@ class CoordinatorCore {
     std::map<uint32_t, std::string> saved;  // rank → node
     std::set<uint32_t> captured;
     std::set<uint32_t> persisted;
-    std::map<std::string, ckptd::v1::NodeManifest> manifests;  // node → cumulative manifest
+    // node → its PERSISTED report's manifest, shared with the merge task that folds it in.
+    std::map<std::string, std::shared_ptr<const ckptd::v1::NodeManifest>> manifests;
+    // `manifests` merged so far, on the commit thread (null until the first report); stale when
+    // a node reported twice: the commit then merges `manifests` afresh.
+    std::shared_ptr<MergeOnArena> merge;
+    bool merge_stale = false;
     std::chrono::steady_clock::time_point first_report;
     std::chrono::steady_clock::time_point last_report;  // the commit latency counts from it
     std::chrono::steady_clock::time_point deadline;
@@ -265,6 +277,9 @@ class CoordinatorCore {
   static bool Complete(const JobRecord& j);
   // `layout` arrived: the registrations waiting for it are registered.
   void ResolveWaiters(const std::shared_ptr<const RankLayout>& layout) REQUIRES(mu_);
+  // A node's PERSISTED report: kept in `s.manifests`, and merged on the commit thread now.
+  void MergeAsReported(StepRecord& s, std::shared_ptr<const ckptd::v1::NodeManifest> m)
+      REQUIRES(mu_);
   void TryCommit(const std::string& job) REQUIRES(mu_);
   void OnCommitted(const std::string& job, uint64_t step, Status st);
   void LoseNode(const std::string& node_id, const std::string& why) REQUIRES(mu_);

@@ -11,6 +11,7 @@
 #include "ckptd/v1/manifest.pb.h"
 #include "common/geometry.h"
 #include "common/manifest_io.h"
+#include "common/manifest_merge.h"
 
 namespace {
 

@@ -1,6 +1,7 @@
 // Manifest files (common/manifest_io.h): the 32-byte header, damage detection, validation and
 // merging of node manifests.
 #include "common/manifest_io.h"
+#include "common/manifest_merge.h"
 
 #include <functional>
 #include <string>

@@ -17,6 +17,7 @@
 #include "common/checkpoint_reader.h"
 #include "common/fault_file_system.h"
 #include "common/manifest_io.h"
+#include "common/manifest_merge.h"
 #include "common/step_layout.h"
 #include "tests/checkpoint_builder.h"
 #include "tests/test_util.h"

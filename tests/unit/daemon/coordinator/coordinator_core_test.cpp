@@ -268,5 +268,68 @@ TEST_CASE("CoordinatorCore rejects reports naming ranks outside the world", "[co
   CHECK_FALSE(f.core->ReportRanks(req).ok());
 }
 
+// Each node's report is merged as it arrives; these are the cases where that merge is not the
+// one committed as is.
+TEST_CASE("CoordinatorCore commits a step a node reported twice, each rank once",
+          "[coordinator_core]") {
+  Fixture f;
+  f.Start({"a", "b"});
+  f.Persisted("a", 1, 4, {0, 1});
+  f.Persisted("a", 1, 4, {0, 1});  // a retry: the step is merged afresh at the commit
+  f.Persisted("b", 1, 4, {2, 3});
+  auto d = f.sinks["a"]->WaitTerminal("j", 1);
+  REQUIRE(d);
+  CHECK(d->state() == pb::STEP_STATE_COMMITTED);
+  auto m = ReadManifest(PosixFileSystem(), StepDir(f.config.storage_root, "j", 1));
+  REQUIRE(m.ok());
+  CHECK(m->ranks_size() == 4);
+  REQUIRE(m->tensors_size() == 1);
+  CHECK(m->tensors(0).shards_size() == 4);
+}
+
+TEST_CASE("CoordinatorCore fails a step whose node manifests do not merge, naming both nodes",
+          "[coordinator_core]") {
+  Fixture f;
+  f.Start({"a", "b"});
+  f.Persisted("a", 1, 4, {0, 1});
+  pb::ReportRanksRequest req;
+  req.set_node_id("b");
+  req.set_job("j");
+  req.set_step(1);
+  req.set_world_size(4);
+  req.set_state(pb::STEP_STATE_PERSISTED);
+  req.add_ranks(2);
+  req.add_ranks(3);
+  *req.mutable_node_manifest() = NodeManifestFor("j", 1, 4, "b", {2, 3});
+  SECTION("another dtype") {
+    req.mutable_node_manifest()->mutable_tensors(0)->set_dtype("float32");
+  }
+  SECTION("a skipped shard nobody wrote") {
+    auto* k = req.mutable_node_manifest()->add_skipped();
+    k->set_name("w");
+    k->set_dtype("int32");
+    k->add_global_shape(4);
+    k->add_global_shape(1024);
+    auto* box = k->mutable_geometry()->mutable_box();
+    box->add_offsets(0);
+    box->add_offsets(0);
+    box->add_lengths(2);  // two rows: no rank wrote that box
+    box->add_lengths(1024);
+    k->set_rank(3);
+  }
+  REQUIRE(f.core->ReportRanks(req).ok());
+  auto d = f.sinks["a"]->WaitTerminal("j", 1);
+  REQUIRE(d);
+  CHECK(d->state() == pb::STEP_STATE_FAILED);
+  CHECK_THAT(d->reason(), Contains("node 'b'"));
+  CHECK_FALSE(std::filesystem::exists(StepDir(f.config.storage_root, "j", 1) + "/MANIFEST"));
+  // The next step commits.
+  f.Persisted("a", 2, 4, {0, 1});
+  f.Persisted("b", 2, 4, {2, 3});
+  auto next = f.sinks["a"]->WaitTerminal("j", 2);
+  REQUIRE(next);
+  CHECK(next->state() == pb::STEP_STATE_COMMITTED);
+}
+
 }  // namespace
 }  // namespace ckpt

@@ -42,15 +42,35 @@ std::string LayoutFingerprint::ToHex() const {
   return buf;
 }
 
-std::string ReplicaKey(const ckptd::v1::ShardKey& shard) {
-  std::string key(shard.name());
+std::string ReplicaKeyPrefix(std::string_view name, std::string_view dtype,
+                             std::span<const uint64_t> global_shape) {
+  std::string key(name);
   key += '\0';
-  key += shard.dtype();
+  key += dtype;
   key += '\0';
-  for (uint64_t d : shard.global_shape()) key += std::to_string(d) + ",";
+  for (uint64_t d : global_shape) key += std::to_string(d) + ",";
   key += '\0';
-  key += shard.geometry().SerializeAsString();
   return key;
+}
+
+std::string ReplicaKey(std::string_view name, std::string_view dtype,
+                       std::span<const uint64_t> global_shape,
+                       const ckptd::v1::ShardGeometry& geometry) {
+  std::string key = ReplicaKeyPrefix(name, dtype, global_shape);
+  geometry.AppendToString(&key);
+  return key;
+}
+
+LayoutFingerprint DigestReplicaKey(std::string_view key) {
+  const XXH128_hash_t h = XXH3_128bits(key.data(), key.size());
+  return LayoutFingerprint{h.high64, h.low64};
+}
+
+std::string ReplicaKey(const ckptd::v1::ShardKey& shard) {
+  return ReplicaKey(shard.name(), shard.dtype(),
+                    std::span<const uint64_t>(shard.global_shape().data(),
+                                              static_cast<size_t>(shard.global_shape_size())),
+                    shard.geometry());
 }
 
 LayoutFingerprint FingerprintLayout(

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -43,6 +44,19 @@ struct LayoutFingerprintHash {
 
 // Equal for two shards iff they are replicas of each other.
 std::string ReplicaKey(const ckptd::v1::ShardKey& shard);
+// The same key from its parts: a stored shard's (a manifest's tensor entry and the shard's
+// geometry) equals the ShardKey's of the registered shard it holds.
+std::string ReplicaKey(std::string_view name, std::string_view dtype,
+                       std::span<const uint64_t> global_shape,
+                       const ckptd::v1::ShardGeometry& geometry);
+// The part of the key before the geometry, which every shard of one tensor shares: the key is
+// this followed by the serialized geometry.
+std::string ReplicaKeyPrefix(std::string_view name, std::string_view dtype,
+                             std::span<const uint64_t> global_shape);
+
+// XXH3-128 of a replica key: what a commit compares the shards ranks skipped with the shards
+// stored (rank_layout.h, CheckSkippedLayoutsWritten), 16 bytes a shard instead of the key.
+LayoutFingerprint DigestReplicaKey(std::string_view key);
 
 // The fingerprint of `shards`, in order.
 LayoutFingerprint FingerprintLayout(

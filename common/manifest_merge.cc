@@ -49,9 +49,29 @@ bool SameShape(const google::protobuf::RepeatedField<uint64_t>& a,
 
 }  // namespace
 
-ManifestMerger::ManifestMerger(ckptd::v1::Manifest* out) : out_(out) { out_->Clear(); }
+ManifestMerger::ManifestMerger(ckptd::v1::Manifest* out, Options options)
+    : out_(out), options_(options) {
+  out_->Clear();
+}
 
-Status ManifestMerger::Add(const ckptd::v1::NodeManifest& n) {
+void ManifestMerger::TrackKeys(const ckptd::v1::TensorEntry& t, std::span<const uint32_t> merged) {
+  const std::span<const uint64_t> shape(t.global_shape().data(),
+                                        static_cast<size_t>(t.global_shape_size()));
+  std::string key;
+  size_t prefix = 0;
+  for (const auto& s : t.shards()) {
+    if (std::binary_search(merged.begin(), merged.end(), s.writer_rank())) continue;
+    if (key.empty()) {
+      key = ReplicaKeyPrefix(t.name(), t.dtype(), shape);
+      prefix = key.size();
+    }
+    key.resize(prefix);
+    s.geometry().AppendToString(&key);
+    written_keys_.insert(DigestReplicaKey(key));
+  }
+}
+
+Status ManifestMerger::Add(const ckptd::v1::NodeManifest& n, std::span<const uint32_t> merged) {
   if (!failed_.ok()) return failed_;
   if (finished_) return failed_ = FailedPrecondition("the merge is finished");
   if (nodes_.empty()) {
@@ -67,13 +87,30 @@ Status ManifestMerger::Add(const ckptd::v1::NodeManifest& n) {
                ", expected job '" + out_->job() + "' step " + std::to_string(out_->step()) +
                " world size " + std::to_string(out_->world_size()));
   }
+  const auto fresh = [&](uint32_t rank) {
+    return !std::binary_search(merged.begin(), merged.end(), rank);
+  };
   const auto from = static_cast<uint32_t>(nodes_.size());
   nodes_.push_back(n.node_id());
   for (const auto& t : n.tensors()) {
+    if (options_.track_replica_keys) TrackKeys(t, merged);
+    const bool whole = std::ranges::all_of(
+        t.shards(), [&](const ckptd::v1::StoredShard& s) { return fresh(s.writer_rank()); });
+    if (!whole && std::ranges::none_of(t.shards(), [&](const ckptd::v1::StoredShard& s) {
+          return fresh(s.writer_rank());
+        })) {
+      continue;  // merged with the node's earlier report
+    }
     auto it = index_.find(t.name());
     if (it == index_.end()) {
       ckptd::v1::TensorEntry* copy = out_->add_tensors();
       *copy = t;
+      if (!whole) {
+        copy->clear_shards();
+        for (const auto& s : t.shards()) {
+          if (fresh(s.writer_rank())) *copy->add_shards() = s;
+        }
+      }
       // Keyed by the copy's own name, which stays put while the repeated field grows (it holds
       // pointers to its entries).
       index_.emplace(copy->name(), Entry{copy, from});
@@ -86,10 +123,13 @@ Status ManifestMerger::Add(const ckptd::v1::NodeManifest& n) {
                                        "' but " + t.dtype() + " on node '" + n.node_id() +
                                        "' (or a different global shape)");
     }
-    for (const auto& s : t.shards()) *have.add_shards() = s;
+    for (const auto& s : t.shards()) {
+      if (fresh(s.writer_rank())) *have.add_shards() = s;
+    }
     if (t.partial()) have.set_partial(true);  // one rank's opt-in is the tensor's
   }
   for (const auto& r : n.ranks()) {
+    if (!fresh(r.rank())) continue;
     if (!ranks_.insert(r.rank()).second) {
       return failed_ = InvalidArgument("rank " + std::to_string(r.rank()) +
                                        " is reported by two nodes (second: '" + n.node_id() + "')");
@@ -99,7 +139,7 @@ Status ManifestMerger::Add(const ckptd::v1::NodeManifest& n) {
   // A skipped shard some node already wrote stays written (shards are only ever added, and the
   // replica pass keeps one of each geometry): settle it now, keep the rest for Finish.
   for (const auto& k : n.skipped()) {
-    if (!Written(k)) pending_.push_back(Pending{k, from});
+    if (fresh(k.rank()) && !Written(k)) pending_.push_back(Pending{k, from});
   }
   return Status::Ok();
 }
@@ -191,10 +231,10 @@ google::protobuf::ArenaOptions MergeArenaOptions() {
 
 }  // namespace
 
-MergeOnArena::MergeOnArena()
+MergeOnArena::MergeOnArena(ManifestMerger::Options options)
     : arena_(MergeArenaOptions()),
       manifest_(google::protobuf::Arena::CreateMessage<ckptd::v1::Manifest>(&arena_)),
-      merger_(manifest_) {}
+      merger_(manifest_, options) {}
 
 Status MergeNodeManifestsInto(std::span<const ckptd::v1::NodeManifest> nodes,
                               ckptd::v1::Manifest* out) {

@@ -41,25 +41,41 @@
 #include <google/protobuf/arena.h>
 
 #include "ckptd/v1/manifest.pb.h"
+#include "common/layout_fingerprint.h"
 #include "common/status.h"
 
 namespace ckpt {
 
 class ManifestMerger {
  public:
+  struct Options {
+    // Keep the digest of every stored shard's replica key (common/layout_fingerprint.h), for
+    // Wrote: the coordinator checks skipped layouts with it. Computed as nodes are added.
+    bool track_replica_keys = false;
+  };
   // Builds into `out` (cleared now; on a protobuf Arena when it has one), which must outlive the
   // merger.
-  explicit ManifestMerger(ckptd::v1::Manifest* out);
+  explicit ManifestMerger(ckptd::v1::Manifest* out) : ManifestMerger(out, Options{}) {}
+  ManifestMerger(ckptd::v1::Manifest* out, Options options);
 
   // Folds in one node's manifest (copied: `node` may go away afterwards). The first node sets
   // the job, step and world size; a node of another one is an error. After an error, every
   // later call returns the same error.
-  Status Add(const ckptd::v1::NodeManifest& node);
+  //
+  // `merged` (sorted): ranks of this node already folded in from its earlier report. A daemon
+  // reports a step's node manifest again each time another of its ranks persists, each report
+  // a superset of the last; only the shards, ranks and skipped shards of the other ranks are
+  // added then.
+  Status Add(const ckptd::v1::NodeManifest& node, std::span<const uint32_t> merged = {});
   // Ends the merge: name order, replicas kept once, skipped shards checked. `out` is then the
   // merged manifest (without created_unix_ms and writer, which the commit sets). Call once.
   Status Finish();
 
   size_t nodes() const { return nodes_.size(); }
+  // Whether some node stored a shard whose replica key has this digest (track_replica_keys).
+  bool Wrote(const LayoutFingerprint& key_digest) const {
+    return written_keys_.count(key_digest) != 0;
+  }
 
  private:
   struct Entry {
@@ -72,14 +88,17 @@ class ManifestMerger {
     uint32_t from;
   };
   bool Written(const ckptd::v1::SkippedShard& k) const;
+  void TrackKeys(const ckptd::v1::TensorEntry& t, std::span<const uint32_t> merged);
   Status KeepReplicasOnce();
 
   ckptd::v1::Manifest* out_;
+  const Options options_;
   Status failed_;
   std::vector<std::string> nodes_;                     // node ids in the order added, for errors
   std::unordered_map<std::string_view, Entry> index_;  // keys: the entries' own names
   std::unordered_set<uint32_t> ranks_;
   std::vector<Pending> pending_;
+  std::unordered_set<LayoutFingerprint, LayoutFingerprintHash> written_keys_;
   bool finished_ = false;
 };
 
@@ -88,7 +107,7 @@ class ManifestMerger {
 // free each was most of a commit. Not movable: the merger points into the arena.
 class MergeOnArena {
  public:
-  MergeOnArena();
+  explicit MergeOnArena(ManifestMerger::Options options = {});
   MergeOnArena(const MergeOnArena&) = delete;
   MergeOnArena& operator=(const MergeOnArena&) = delete;
 

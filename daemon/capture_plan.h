@@ -33,6 +33,10 @@ struct CapturePlan {
   // Registered but left to another rank holding an exact replica (the coordinator's writer
   // plan): listed in the node manifest so that the commit checks someone wrote them.
   std::vector<RegisteredTensor> skipped;
+  // The registration whose writer plan gave `skipped` (ReportRegistrationRequest.registration_id;
+  // NodeManifest.skipped_under), when the coordinator checks that registration's layout; 0 when
+  // it does not (an older coordinator), and reports then list `skipped`.
+  uint64_t skipped_under = 0;
   DataFileLayout layout;  // of the rank's data file; shard i is tensors[i]
   uint64_t total_bytes = 0;
   std::string fingerprint;  // equal fingerprints ⇔ same registration

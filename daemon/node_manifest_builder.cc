@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "common/manifest_io.h"
 #include "common/step_layout.h"
@@ -68,12 +69,37 @@ Result<ckptd::v1::NodeManifest> BuildNodeManifest(const std::string& job, uint64
       shard->set_writer_rank(rank);
     }
     for (const RegisteredTensor& t : plan.skipped) DescribeTensor(t, m.add_skipped(), rank);
+    if (!plan.skipped.empty() && plan.skipped_under != 0) {
+      auto* under = m.add_skipped_under();
+      under->set_rank(rank);
+      under->set_registration_id(plan.skipped_under);
+      under->set_shards(static_cast<uint32_t>(plan.skipped.size()));
+    }
     auto* r = m.add_ranks();
     r->set_rank(rank);
     r->set_extra(pr.extra);
     r->set_node_id(node_id);
   }
   return m;
+}
+
+ckptd::v1::NodeManifest NodeManifestForReport(const ckptd::v1::NodeManifest& m) {
+  ckptd::v1::NodeManifest report;
+  report.set_format_version(m.format_version());
+  report.set_job(m.job());
+  report.set_step(m.step());
+  report.set_world_size(m.world_size());
+  report.set_node_id(m.node_id());
+  *report.mutable_tensors() = m.tensors();
+  *report.mutable_ranks() = m.ranks();
+  *report.mutable_skipped_under() = m.skipped_under();
+  // A rank that skipped under an older coordinator's plan names no registration: its list stays.
+  std::set<uint32_t> named;
+  for (const auto& under : m.skipped_under()) named.insert(under.rank());
+  for (const auto& k : m.skipped()) {
+    if (named.count(k.rank()) == 0) *report.add_skipped() = k;
+  }
+  return report;
 }
 
 }  // namespace ckpt

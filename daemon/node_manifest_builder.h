@@ -28,6 +28,13 @@ struct PersistedRank {
 
 // Fails, naming the tensor and both ranks, when two ranks register one tensor with different
 // dtypes or global shapes.
+// What the coordinator hears of `m` (ReportRanksRequest.node_manifest): all of it but the
+// skipped shards of ranks that `skipped_under` names by registration instead (under a plan from
+// a coordinator that checks them so: WriterPlan.checks_skipped_under). At 16,384 nodes of 8
+// ranks × 2,000 tensors the lists would be ~32 M entries per step, sent again with each
+// growing report; the file keeps them for the coordinator's recovery scan.
+ckptd::v1::NodeManifest NodeManifestForReport(const ckptd::v1::NodeManifest& m);
+
 Result<ckptd::v1::NodeManifest> BuildNodeManifest(const std::string& job, uint64_t step,
                                                   uint32_t world_size, const std::string& node_id,
                                                   const std::vector<PersistedRank>& ranks);

@@ -680,7 +680,7 @@ void NodeState::ReportNodeManifest(Step& s) {
         req.set_world_size(world_size);
         req.set_state(ckptd::v1::STEP_STATE_PERSISTED);
         for (const auto& r : manifest->ranks()) req.add_ranks(r.rank());
-        *req.mutable_node_manifest() = *manifest;
+        *req.mutable_node_manifest() = NodeManifestForReport(*manifest);
         link->ReportRanks(std::move(req));
         return {Status::Ok(), manifest};
       },
@@ -742,7 +742,7 @@ void NodeState::OnCoordinatorConnected() {
         req.set_world_size(s.world_size);
         req.set_state(ckptd::v1::STEP_STATE_PERSISTED);
         for (const auto& r : s.node_manifest->ranks()) req.add_ranks(r.rank());
-        *req.mutable_node_manifest() = *s.node_manifest;
+        *req.mutable_node_manifest() = NodeManifestForReport(*s.node_manifest);
         link_->ReportRanks(std::move(req));
       }
     }

@@ -82,6 +82,9 @@ Result<std::shared_ptr<const CapturePlan>> WriterPlanFilter::Apply(
     subset->total_bytes += t.bytes();
   }
   ASSIGN_OR_RETURN(subset->layout, PlanDataFile(sizes, layout_));
+  // Named in the node manifest's reports instead of the skipped list, where the coordinator
+  // checks it; reg->second.id == skips->registration_id (SkipsInForce).
+  if (skips->by_registration) subset->skipped_under = reg->second.id;
   subset->fingerprint = plan->fingerprint + "|writer plan " + std::to_string(plan_version_);
   spdlog::info("job '{}' rank {}: writes {} of {} registered tensors ({} of {} bytes; writer plan)",
                job_, rank, subset->tensors.size(), plan->tensors.size(), subset->total_bytes,
@@ -114,6 +117,7 @@ void WriterPlanFilter::OnPlan(const ckptd::v1::WriterPlan& plan) {
     Skips& k = skips_[r.rank()];
     k.registration_id = r.registration_id();
     k.write_list = r.write_listed();
+    k.by_registration = plan.checks_skipped_under();
     if (k.write_list) {
       k.names.insert(r.write().begin(), r.write().end());
     } else {

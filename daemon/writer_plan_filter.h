@@ -80,6 +80,8 @@ class WriterPlanFilter {
     // The plan lists what the rank writes (`names` are written, everything else skipped), or,
     // from an older coordinator, what it skips (`names` are skipped).
     bool write_list = false;
+    // The coordinator checks skips by registration (WriterPlan.checks_skipped_under).
+    bool by_registration = false;
     std::set<std::string> names;
     bool Skipped(const std::string& name) const { return (names.count(name) != 0) != write_list; }
   };

@@ -4,8 +4,9 @@
 // replicated over the DP ranks), and drives an in-process CoordinatorCore exactly as daemons do:
 // RegisterNode, Watch (a sink), ReportRegistration per rank — by layout fingerprint first, with
 // the layout only when the coordinator answers need_layout, as daemon/rpc/coordinator_link.cc
-// does — then per node a PERSISTED report with its node manifest. Every request goes through
-// protobuf serialize + parse first, the CPU part of the wire.
+// does — then per node a PERSISTED report each time another of its ranks persisted, with the
+// node manifest of its ranks persisted so far (as node_state.cc reports). Every request goes
+// through protobuf serialize + parse first, the CPU part of the wire.
 //
 // The generator streams: it builds each rank's registration and each node's manifest just
 // before sending it and drops it after, keeping only one full registration per distinct layout
@@ -16,7 +17,7 @@
 //   registration  every rank's ReportRegistration, in all (the plan runs after, on the plan
 //                 thread, and is not in it);
 //   plan          from the registration that completes the job to the plan being in force;
-//   commit        from the last node's PERSISTED report to the COMMITTED event: merge,
+//   commit        from the last PERSISTED report to the COMMITTED event: the rest of the merge,
 //                 validation, coverage check, MANIFEST temp+fsync+rename+fsync dir, LATEST;
 //   baseline      (unless --no-baseline) the same commit with no writer plan: every rank lists
 //                 every shard it holds and the merge drops the replicas;
@@ -153,10 +154,11 @@ class Registrations {
   std::vector<pb::ReportRegistrationRequest> full_;
 };
 
-// The node manifest of `node` for one step: each of its ranks lists the shards it writes (all
-// it holds without a plan).
+// The node manifest of `node` for one step once its first `persisted` ranks have persisted, as
+// its daemon reports it: each rank lists the shards it writes (all it holds without a plan) and
+// names the registration it skipped the others under.
 pb::NodeManifest NodeManifest(const Layout& l, const std::string& job, uint64_t step, uint32_t node,
-                              const ckpt::WriterAssignment* plan) {
+                              const ckpt::WriterAssignment* plan, uint32_t persisted) {
   constexpr uint64_t kChunk = 4ull << 20;
   pb::NodeManifest m;
   m.set_format_version(ckpt::kFormatVersion);
@@ -164,8 +166,9 @@ pb::NodeManifest NodeManifest(const Layout& l, const std::string& job, uint64_t 
   m.set_step(step);
   m.set_world_size(l.ranks);
   m.set_node_id("node" + std::to_string(node));
-  for (uint32_t rank = node * l.per_node; rank < std::min(l.ranks, (node + 1) * l.per_node);
-       ++rank) {
+  const uint32_t first = node * l.per_node;
+  for (uint32_t rank = first;
+       rank < std::min({l.ranks, (node + 1) * l.per_node, first + persisted}); ++rank) {
     std::vector<uint32_t> all(l.tensors);
     for (uint32_t i = 0; i < all.size(); ++i) all[i] = i;
     const std::vector<uint32_t>* writes = &all;
@@ -195,6 +198,13 @@ pb::NodeManifest NodeManifest(const Layout& l, const std::string& job, uint64_t 
       stored->set_writer_rank(rank);
       offset += (s.bytes() + 4095) / 4096 * 4096;
     }
+    if (writes->size() < l.tensors) {
+      // What a daemon reports for the rest: the registration it skipped them under.
+      auto* under = m.add_skipped_under();
+      under->set_rank(rank);
+      under->set_registration_id(1000 + rank);  // Registrations::Full
+      under->set_shards(static_cast<uint32_t>(l.tensors - writes->size()));
+    }
     auto* r = m.add_ranks();
     r->set_rank(rank);
     r->set_node_id(m.node_id());
@@ -219,21 +229,28 @@ CommitResult Commit(ckpt::CoordinatorCore& core, Sink& sink, const Layout& l,
   std::filesystem::create_directories(ckpt::StepDir(root, job, step));
   CommitResult out;
   Clock::time_point last;
+  // As a daemon does: a report each time another of the node's ranks persisted, each with the
+  // node manifest of all its ranks persisted so far.
   for (uint32_t node = 0; node < l.nodes(); ++node) {
-    pb::ReportRanksRequest req;
-    req.set_node_id("node" + std::to_string(node));
-    req.set_job(job);
-    req.set_step(step);
-    req.set_world_size(l.ranks);
-    req.set_state(pb::STEP_STATE_PERSISTED);
-    *req.mutable_node_manifest() = NodeManifest(l, job, step, node, plan);
-    for (const auto& r : req.node_manifest().ranks()) req.add_ranks(r.rank());
-    for (const auto& t : req.node_manifest().tensors()) out.shards += t.shards_size();
-    const auto wire = OverTheWire(req);
-    const auto start = Clock::now();
-    if (!core.ReportRanks(wire).ok()) std::exit(1);
-    last = start;
-    if (node + 1 < l.nodes()) out.report_ms += Ms(Clock::now() - start);
+    for (uint32_t persisted = 1; persisted <= l.per_node; ++persisted) {
+      pb::ReportRanksRequest req;
+      req.set_node_id("node" + std::to_string(node));
+      req.set_job(job);
+      req.set_step(step);
+      req.set_world_size(l.ranks);
+      req.set_state(pb::STEP_STATE_PERSISTED);
+      *req.mutable_node_manifest() = NodeManifest(l, job, step, node, plan, persisted);
+      for (const auto& r : req.node_manifest().ranks()) req.add_ranks(r.rank());
+      if (persisted == l.per_node) {
+        for (const auto& t : req.node_manifest().tensors()) out.shards += t.shards_size();
+      }
+      const auto wire = OverTheWire(req);
+      const auto start = Clock::now();
+      if (!core.ReportRanks(wire).ok()) std::exit(1);
+      last = start;
+      const bool final = node + 1 == l.nodes() && persisted == l.per_node;
+      if (!final) out.report_ms += Ms(Clock::now() - start);
+    }
   }
   const auto committed = sink.Wait(job, step, pb::STEP_STATE_COMMITTED);
   out.commit_ms = Ms(committed - last);
@@ -356,7 +373,7 @@ int main(int argc, char** argv) {
         "\"registration_ms\": %.1f, \"plan_ms\": %.1f, \"commit_ms\": %.1f, "
         "\"reports_ms\": %.1f, \"commit_merge_ms\": %.1f, \"commit_write_ms\": %.1f, "
         "\"manifest_bytes\": %llu, \"node_bytes_max_over_min\": %.4f, "
-        "\"baseline_commit_ms\": %s, \"peak_rss_mib\": %.0f}\n",
+        "\"baseline_commit_ms\": %s, \"commits_merged_afresh\": %llu, \"peak_rss_mib\": %.0f}\n",
         l.ranks, l.tensors, l.tp, l.pp, l.nodes(),
         static_cast<unsigned long long>(uint64_t{l.ranks} * l.tensors), plan->distinct_shards,
         plan->distinct_layouts, static_cast<unsigned long long>(layouts_sent),
@@ -364,7 +381,8 @@ int main(int argc, char** argv) {
         static_cast<unsigned long long>(layout_bytes), reg_ms, plan_ms, p.commit_ms, p.report_ms,
         p.merge_ms, p.write_ms, static_cast<unsigned long long>(p.manifest_bytes),
         lo == 0 ? 0.0 : double(hi) / double(lo),
-        no_baseline ? "null" : std::to_string(median(without_plan).commit_ms).c_str(), rss);
+        no_baseline ? "null" : std::to_string(median(without_plan).commit_ms).c_str(),
+        static_cast<unsigned long long>(core.CommitsMergedAfresh()), rss);
   } else {
     std::printf(
         "bench_coordinator: %u ranks (%u nodes x %u), %u tensors per rank, TP=%u x PP=%u x "

@@ -8,7 +8,8 @@ ones). Writes coordinator_scale.json and coordinator_scale.png (time and RSS vs 
 --results, and prints a Markdown table for bench/README.md.
 
     /usr/bin/python3 bench/coordinator/scale.py --results bench/results \
-        [--before /path/to/old/bench_coordinator --before-sizes 1024,4096]
+        [--before /path/to/old/bench_coordinator --before-sizes 1024,4096 |
+         --before-json an/earlier/coordinator_scale.json]
 """
 import argparse
 import json
@@ -59,6 +60,9 @@ def main():
     ap.add_argument("--max-ranks", type=int, default=131072)
     ap.add_argument("--before", help="a bench_coordinator built from the previous coordinator")
     ap.add_argument("--before-sizes", default="1024,4096")
+    ap.add_argument("--before-json",
+                    help="take the 'before' rows from an earlier coordinator_scale.json instead "
+                         "(the previous coordinator measured in that run)")
     args = ap.parse_args()
     os.makedirs(args.results, exist_ok=True)
     rows = []
@@ -69,7 +73,10 @@ def main():
         print(json.dumps(row), file=sys.stderr)
         rows.append(row)
     before = []
-    if args.before:
+    if args.before_json:
+        with open(args.before_json) as f:
+            before = json.load(f)["before"]
+    elif args.before:
         for ranks in (int(x) for x in args.before_sizes.split(",")):
             row = run_before(args.before, ranks, args.tensors)
             print("before:", json.dumps(row), file=sys.stderr)

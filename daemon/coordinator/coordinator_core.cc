@@ -15,6 +15,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// The coordinator's merges keep the stored shards' replica keys for the skipped-layout check.
+constexpr ManifestMerger::Options kCommitMergeOptions{.track_replica_keys = true};
+
 std::string StepName(const std::string& job, uint64_t step) {
   return "job '" + job + "' step " + std::to_string(step);
 }
@@ -272,7 +275,10 @@ void CoordinatorCore::Decide(const std::string& job, uint64_t step, StepRecord& 
   Broadcast(job, e);
   if (state == ckptd::v1::STEP_STATE_ABORTED || state == ckptd::v1::STEP_STATE_FAILED) {
     s.manifests.clear();
+    s.merged_ranks.clear();
     s.merge.reset();  // its queued merges finish on the commit thread and free it there
+    s.skipped_layouts.clear();
+    s.skips_unresolved.clear();
     ++commits_in_flight_;
     const bool posted = commit_thread_.Post([this, job, step] {
       Status st = commit_->RemoveStep(job, step);
@@ -387,7 +393,10 @@ Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
         s.captured.insert(r.rank());
         s.persisted.insert(r.rank());
       }
-      MergeAsReported(s, std::make_shared<const ckptd::v1::NodeManifest>(m));
+      if (!s.committing) {  // else a late copy of a report the commit under way has
+        NoteSkippedLayouts(j, s, m);
+        MergeAsReported(s, std::make_shared<const ckptd::v1::NodeManifest>(m));
+      }
       if (s.captured.size() == s.world_size && s.state < ckptd::v1::STEP_STATE_CAPTURED) {
         Decide(req.job(), req.step(), s, ckptd::v1::STEP_STATE_CAPTURED, "");
       }
@@ -630,6 +639,7 @@ void CoordinatorCore::SendPlan(const std::string& job, JobRecord& j, const std::
   auto* p = e.mutable_plan();
   p->set_job(job);
   p->set_version(j.plan_version);
+  p->set_checks_skipped_under(true);
   auto on = j.ranks_by_node.find(node);
   if (!j.plan_revoked && on != j.ranks_by_node.end()) {  // revoked: every rank writes everything
     for (uint32_t rank : on->second) {
@@ -655,18 +665,52 @@ void CoordinatorCore::SendPlan(const std::string& job, JobRecord& j, const std::
   n->second.sink->Send(e);
 }
 
+uint64_t CoordinatorCore::CommitsMergedAfresh() {
+  MutexLock lock(mu_);
+  return commits_merged_afresh_;
+}
+
+void CoordinatorCore::NoteSkippedLayouts(const JobRecord& j, StepRecord& s,
+                                         const ckptd::v1::NodeManifest& m) {
+  for (const auto& under : m.skipped_under()) {
+    auto reg = j.registrations.find(under.rank());
+    if (reg != j.registrations.end() && reg->second.registration_id == under.registration_id() &&
+        reg->second.node_id == m.node_id() && reg->second.layout) {
+      s.skipped_layouts.try_emplace(reg->second.layout.get(),
+                                    SkippedLayout{reg->second.layout, under.rank()});
+    } else {
+      // The rank's trainer registered again since (or this coordinator restarted): its node
+      // manifest file still lists what it skipped, and the commit checks that.
+      s.skips_unresolved[m.node_id()].insert(under.rank());
+    }
+  }
+}
+
 void CoordinatorCore::MergeAsReported(StepRecord& s,
                                       std::shared_ptr<const ckptd::v1::NodeManifest> m) {
-  const bool first = s.manifests.insert_or_assign(m->node_id(), m).second;
-  if (!first) s.merge_stale = true;
+  s.manifests.insert_or_assign(m->node_id(), m);
   if (s.merge_stale) return;
-  if (!s.merge) s.merge = std::make_shared<MergeOnArena>();
+  // A node reports the step again each time another of its ranks persists, each manifest a
+  // superset of the last: only the new ranks' part is merged. One that drops a rank it reported
+  // before is merged afresh, with every node's last report, at the commit.
+  std::vector<uint32_t> ranks;
+  ranks.reserve(m->ranks_size());
+  for (const auto& r : m->ranks()) ranks.push_back(r.rank());
+  std::sort(ranks.begin(), ranks.end());
+  std::vector<uint32_t>& merged = s.merged_ranks[m->node_id()];
+  if (!std::includes(ranks.begin(), ranks.end(), merged.begin(), merged.end())) {
+    s.merge_stale = true;
+    return;
+  }
+  if (ranks == merged && !merged.empty()) return;  // sent again (a reconnect): nothing new
+  if (!s.merge) s.merge = std::make_shared<MergeOnArena>(kCommitMergeOptions);
   // An error stays in the merger and ends the commit; a task not posted (stopping) leaves the
   // step to the next start's recovery scan.
-  if (!commit_thread_.Post(
-          [merge = s.merge, m = std::move(m)] { (void)merge->merger().Add(*m); })) {
-    s.merge_stale = true;
-  }
+  const bool posted = commit_thread_.Post([merge = s.merge, m = std::move(m), before = merged] {
+    (void)merge->merger().Add(*m, before);
+  });
+  if (!posted) s.merge_stale = true;
+  merged = std::move(ranks);
 }
 
 void CoordinatorCore::TryCommit(const std::string& job) {
@@ -678,38 +722,23 @@ void CoordinatorCore::TryCommit(const std::string& job) {
     if (s.state != ckptd::v1::STEP_STATE_PERSISTED || s.committing) return;
     s.committing = true;
     // The merge of the reports so far, queued before this task on the same thread; afresh
-    // from every report when a node reported twice.
-    std::shared_ptr<MergeOnArena> merge = s.merge_stale ? nullptr : std::move(s.merge);
-    std::vector<std::shared_ptr<const ckptd::v1::NodeManifest>> nodes;
-    if (!merge) {
-      for (auto& [node, m] : s.manifests) nodes.push_back(std::move(m));
+    // from every node's last report when one dropped a rank.
+    CommitInputs in;
+    in.merge = s.merge_stale ? nullptr : std::move(s.merge);
+    if (!in.merge) {
+      ++commits_merged_afresh_;
+      for (auto& [node, m] : s.manifests) in.nodes.push_back(std::move(m));
     }
+    for (auto& [key, skipped] : s.skipped_layouts) in.skipped_layouts.push_back(std::move(skipped));
+    in.skips_unresolved = std::move(s.skips_unresolved);
+    s.skips_unresolved.clear();
     s.manifests.clear();
+    s.merged_ranks.clear();
     s.merge.reset();
+    s.skipped_layouts.clear();
     ++commits_in_flight_;
     const bool posted = commit_thread_.Post(
-        [this, job, step = n, merge = std::move(merge), nodes = std::move(nodes)]() mutable {
-          const std::string step_dir = StepDir(config_.storage_root, job, step);
-          if (!merge) {
-            merge = std::make_shared<MergeOnArena>();
-            for (const auto& m : nodes) {
-              if (!merge->merger().Add(*m).ok()) break;  // Finish returns the error
-            }
-          }
-          Status st = merge->merger().Finish();
-          if (st.ok()) st = commit_->CommitMerged(merge->manifest());
-          if (!st.ok()) {
-            // A failure after the MANIFEST rename still leaves a committed step: report the truth.
-            auto exists = fs_->Exists(JoinPath(step_dir, std::string(kManifestFileName)));
-            if (exists.ok() && *exists) {
-              spdlog::warn("{}: committed, but: {}", StepName(job, step), st.ToString());
-              st = Status::Ok();
-            }
-          }
-          // Before the decision goes out, so a step heard as committed has no leftovers below it.
-          if (st.ok()) RemoveUnreportedBelow(job, step);
-          OnCommitted(job, step, st);
-        });
+        [this, job, step = n, in = std::move(in)]() mutable { CommitStep(job, step, in); });
     if (!posted) {
       // Stopping: no commit now. The node manifests are on storage, so the next start's
       // recovery scan commits the step; until then it stays `committing` (not tried again).
@@ -720,6 +749,55 @@ void CoordinatorCore::TryCommit(const std::string& job) {
     }
     return;
   }
+}
+
+void CoordinatorCore::CommitStep(const std::string& job, uint64_t step, CommitInputs& in) {
+  const std::string step_dir = StepDir(config_.storage_root, job, step);
+  if (!in.merge) {
+    in.merge = std::make_shared<MergeOnArena>(kCommitMergeOptions);
+    for (const auto& m : in.nodes) {
+      if (!in.merge->merger().Add(*m).ok()) break;  // Finish returns the error
+    }
+  }
+  Status st = in.merge->merger().Finish();
+  if (st.ok()) st = CheckSkippedLayoutsWritten(in.merge->merger(), in.skipped_layouts);
+  if (st.ok()) st = CheckSkippedFromFiles(step_dir, in.skips_unresolved, in.merge->merger());
+  if (st.ok()) st = commit_->CommitMerged(in.merge->manifest());
+  if (!st.ok()) {
+    // A failure after the MANIFEST rename still leaves a committed step: report the truth.
+    auto exists = fs_->Exists(JoinPath(step_dir, std::string(kManifestFileName)));
+    if (exists.ok() && *exists) {
+      spdlog::warn("{}: committed, but: {}", StepName(job, step), st.ToString());
+      st = Status::Ok();
+    }
+  }
+  // Before the decision goes out, so a step heard as committed has no leftovers below it.
+  if (st.ok()) RemoveUnreportedBelow(job, step);
+  OnCommitted(job, step, st);
+}
+
+Status CoordinatorCore::CheckSkippedFromFiles(
+    const std::string& step_dir, const std::map<std::string, std::set<uint32_t>>& unresolved,
+    const ManifestMerger& merged) {
+  for (const auto& [node, ranks] : unresolved) {
+    const std::string path = JoinPath(step_dir, NodeManifestFileName(node));
+    ASSIGN_OR_RETURN(ckptd::v1::NodeManifest file, ReadNodeManifest(fs_, path),
+                     "checking the shards skipped by ranks of node '" + node + "'");
+    for (const auto& k : file.skipped()) {
+      if (ranks.count(k.rank()) == 0) continue;
+      const std::span<const uint64_t> shape(k.global_shape().data(),
+                                            static_cast<size_t>(k.global_shape_size()));
+      if (merged.Wrote(DigestReplicaKey(ReplicaKey(k.name(), k.dtype(), shape, k.geometry())))) {
+        continue;
+      }
+      return FailedPrecondition(
+          "tensor '" + EscapeForLog(k.name()) + "': rank " + std::to_string(k.rank()) + " (node '" +
+          node +
+          "') left a shard to another rank under the writer plan, and no rank wrote it (the "
+          "plan changed while the step was in flight); the next step uses one plan");
+    }
+  }
+  return Status::Ok();
 }
 
 void CoordinatorCore::OnCommitted(const std::string& job, uint64_t step, Status st) {

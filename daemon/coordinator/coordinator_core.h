@@ -33,13 +33,16 @@
 //     ends with its trainer (the node withdraws it) or its node; until every rank has
 //     registered again, the plan is revoked and every rank writes all it holds. So the first
 //     save after a restart — any layout — writes everything, and the next uses the new plan.
-//     Each node manifest lists what its ranks skipped, and the merge checks that some rank
-//     wrote it (manifest_merge.h): a plan that changed under a step can fail that step, never
-//     commit a hole.
+//     Each node's report names, per rank that skipped shards, the registration it skipped
+//     under (NodeManifest.skipped_under); the commit checks that registration's layout against
+//     the merged manifest, once per distinct layout (CheckSkippedLayoutsWritten, rank_layout.h),
+//     or, for a rank whose registration it no longer holds, the node manifest file's list: a
+//     plan that changed under a step can fail that step, never commit a hole.
 //   * each node's PERSISTED report is merged into the step's manifest as it arrives, on the
 //     commit thread (ManifestMerger); the commit itself finishes the merge (name order, replicas,
-//     skipped shards), validates and writes. A node that reports a step twice makes the commit
-//     merge all of the step's reports afresh instead.
+//     skipped shards), validates and writes. A node reports again as more of its ranks persist,
+//     each report a superset of the last, and only the new ranks' part is merged; a report that
+//     drops a rank makes the commit merge every node's last report afresh instead.
 //
 // Cost model — what grows with what (R ranks on N nodes, L distinct layouts of T tensors,
 // S distinct shards; measured in bench/coordinator, bench/README.md "Coordinator"):
@@ -49,8 +52,10 @@
 //   * a plan: O(R + L·T + S log S) on the plan thread (writer_plan.h); a restart whose ranks
 //     come back with the same layouts on the same nodes reuses the previous plan;
 //   * a plan's events: O(S + R) in all, each node getting the writes of its own ranks;
+//   * a step's reports: O(R) in all (the skipped shards are named by registration, not listed);
 //   * a commit, after the last report: that node's merge, then O(S log S + R log R) to finish
-//     and validate, and the MANIFEST write (the other nodes' merges ran as they reported);
+//     and validate, O(L·T) digest lookups for the skipped layouts, and the MANIFEST write (the
+//     other nodes' merges ran as they reported);
 //   * a node lost: O(its ranks) per job; a heartbeat (Watch) or step report never waits for a
 //     plan (the mutex is not held while planning).
 //
@@ -209,6 +214,9 @@ class CoordinatorCore {
   std::shared_ptr<const WriterAssignment> CurrentPlan(const std::string& job);
   // Blocks until no commit and no plan is queued or running (benchmarks).
   void WaitIdle();
+  // Commits that merged every node's report afresh instead of finishing the merge built as the
+  // reports arrived (a node's report dropped a rank it had reported).
+  uint64_t CommitsMergedAfresh();
 
  private:
   struct StepRecord {
@@ -221,10 +229,18 @@ class CoordinatorCore {
     std::set<uint32_t> persisted;
     // node → its PERSISTED report's manifest, shared with the merge task that folds it in.
     std::map<std::string, std::shared_ptr<const ckptd::v1::NodeManifest>> manifests;
-    // `manifests` merged so far, on the commit thread (null until the first report); stale when
-    // a node reported twice: the commit then merges `manifests` afresh.
+    // `manifests` merged so far, on the commit thread (null until the first report), and the
+    // ranks of each node in it; stale when a node's report dropped a rank it had reported: the
+    // commit then merges `manifests` afresh.
     std::shared_ptr<MergeOnArena> merge;
+    std::map<std::string, std::vector<uint32_t>> merged_ranks;  // sorted
     bool merge_stale = false;
+    // The distinct layouts whose shards ranks left to others (NodeManifest.skipped_under),
+    // checked against the merged manifest at the commit; and, by node, the ranks that skipped
+    // under a registration this coordinator no longer holds, whose skipped shards the commit
+    // reads from the node manifest file.
+    std::map<const RankLayout*, SkippedLayout> skipped_layouts;
+    std::map<std::string, std::set<uint32_t>> skips_unresolved;
     std::chrono::steady_clock::time_point first_report;
     std::chrono::steady_clock::time_point last_report;  // the commit latency counts from it
     std::chrono::steady_clock::time_point deadline;
@@ -277,6 +293,24 @@ class CoordinatorCore {
   static bool Complete(const JobRecord& j);
   // `layout` arrived: the registrations waiting for it are registered.
   void ResolveWaiters(const std::shared_ptr<const RankLayout>& layout) REQUIRES(mu_);
+  // What a commit task takes from its step record.
+  struct CommitInputs {
+    std::shared_ptr<MergeOnArena> merge;  // null: merge `nodes` afresh
+    std::vector<std::shared_ptr<const ckptd::v1::NodeManifest>> nodes;
+    std::vector<SkippedLayout> skipped_layouts;
+    std::map<std::string, std::set<uint32_t>> skips_unresolved;
+  };
+  // On the commit thread: finishes the step's merge, checks the skipped layouts, commits.
+  void CommitStep(const std::string& job, uint64_t step, CommitInputs& in) EXCLUDES(mu_);
+  // The skipped shards of `unresolved` ranks (by node), from their node manifest files in
+  // `step_dir`, each stored in `merged`.
+  Status CheckSkippedFromFiles(const std::string& step_dir,
+                               const std::map<std::string, std::set<uint32_t>>& unresolved,
+                               const ManifestMerger& merged);
+  // A node's PERSISTED report names the registrations its ranks skipped shards under: their
+  // layouts, once each, into `s.skipped_layouts`.
+  void NoteSkippedLayouts(const JobRecord& j, StepRecord& s, const ckptd::v1::NodeManifest& m)
+      REQUIRES(mu_);
   // A node's PERSISTED report: kept in `s.manifests`, and merged on the commit thread now.
   void MergeAsReported(StepRecord& s, std::shared_ptr<const ckptd::v1::NodeManifest> m)
       REQUIRES(mu_);
@@ -310,6 +344,7 @@ class CoordinatorCore {
   LayoutRegistry layouts_ GUARDED_BY(mu_);
   int plans_in_flight_ GUARDED_BY(mu_) = 0;
   int commits_in_flight_ GUARDED_BY(mu_) = 0;
+  uint64_t commits_merged_afresh_ GUARDED_BY(mu_) = 0;
   bool stopping_ GUARDED_BY(mu_) = false;
   std::thread timer_;
   bool started_ = false;

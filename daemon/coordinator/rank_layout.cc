@@ -28,7 +28,9 @@ Result<std::shared_ptr<const RankLayout>> MakeRankLayout(
     RETURN_IF_ERROR(ValidateTensorName(s.name()), ctx);
     layout->wire_bytes += s.ByteSizeLong();
     layout->bytes += s.bytes();
-    layout->shards.push_back(LayoutShard{s.name(), ReplicaKey(s), s.bytes()});
+    std::string key = ReplicaKey(s);
+    const LayoutFingerprint digest = DigestReplicaKey(key);
+    layout->shards.push_back(LayoutShard{s.name(), std::move(key), s.bytes(), digest});
   }
   for (const auto& s : layout->shards) {
     if (!names.insert(s.name).second) {
@@ -36,6 +38,21 @@ Result<std::shared_ptr<const RankLayout>> MakeRankLayout(
     }
   }
   return std::shared_ptr<const RankLayout>(std::move(layout));
+}
+
+Status CheckSkippedLayoutsWritten(const ManifestMerger& merged,
+                                  std::span<const SkippedLayout> skipped) {
+  for (const SkippedLayout& k : skipped) {
+    for (const LayoutShard& shard : k.layout->shards) {
+      if (merged.Wrote(shard.key_digest)) continue;
+      return FailedPrecondition(
+          "tensor '" + EscapeForLog(shard.name) + "': a rank of the layout of rank " +
+          std::to_string(k.rank) +
+          " left a shard to another rank under the writer plan, and no rank wrote it (the plan "
+          "changed while the step was in flight); the next step uses one plan");
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace ckpt

@@ -34,6 +34,7 @@ TEST_CASE("node manifest: every persisted rank's shards, extras and skips",
   // Rank 1 writes only "w": "bias" is left to rank 0 by the writer plan.
   auto cut = std::make_shared<CapturePlan>(*regs.Plan({"w", "bias"}));
   cut->skipped = {cut->tensors[1]};
+  cut->skipped_under = 77;
   cut->tensors.erase(cut->tensors.begin() + 1, cut->tensors.end());
   cut->layout.shard_offsets.resize(1);
 
@@ -64,10 +65,37 @@ TEST_CASE("node manifest: every persisted rank's shards, extras and skips",
   REQUIRE(m->skipped_size() == 1);
   CHECK(m->skipped(0).name() == "bias");
   CHECK(m->skipped(0).rank() == 1);
+  // Rank 1 names the registration it skipped under; rank 0 skipped nothing.
+  REQUIRE(m->skipped_under_size() == 1);
+  CHECK(m->skipped_under(0).rank() == 1);
+  CHECK(m->skipped_under(0).registration_id() == 77);
+  CHECK(m->skipped_under(0).shards() == 1);
   REQUIRE(m->ranks_size() == 2);
   CHECK(m->ranks(0).extra() == "extra-0");
   CHECK(m->ranks(1).extra() == "extra-1");
   CHECK(m->ranks(1).node_id() == "node-a");
+
+  // The coordinator hears everything but the skipped list: O(ranks), not O(ranks × tensors).
+  const ckptd::v1::NodeManifest report = NodeManifestForReport(*m);
+  CHECK(report.skipped_size() == 0);
+  REQUIRE(report.skipped_under_size() == 1);
+  CHECK(report.skipped_under(0).registration_id() == 77);
+  ckptd::v1::NodeManifest without = *m;
+  without.clear_skipped();
+  CHECK(report.SerializeAsString() == without.SerializeAsString());
+
+  // Under an older coordinator's plan a rank names no registration, and its list is reported.
+  auto old_plan = std::make_shared<CapturePlan>(*cut);
+  old_plan->skipped_under = 0;
+  auto mixed = BuildNodeManifest("job", 42, 4, "node-a",
+                                 {{1, Captured(1, cut), ""}, {2, Captured(2, old_plan), ""}});
+  REQUIRE(mixed.ok());
+  CHECK(mixed->skipped_size() == 2);
+  const ckptd::v1::NodeManifest mixed_report = NodeManifestForReport(*mixed);
+  REQUIRE(mixed_report.skipped_under_size() == 1);
+  CHECK(mixed_report.skipped_under(0).rank() == 1);
+  REQUIRE(mixed_report.skipped_size() == 1);
+  CHECK(mixed_report.skipped(0).rank() == 2);
 }
 
 TEST_CASE("node manifest: ranks disagreeing on a tensor's dtype fail it, naming both",

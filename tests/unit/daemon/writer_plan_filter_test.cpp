@@ -99,12 +99,16 @@ TEST_CASE("writer plan filter: skips apply only to the registration they were co
     CHECK(*applied == plan);
   }
   SECTION("a plan for this registration leaves the rank a subset with its own layout") {
-    filter.OnPlan(PlanSkipping(3, reg->registration_id(), {"b"}));
+    auto skipping = PlanSkipping(3, reg->registration_id(), {"b"});
+    skipping.set_checks_skipped_under(true);
+    filter.OnPlan(skipping);
     auto applied = filter.Apply(3, plan);
     REQUIRE(applied.ok());
     const CapturePlan& subset = **applied;
     CHECK(Names(subset.tensors) == std::vector<std::string>{"a", "c"});
     CHECK(Names(subset.skipped) == std::vector<std::string>{"b"});
+    // What the node manifest's reports name instead of listing "b", for this coordinator.
+    CHECK(subset.skipped_under == reg->registration_id());
     CHECK(subset.total_bytes == 2 * 4096);
     CHECK(subset.layout.shard_offsets.size() == 2);
     CHECK(subset.fingerprint != plan->fingerprint);
@@ -119,6 +123,8 @@ TEST_CASE("writer plan filter: skips apply only to the registration they were co
     auto applied = filter.Apply(3, plan);
     REQUIRE(applied.ok());
     CHECK(Names((*applied)->tensors) == std::vector<std::string>{"c"});
+    // A coordinator that does not check skips by registration: the reports list them.
+    CHECK((*applied)->skipped_under == 0);
     CHECK(Names((*applied)->skipped) == std::vector<std::string>{"a", "b"});
     CHECK(filter.SkipsOf(3) == std::set<std::string>{"a", "b"});
     filter.OnPlan(PlanWriting(3, reg->registration_id(), {}));

@@ -1,5 +1,6 @@
 #include "daemon/coordinator/coordinator_core.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <condition_variable>
 #include <filesystem>
@@ -270,21 +271,38 @@ TEST_CASE("CoordinatorCore rejects reports naming ranks outside the world", "[co
 
 // Each node's report is merged as it arrives; these are the cases where that merge is not the
 // one committed as is.
-TEST_CASE("CoordinatorCore commits a step a node reported twice, each rank once",
+TEST_CASE("CoordinatorCore commits a node's growing reports, each rank once",
           "[coordinator_core]") {
   Fixture f;
   f.Start({"a", "b"});
+  // A daemon reports again each time another of its ranks persists, and again after a
+  // reconnect; only what is new is merged.
+  f.Persisted("a", 1, 4, {0});
   f.Persisted("a", 1, 4, {0, 1});
-  f.Persisted("a", 1, 4, {0, 1});  // a retry: the step is merged afresh at the commit
-  f.Persisted("b", 1, 4, {2, 3});
+  f.Persisted("a", 1, 4, {0, 1});
+  f.Persisted("b", 1, 4, {3});
+  uint64_t afresh = 0;
+  SECTION("superset reports") { f.Persisted("b", 1, 4, {2, 3}); }
+  SECTION("a report that drops a rank: merged afresh from the last reports") {
+    f.Persisted("a", 1, 4, {1});  // rank 0 is persisted, but this manifest no longer has it
+    f.Persisted("a", 1, 4, {0, 1});
+    f.Persisted("b", 1, 4, {2, 3});
+    afresh = 1;
+  }
   auto d = f.sinks["a"]->WaitTerminal("j", 1);
   REQUIRE(d);
   CHECK(d->state() == pb::STEP_STATE_COMMITTED);
   auto m = ReadManifest(PosixFileSystem(), StepDir(f.config.storage_root, "j", 1));
   REQUIRE(m.ok());
-  CHECK(m->ranks_size() == 4);
+  REQUIRE(m->ranks_size() == 4);
+  for (int r = 0; r < 4; ++r) CHECK(m->ranks(r).rank() == static_cast<uint32_t>(r));
   REQUIRE(m->tensors_size() == 1);
-  CHECK(m->tensors(0).shards_size() == 4);
+  REQUIRE(m->tensors(0).shards_size() == 4);
+  std::vector<uint32_t> writers;
+  for (const auto& s : m->tensors(0).shards()) writers.push_back(s.writer_rank());
+  std::sort(writers.begin(), writers.end());
+  CHECK(writers == std::vector<uint32_t>{0, 1, 2, 3});
+  CHECK(f.core->CommitsMergedAfresh() == afresh);
 }
 
 TEST_CASE("CoordinatorCore fails a step whose node manifests do not merge, naming both nodes",

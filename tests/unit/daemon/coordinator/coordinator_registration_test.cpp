@@ -4,9 +4,13 @@
 // layout that does not match its fingerprint is refused; the plan lists what each rank writes.
 #include <catch2/catch.hpp>
 #include <condition_variable>
+#include <filesystem>
 #include <mutex>
 
+#include "common/atomic_file.h"
 #include "common/layout_fingerprint.h"
+#include "common/manifest_io.h"
+#include "common/step_layout.h"
 #include "daemon/coordinator/coordinator_core.h"
 #include "tests/test_util.h"
 
@@ -206,6 +210,116 @@ TEST_CASE("coordinator: a layout that does not match its fingerprint is refused"
   bad.set_layout_fingerprint("short");
   CHECK_FALSE(f.core->ReportRegistration(bad).ok());
   CHECK(f.core->TakeSnapshot().layouts_known == 0);
+}
+
+// A node's PERSISTED report with rank `rank` writing `writes` of the layout of Full() and naming
+// `registration_id` (unless 0) as the registration it skipped the rest under.
+pb::ReportRanksRequest Persisted(const std::string& node, uint32_t rank, uint32_t world,
+                                 std::vector<std::string> writes, uint64_t registration_id) {
+  pb::ReportRanksRequest req;
+  req.set_node_id(node);
+  req.set_job("j");
+  req.set_step(1);
+  req.set_world_size(world);
+  req.set_state(pb::STEP_STATE_PERSISTED);
+  req.add_ranks(rank);
+  auto* m = req.mutable_node_manifest();
+  m->set_format_version(kFormatVersion);
+  m->set_job("j");
+  m->set_step(1);
+  m->set_world_size(world);
+  m->set_node_id(node);
+  uint64_t offset = 0;
+  for (const auto& name : writes) {
+    auto* t = m->add_tensors();
+    t->set_name(name);
+    t->set_dtype("float32");
+    t->add_global_shape(256);
+    auto* s = t->add_shards();
+    auto* box = s->mutable_geometry()->mutable_box();
+    box->add_offsets(0);
+    box->add_lengths(256);
+    s->set_file(DataFileName(rank));
+    s->set_offset(offset);
+    s->set_length(1024);
+    s->set_chunk_size(4096);
+    s->add_chunk_xxh3(7);
+    s->set_writer_rank(rank);
+    offset += 4096;
+  }
+  auto* r = m->add_ranks();
+  r->set_rank(rank);
+  r->set_node_id(node);
+  if (writes.size() < 2 && registration_id != 0) {
+    auto* under = m->add_skipped_under();
+    under->set_rank(rank);
+    under->set_registration_id(registration_id);
+    under->set_shards(static_cast<uint32_t>(2 - writes.size()));
+  }
+  return req;
+}
+
+TEST_CASE("coordinator: a rank's skips are checked by its registration's layout, once per layout",
+          "[coordinator][registration]") {
+  Fixture f;
+  REQUIRE(f.core->ReportRegistration(Full("n0", 0, 2)).ok());
+  REQUIRE(f.core->ReportRegistration(Brief("n1", 1, 2)).ok());
+  REQUIRE(PlanFor(*f.sinks["n0"], 1));
+  std::filesystem::create_directories(StepDir(f.dir / "root", "j", 1));
+  std::string expect_reason;
+  SECTION("each shard one of them skipped was written by the other") {
+    REQUIRE(f.core->ReportRanks(Persisted("n0", 0, 2, {"a"}, 100)).ok());
+    REQUIRE(f.core->ReportRanks(Persisted("n1", 1, 2, {"b"}, 101)).ok());
+  }
+  SECTION("both skipped 'b' (a plan changed under the step): failed, not a hole") {
+    REQUIRE(f.core->ReportRanks(Persisted("n0", 0, 2, {"a"}, 100)).ok());
+    REQUIRE(f.core->ReportRanks(Persisted("n1", 1, 2, {"a"}, 101)).ok());
+    expect_reason = "tensor 'b': a rank of the layout of rank ";
+  }
+  SECTION("skips under a registration the coordinator no longer holds: checked from the file") {
+    // Rank 1's trainer registered again since: its node manifest file lists what it skipped.
+    const std::string step_dir = StepDir(f.dir / "root", "j", 1);
+    auto report = Persisted("n1", 1, 2, {"a"}, 555);
+    pb::NodeManifest file = report.node_manifest();
+    auto* k = file.add_skipped();
+    k->set_name("b");
+    k->set_dtype("float32");
+    k->add_global_shape(256);
+    k->mutable_geometry()->mutable_box()->add_offsets(0);
+    k->mutable_geometry()->mutable_box()->add_lengths(256);
+    k->set_rank(1);
+    std::vector<std::string> n0_writes = {"a", "b"};
+    SECTION("another rank wrote it") {}
+    SECTION("no rank wrote it") {
+      n0_writes = {"a"};  // and names no registration: only rank 1's file says 'b' is missing
+      expect_reason = "tensor 'b': rank 1 (node 'n1') left a shard";
+    }
+    SECTION("the file is missing") {
+      file.Clear();
+      expect_reason = "checking the shards skipped by ranks of node 'n1'";
+    }
+    if (file.job() == "j") {
+      REQUIRE_OK(WriteFileAtomically(PosixFileSystem(), step_dir + "/" + NodeManifestFileName("n1"),
+                                     EncodeNodeManifest(file)));
+    }
+    REQUIRE(f.core->ReportRanks(Persisted("n0", 0, 2, n0_writes, 0)).ok());
+    REQUIRE(f.core->ReportRanks(report).ok());
+  }
+  auto decided = f.sinks["n0"]->WaitFor([](const pb::CoordinatorEvent& e) {
+    return e.has_step() && (e.step().state() == pb::STEP_STATE_COMMITTED ||
+                            e.step().state() == pb::STEP_STATE_FAILED);
+  });
+  REQUIRE(decided);
+  INFO(decided->step().reason());
+  const bool committed = std::filesystem::exists(StepDir(f.dir / "root", "j", 1) + "/MANIFEST");
+  if (expect_reason.empty()) {
+    CHECK(decided->step().state() == pb::STEP_STATE_COMMITTED);
+    CHECK(committed);
+  } else {
+    CHECK(decided->step().state() == pb::STEP_STATE_FAILED);
+    CHECK_THAT(decided->step().reason(), Catch::Matchers::Contains(expect_reason));
+    CHECK_FALSE(committed);
+  }
 }
 
 }  // namespace

@@ -393,6 +393,11 @@ Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
         s.captured.insert(r.rank());
         s.persisted.insert(r.rank());
       }
+      if (config_.on_skips) {
+        size_t named = 0;
+        for (const auto& under : m.skipped_under()) named += under.shards();
+        config_.on_skips(static_cast<size_t>(m.skipped_size()), named);
+      }
       if (!s.committing) {  // else a late copy of a report the commit under way has
         NoteSkippedLayouts(j, s, m);
         MergeAsReported(s, std::make_shared<const ckptd::v1::NodeManifest>(m));

@@ -128,8 +128,11 @@ class CoordinatorCore {
     //                    layout it carried (0 when it named a known layout by fingerprint);
     //   on_plan:         a writer plan computed for `job`, and how long PlanWriters took;
     //   on_commit:       `step` of `job` committed, seconds since its last rank report (what
-    //                    the commit itself cost the job: the wait after its last rank persisted).
+    //                    the commit itself cost the job: the wait after its last rank persisted);
+    //   on_skips:        a PERSISTED report's skipped shards: `listed` one by one
+    //                    (NodeManifest.skipped), `named` by registration (skipped_under).
     std::function<void(size_t bytes, size_t layout_bytes)> on_registration;
+    std::function<void(size_t listed, size_t named)> on_skips;
     std::function<void(const std::string& job, double seconds)> on_plan;
     std::function<void(const std::string& job, uint64_t step, double seconds)> on_commit;
   };

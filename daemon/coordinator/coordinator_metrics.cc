@@ -112,6 +112,13 @@ CoordinatorMetrics::CoordinatorMetrics(const std::string& version)
                                   "fingerprint)")
                             .Register(*registry_)
                             .Add({})),
+      skipped_shards_(BuildCounter()
+                          .Name("ckpt_coordinator_skipped_shards_reported_total")
+                          .Help("Shards ranks left to others under the writer plan, as PERSISTED "
+                                "reports gave them: listed one by one, or named by registration")
+                          .Register(*registry_)),
+      skips_listed_(skipped_shards_.Add({{"how", "listed"}})),
+      skips_named_(skipped_shards_.Add({{"how", "by_registration"}})),
       plans_(BuildCounter()
                  .Name("ckpt_coordinator_plan_computations_total")
                  .Help("Writer plans computed")
@@ -137,6 +144,7 @@ void CoordinatorMetrics::Hook(CoordinatorCore::Config& config) {
     OnRegistration(bytes, layout_bytes);
   };
   config.on_plan = [this](const std::string&, double seconds) { OnPlan(seconds); };
+  config.on_skips = [this](size_t listed, size_t named) { OnSkips(listed, named); };
   config.on_commit = [this](const std::string&, uint64_t, double seconds) { OnCommit(seconds); };
 }
 
@@ -183,6 +191,11 @@ void CoordinatorMetrics::OnRegistration(size_t bytes, size_t layout_bytes) {
   registration_bytes_.Increment(static_cast<double>(bytes));
   layout_bytes_.Increment(static_cast<double>(layout_bytes));
   if (layout_bytes > 0) layouts_received_.Increment();
+}
+
+void CoordinatorMetrics::OnSkips(size_t listed, size_t named) {
+  skips_listed_.Increment(static_cast<double>(listed));
+  skips_named_.Increment(static_cast<double>(named));
 }
 
 void CoordinatorMetrics::OnPlan(double seconds) {

@@ -17,6 +17,11 @@
 //                                                        naming a known layout adds nothing
 //   ckpt_coordinator_layouts_received_total              registrations that carried a layout
 //   ckpt_coordinator_layouts                             distinct layouts held (gauge)
+//   ckpt_coordinator_skipped_shards_reported_total{how}  shards ranks left to others under the
+//                                                        writer plan, as PERSISTED reports gave
+//                                                        them: how="listed" one entry each
+//                                                        (older daemons), how="by_registration"
+//                                                        named by registration (a few bytes a rank)
 //   ckpt_coordinator_plan_computations_total             writer plans computed
 //   ckpt_coordinator_plan_duration_seconds               histogram: time PlanWriters took
 //
@@ -70,6 +75,7 @@ class CoordinatorMetrics {
   void OnStepState(const std::string& job, uint64_t step, ckptd::v1::StepState state);
   void OnCommit(double seconds);
   void OnRegistration(size_t bytes, size_t layout_bytes);
+  void OnSkips(size_t listed, size_t named);
   void OnPlan(double seconds);
 
  private:
@@ -85,6 +91,9 @@ class CoordinatorMetrics {
   prometheus::Counter& registration_bytes_;
   prometheus::Counter& layout_bytes_;
   prometheus::Counter& layouts_received_;
+  prometheus::Family<prometheus::Counter>& skipped_shards_;
+  prometheus::Counter& skips_listed_;
+  prometheus::Counter& skips_named_;
   prometheus::Counter& plans_;
   prometheus::Histogram& plan_seconds_;
   Mutex mu_;

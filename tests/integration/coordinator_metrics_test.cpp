@@ -138,4 +138,11 @@ TEST_CASE("coordinator metrics: N ranks of one layout send it once",
   // The plan is in force: the next step is written once per replica, and commits.
   for (auto& r : ranks) REQUIRE_OK(r->SaveStep(2));
   for (auto& r : ranks) REQUIRE_OK(r->WaitCommitted(2));
+  // What each rank left to another was named by its registration in the reports, not listed
+  // shard by shard (NodeManifest.skipped_under): 3 of 4 copies of 16 shards at least once each.
+  page = HttpGet(metrics, "/metrics");
+  INFO(page);
+  CHECK(Sample(page, "ckpt_coordinator_skipped_shards_reported_total{how=\"listed\"}") == 0);
+  CHECK(Sample(page, "ckpt_coordinator_skipped_shards_reported_total{how=\"by_registration\"}") >=
+        3 * 16);
 }

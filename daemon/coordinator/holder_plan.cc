@@ -1,0 +1,105 @@
+#include "daemon/coordinator/holder_plan.h"
+
+#include <algorithm>
+#include <set>
+#include <unordered_map>
+#include <utility>
+
+namespace ckpt {
+namespace {
+
+// A node without a label is a domain of its own; '\0' keeps such keys apart from labels.
+std::string DomainKey(const HolderNode& n) {
+  return n.failure_domain.empty() ? std::string(1, '\0') + n.node_id : n.failure_domain;
+}
+
+}  // namespace
+
+HolderPlan PlanHolders(std::vector<HolderNode> nodes, uint32_t replicas,
+                       const HolderPlan* previous) {
+  std::sort(nodes.begin(), nodes.end(), [](const HolderNode& a, const HolderNode& b) {
+    return std::pair(DomainKey(a), a.node_id) < std::pair(DomainKey(b), b.node_id);
+  });
+  {
+    std::set<std::string> seen;
+    std::erase_if(nodes, [&](const HolderNode& n) { return !seen.insert(n.node_id).second; });
+  }
+  const auto count = static_cast<uint32_t>(nodes.size());
+  std::vector<std::string> domain(count);
+  std::unordered_map<std::string, uint32_t> index;
+  for (uint32_t i = 0; i < count; ++i) {
+    domain[i] = DomainKey(nodes[i]);
+    index.emplace(nodes[i].node_id, i);
+  }
+  HolderPlan plan;
+  std::vector<std::vector<uint32_t>> chosen(count);
+  std::vector<uint32_t> load(count, 0);
+  // Candidates by (load, position): the least loaded first.
+  std::set<std::pair<uint32_t, uint32_t>> by_load;
+  for (uint32_t i = 0; i < count; ++i) by_load.emplace(0, i);
+  auto add = [&](uint32_t node, uint32_t holder) {
+    chosen[node].push_back(holder);
+    by_load.erase({load[holder], holder});
+    by_load.emplace(++load[holder], holder);
+  };
+  auto taken = [&](uint32_t node, uint32_t holder) {
+    return holder == node ||
+           std::find(chosen[node].begin(), chosen[node].end(), holder) != chosen[node].end();
+  };
+
+  // Previous holders that are still candidates stay, up to the balanced load (K each).
+  if (previous != nullptr) {
+    for (uint32_t i = 0; i < count; ++i) {
+      auto it = previous->holders.find(nodes[i].node_id);
+      if (it == previous->holders.end()) continue;
+      for (const std::string& id : it->second) {
+        auto h = index.find(id);
+        if (h == index.end() || chosen[i].size() >= replicas) continue;
+        const uint32_t holder = h->second;
+        if (taken(i, holder) || domain[holder] == domain[i] || load[holder] >= replicas) continue;
+        add(i, holder);
+      }
+    }
+  }
+
+  // The least-loaded acceptable candidate, ties to the first after `node` in the ring order.
+  auto pick = [&](uint32_t node, bool other_domain) -> int64_t {
+    for (auto level = by_load.begin(); level != by_load.end();) {
+      const uint32_t l = level->first;
+      const auto level_end = by_load.lower_bound({l + 1, 0});
+      const auto start = by_load.lower_bound({l, node + 1});
+      auto ok = [&](uint32_t c) {
+        return !taken(node, c) && (domain[c] != domain[node]) == other_domain;
+      };
+      for (auto it = start; it != level_end; ++it) {
+        if (ok(it->second)) return it->second;
+      }
+      for (auto it = level; it != start; ++it) {
+        if (ok(it->second)) return it->second;
+      }
+      level = level_end;
+    }
+    return -1;
+  };
+  for (uint32_t i = 0; i < count; ++i) {
+    while (chosen[i].size() < replicas) {
+      int64_t holder = pick(i, /*other_domain=*/true);
+      if (holder < 0) holder = pick(i, /*other_domain=*/false);
+      if (holder < 0) break;
+      add(i, static_cast<uint32_t>(holder));
+    }
+  }
+
+  for (uint32_t i = 0; i < count; ++i) {
+    auto& out = plan.holders[nodes[i].node_id];
+    for (uint32_t h : chosen[i]) {
+      out.push_back(nodes[h].node_id);
+      if (domain[h] == domain[i]) plan.same_domain.emplace_back(nodes[i].node_id, nodes[h].node_id);
+    }
+    if (chosen[i].size() < replicas) plan.short_of.push_back(nodes[i].node_id);
+    plan.held_for[nodes[i].node_id] = load[i];
+  }
+  return plan;
+}
+
+}  // namespace ckpt

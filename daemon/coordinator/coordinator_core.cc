@@ -385,10 +385,13 @@ Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
                                "' step " + std::to_string(m.step()) + " node '" +
                                EscapeForLog(m.node_id()) + "'");
       }
+      // Every rank checked before any is counted: a refused report changes nothing.
       for (const auto& r : m.ranks()) {
         if (r.rank() >= s.world_size) {
           return InvalidArgument(ctx + ": node manifest lists rank " + std::to_string(r.rank()));
         }
+      }
+      for (const auto& r : m.ranks()) {
         s.saved.try_emplace(r.rank(), req.node_id());
         s.captured.insert(r.rank());
         s.persisted.insert(r.rank());

@@ -349,5 +349,28 @@ TEST_CASE("CoordinatorCore fails a step whose node manifests do not merge, namin
   CHECK(next->state() == pb::STEP_STATE_COMMITTED);
 }
 
+TEST_CASE("CoordinatorCore counts nothing of a refused PERSISTED report", "[coordinator_core]") {
+  Fixture f;
+  f.Start({"a", "b"});
+  pb::ReportRanksRequest bad;
+  bad.set_node_id("a");
+  bad.set_job("j");
+  bad.set_step(1);
+  bad.set_world_size(4);
+  bad.set_state(pb::STEP_STATE_PERSISTED);
+  bad.add_ranks(0);
+  *bad.mutable_node_manifest() = NodeManifestFor("j", 1, 4, "a", {0, 9});  // 9: outside the world
+  auto refused = f.core->ReportRanks(bad);
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(refused.status().message(), Contains("rank 9"));
+  // Rank 0 is not persisted by the refused report: the step waits for it, then commits whole.
+  auto b = f.Persisted("b", 1, 4, {1, 2, 3});
+  CHECK_FALSE(b.has_decision());
+  f.Persisted("a", 1, 4, {0});
+  auto d = f.sinks["a"]->WaitTerminal("j", 1);
+  REQUIRE(d);
+  CHECK(d->state() == pb::STEP_STATE_COMMITTED);
+}
+
 }  // namespace
 }  // namespace ckpt

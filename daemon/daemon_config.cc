@@ -113,6 +113,27 @@ const OptionTable<DaemonConfig>& Table() {
                "a request to another daemon (a chunk of a load's fetch) not answered within this "
                "fails, and the load reads those bytes from storage, e.g. 10s",
                Duration(&C::peer_timeout)},
+              {"replicas",
+               "copies of each captured step in other nodes' memory (the peer-memory tier; "
+               "holders are planned by the coordinator among daemons with peer-listen and a "
+               "peer-pool), up to 16; auto = 1 with a coordinator, 0 without",
+               Field<C>{[](C& c, const std::string& v) -> Status {
+                          if (v == "auto") {
+                            c.replicas.reset();
+                            return Status::Ok();
+                          }
+                          ASSIGN_OR_RETURN(uint64_t n, ParseSmallCount(v));
+                          if (n > 16) return InvalidArgument("'" + v + "' is over 16");
+                          c.replicas = static_cast<uint32_t>(n);
+                          return Status::Ok();
+                        },
+                        [](const C& c) {
+                          return c.replicas ? std::to_string(*c.replicas) : std::string("auto");
+                        }}},
+              {"failure-domain",
+               "label of what fails together with this node (a rack, a switch): copies go "
+               "outside it where possible; empty = a domain of its own",
+               Str(&C::failure_domain)},
           },
       }));
   return table;
@@ -161,6 +182,7 @@ Status Validate(DaemonConfig& c) {
   if (!c.admin_tls_client_ca.empty() && c.admin_tls_cert.empty()) {
     return InvalidArgument("admin-tls-client-ca needs admin-tls-cert and admin-tls-key");
   }
+  if (c.failure_domain.size() > 253) return InvalidArgument("failure-domain is over 253 bytes");
   if (!c.peer_listen.empty() && c.peer_listen.rfind(':') == std::string::npos) {
     return InvalidArgument("peer-listen '" + c.peer_listen + "' is not host:port");
   }

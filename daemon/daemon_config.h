@@ -62,6 +62,12 @@ struct DaemonConfig {
   uint64_t peer_pool = 0;       // bytes this node holds for other nodes (PUT); 0: none
   uint64_t peer_bandwidth = 0;  // bytes/s the data plane may send; 0: no cap
   std::chrono::milliseconds peer_timeout{std::chrono::seconds(10)};  // per request to a peer
+  // The peer-memory tier: copies of each captured rank in other nodes' memory (unset, "auto":
+  // 1 with a coordinator, 0 without), and the label of this node's failure domain (empty: its
+  // own).
+  std::optional<uint32_t> replicas;
+  std::string failure_domain;
+  uint32_t EffectiveReplicas() const { return replicas ? *replicas : coordinator.empty() ? 0 : 1; }
 
   // YAML of the effective configuration (what --print-config prints).
   std::string ToYaml() const;

@@ -20,14 +20,21 @@ void HotCache::FreeLocked(std::map<Key, StepEntry>::iterator it) {
   steps_.erase(it);
 }
 
+void HotCache::MaybeFreeLocked(std::map<Key, StepEntry>::iterator it) {
+  StepEntry& e = it->second;
+  if (e.pins != 0 || e.keeps != 0) return;
+  if (e.dropped || e.superseded || e.files.empty()) FreeLocked(it);
+  pool_->WakeAll();  // the step became reclaimable
+}
+
 void HotCache::DropOlderLocked(const std::string& job, uint64_t step) {
   for (auto it = steps_.lower_bound({job, 0});
        it != steps_.end() && it->first.first == job && it->first.second < step;) {
     auto next = std::next(it);
-    if (it->second.pins == 0)
+    if (it->second.pins == 0 && it->second.keeps == 0)
       FreeLocked(it);
     else
-      it->second.dropped = true;
+      it->second.superseded = true;
     it = next;
   }
 }
@@ -59,8 +66,12 @@ bool HotCache::NewerStepCachedLocked(const std::string& job, uint64_t step) cons
 void HotCache::Adopt(const std::string& job, uint64_t step, const std::string& file,
                      uint64_t file_offset, uint64_t length, HostPool::SlotId slot) {
   MutexLock lock(mu_);
-  // A newer step of this job is already cached: this one is stale on arrival.
-  if (NewerStepCachedLocked(job, step)) {
+  // A newer step of this job is already cached: this one is stale on arrival, unless pinned
+  // (a replication of it under way needs these bytes).
+  auto self = steps_.find({job, step});
+  const bool pinned = self != steps_.end() && !self->second.dropped &&
+                      (self->second.pins > 0 || self->second.keeps > 0);
+  if (!pinned && NewerStepCachedLocked(job, step)) {
     pool_->Release(slot);
     return;
   }
@@ -166,10 +177,21 @@ void HotCache::Unpin(const std::string& job, uint64_t step) {
   MutexLock lock(mu_);
   auto it = steps_.find({job, step});
   if (it == steps_.end()) return;
-  if (--it->second.pins == 0) {
-    if (it->second.dropped || it->second.files.empty()) FreeLocked(it);
-    pool_->WakeAll();  // the step became reclaimable
-  }
+  --it->second.pins;
+  MaybeFreeLocked(it);
+}
+
+void HotCache::Keep(const std::string& job, uint64_t step) {
+  MutexLock lock(mu_);
+  ++steps_[{job, step}].keeps;
+}
+
+void HotCache::Unkeep(const std::string& job, uint64_t step) {
+  MutexLock lock(mu_);
+  auto it = steps_.find({job, step});
+  if (it == steps_.end()) return;
+  --it->second.keeps;
+  MaybeFreeLocked(it);
 }
 
 void HotCache::Drop(const std::string& job, uint64_t step) {

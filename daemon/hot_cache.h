@@ -6,11 +6,15 @@
 // [window start, window start + slot size) and a list of which ranges are valid. Two sources
 // fill them: the flush engine adopts every slot it has just written (so the newest captured step
 // stays resident without a copy), and the load path inserts what it read from storage.
-// Policy: per job only the newest step is kept when a newer one arrives; under pool pressure
+// Policy: per job only the newest step is kept when a newer one arrives — except a step pinned
+// (a load) or kept (a replication to peers under way) meanwhile, which stays readable and keeps
+// adopting its slots until its last pin and keep go; under pool pressure
 // (capture needs a slot and none is free) the least recently used unpinned step is dropped
-// first — capture always wins over the cache. A load pins its step for its duration, so the
-// bytes it found cannot be recycled under it. Bytes are verified against the manifest's
-// checksums by the reader before use, exactly as bytes from storage are.
+// first — capture always wins over the cache, and a kept step is reclaimable like any other. A
+// load pins its step for its duration, so the bytes it found cannot be recycled under it; a
+// replication keeps its step from save to send and pins it only while it copies a window out. Bytes
+// are verified against the manifest's checksums by the reader before use, exactly as bytes from
+// storage are.
 //
 // Thread safety: all methods are safe from any thread (one mutex; no I/O under it).
 #pragma once
@@ -49,6 +53,9 @@ class HotCache {
 
   void Pin(const std::string& job, uint64_t step);
   void Unpin(const std::string& job, uint64_t step);
+  // A weaker hold: a newer step does not push the step out, but pool pressure may (ReclaimOne).
+  void Keep(const std::string& job, uint64_t step);
+  void Unkeep(const std::string& job, uint64_t step);
 
   // Forgets a step (it failed or was deleted).
   void Drop(const std::string& job, uint64_t step);
@@ -67,8 +74,10 @@ class HotCache {
   };
   struct StepEntry {
     int pins = 0;
+    int keeps = 0;
     uint64_t last_use = 0;
-    bool dropped = false;                                     // drop when the last pin goes
+    bool dropped = false;     // failed or deleted: unreadable, freed when the last pin goes
+    bool superseded = false;  // a newer step arrived: still readable, freed with the last pin
     std::map<std::string, std::map<uint64_t, Window>> files;  // file → window start → window
   };
   using Key = std::pair<std::string, uint64_t>;
@@ -78,6 +87,8 @@ class HotCache {
                     const std::byte* data, uint64_t length);
   // Releases every slot of the entry.
   void FreeLocked(std::map<Key, StepEntry>::iterator it) REQUIRES(mu_);
+  // Frees the entry if nothing holds it any more and it was dropped, superseded or is empty.
+  void MaybeFreeLocked(std::map<Key, StepEntry>::iterator it) REQUIRES(mu_);
   // Drops unpinned steps of `job` older than `step`.
   void DropOlderLocked(const std::string& job, uint64_t step) REQUIRES(mu_);
   // A step of `job` newer than `step` holds bytes here.

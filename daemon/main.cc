@@ -42,6 +42,7 @@
 #include "daemon/peer/peer_server.h"
 #include "daemon/peer/peer_source.h"
 #include "daemon/peer/peer_store.h"
+#include "daemon/peer/replicator.h"
 #include "daemon/peer/token_bucket.h"
 #include "daemon/rpc/coordinator_link.h"
 #include "daemon/task_pool.h"
@@ -108,6 +109,9 @@ Result<std::unique_ptr<CoordinatorLink>> MakeCoordinatorLink(const DaemonConfig&
   link.node_id = config.node_id;
   link.admin_address = config.admin;
   link.version = kVersion;
+  link.failure_domain = config.failure_domain;
+  link.peer_pool_bytes = config.peer_pool;
+  link.replicas = config.EffectiveReplicas();
   link.tls.ca = config.coordinator_ca;
   link.tls.cert = config.coordinator_cert;
   link.tls.key = config.coordinator_key;
@@ -248,6 +252,8 @@ int RunDaemon(const DaemonConfig& config) {
 
   // Observers first: the load service and the data plane count into the metrics.
   peer::TokenBucket peer_bandwidth(config.peer_bandwidth);
+  // What this node holds for other nodes (PUT over the data plane), within --peer-pool.
+  peer::PeerStore peer_store(config.peer_pool);
   ObserverList observers;
   DaemonMetrics metrics(kVersion, config.node_id, pool->get(), &hot, [&flush] {
     const FlushEngine::Activity a = flush.activity();
@@ -313,6 +319,9 @@ int RunDaemon(const DaemonConfig& config) {
   admin_sources.node_id = config.node_id;
   admin_sources.version = kVersion;
   admin_sources.config = config.Summary();
+  admin_sources.peer_store = &peer_store;
+  admin_sources.replicas = config.EffectiveReplicas();
+  admin_sources.failure_domain = config.failure_domain;
   // Pin / unpin / delete belong to the engine that commits: ours only when embedded.
   if (config.coordinator.empty()) admin_sources.commit = &commit;
   admin_sources.coordinator = config.coordinator;
@@ -342,7 +351,6 @@ int RunDaemon(const DaemonConfig& config) {
   // ---- daemon-to-daemon data plane (daemon/peer/; --peer-listen, off by default): serves
   // FETCH from what this node holds for others, its hot cache or committed storage, and keeps
   // what other nodes PUT within --peer-pool. Its own loop thread and pool.
-  peer::PeerStore peer_store(config.peer_pool);
   peer::DaemonPeerSource peer_source(&peer_store, &hot, config.slot_size, fs, config.storage_root);
   peer_source.SetLoadHooks(
       [&loads](const peer::Region& r) {
@@ -351,6 +359,20 @@ int RunDaemon(const DaemonConfig& config) {
       [&observers](const std::string& job, uint64_t bytes) {
         observers.OnStorageRead(job, bytes);
       });
+  // The peer-memory tier's sender: each persisted rank to the holders the coordinator assigned.
+  const uint32_t replicas = config.EffectiveReplicas();
+  peer::Replicator replicator({config.peer_timeout, config.worker_nice}, &hot, &peer_bandwidth,
+                              &metrics);
+  node.SetReplication(replicas,
+                      [&replicator](ReplicationRequest request, peer::Replicator::Done done) {
+                        replicator.Replicate(std::move(request), std::move(done));
+                      });
+  if (replicas > 0 && config.coordinator.empty()) {
+    spdlog::warn(
+        "--replicas {}: without a coordinator there is no other node to hold copies; "
+        "steps are reported not replicated",
+        replicas);
+  }
   std::unique_ptr<peer::PeerServer> peer_server;
   if (!config.peer_listen.empty()) {
     peer::PeerServer::Config peer_config;
@@ -425,9 +447,15 @@ int RunDaemon(const DaemonConfig& config) {
       return 1;
     }
   }
+  service.StartInfallible(
+      "replicator", [&] { replicator.Start(); }, [&] { replicator.Stop(); });
   if (Status st = *coordinator_link
                       ? service.Start(
-                            "coordinator link", [&] { return (*coordinator_link)->Start(&node); },
+                            "coordinator link",
+                            [&] {
+                              (*coordinator_link)->SetPeerAddress(peer_advertised);
+                              return (*coordinator_link)->Start(&node);
+                            },
                             [&] { (*coordinator_link)->Stop(); })
                       : service.Start(
                             "embedded coordinator", [&] { return embedded->Start(&node); },

@@ -31,6 +31,8 @@ std::string_view StepStateName(StepState s) {
       return "aborted";
     case ckptd::v1::STEP_STATE_FAILED:
       return "failed";
+    case ckptd::v1::STEP_STATE_REPLICATED:
+      return "replicated";
     default:
       return "unknown";
   }
@@ -194,6 +196,13 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
       [this, j = req.job, n = req.step, r = req.rank](Status st) { OnRankPersisted(j, n, r, st); });
   s.ranks[req.rank] = RankSave{req.session_id, req.pid, capture, std::move(req.extra)};
   s.ranks[req.rank].sync_input = std::move(req.sync_input);
+  if (replicas_ > 0) {
+    // Until its bytes reached the holders, a newer step must not push them out of memory (pool
+    // pressure still may: capture wins, and the replication then fails and says so).
+    hot_->Keep(req.job, req.step);
+    s.ranks[req.rank].hot_keep = std::shared_ptr<void>(
+        hot_, [job = req.job, step = req.step](HotCache* hot) { hot->Unkeep(job, step); });
+  }
   Report(s, ckptd::v1::STEP_STATE_PENDING, {req.rank});
   if (s.deferred) {
     s.deferred_captures.push_back(std::move(capture));
@@ -262,6 +271,7 @@ void NodeState::OnRankPersisted(const std::string& job, uint64_t step, uint32_t 
     return;
   }
   rs.finished = true;
+  if (!st.ok() || Terminal(s->state)) rs.hot_keep.reset();  // nothing of it is replicated
   if (!st.ok()) {
     if (!Terminal(s->state)) {
       FailLocally(*s, ckptd::v1::STEP_STATE_FAILED,
@@ -283,6 +293,75 @@ void NodeState::OnRankPersisted(const std::string& job, uint64_t step, uint32_t 
     return;
   }
   ReportNodeManifest(*s);
+  StartReplication(*s, rank);
+}
+
+void NodeState::StartReplication(Step& s, uint32_t rank) {
+  RankSave& rs = s.ranks[rank];
+  std::shared_ptr<void> keep = std::move(rs.hot_keep);
+  if (replicas_ == 0) {  // held here, as asked: nothing to send
+    rs.replicated = true;
+    ReportReplicated(s, rank, {}, "");
+    return;
+  }
+  if (holders_.size() < replicas_) {
+    rs.replication_error = "this node has " + std::to_string(holders_.size()) + " of the " +
+                           std::to_string(replicas_) +
+                           " holder(s) it asks for (--replicas); the coordinator assigns them "
+                           "among other daemons with --peer-listen and a --peer-pool";
+    ReportReplicated(s, rank, {}, rs.replication_error);
+    return;
+  }
+  if (!replicate_ || !rs.capture) {
+    rs.replication_error = "this daemon has no data plane to replicate over";
+    ReportReplicated(s, rank, {}, rs.replication_error);
+    return;
+  }
+  ReplicationRequest request;
+  request.job = s.job;
+  request.step = s.step;
+  request.file = rs.capture->data_file;
+  for (const Slot& slot : rs.capture->plan->layout.slots) {
+    if (slot.length > 0) request.ranges.emplace_back(slot.file_offset, slot.length);
+  }
+  request.holders.assign(holders_.begin(), holders_.begin() + replicas_);
+  // The keep travels with the request and is released on the sender's thread: never in a
+  // handler on the loop, which may outlive the hot cache at shutdown.
+  request.keep = std::move(keep);
+  replicate_(std::move(request), tasks_.OnLoop([this, job = s.job, step = s.step, rank](
+                                                   Status st, std::vector<std::string> holders) {
+    OnRankReplicated(job, step, rank, std::move(st), std::move(holders));
+  }));
+}
+
+void NodeState::OnRankReplicated(const std::string& job, uint64_t step, uint32_t rank, Status st,
+                                 std::vector<std::string> holders) {
+  Step* s = FindStep(job, step);
+  if (s == nullptr) return;
+  RankSave& rs = s->ranks[rank];
+  if (!st.ok()) {
+    spdlog::warn("job '{}' step {} rank {}: {}", job, step, rank, st.message());
+    rs.replication_error = st.message();
+    ReportReplicated(*s, rank, {}, rs.replication_error);
+    return;
+  }
+  rs.replicated = true;
+  rs.replica_holders = holders;
+  ReportReplicated(*s, rank, holders, "");
+}
+
+void NodeState::ReportReplicated(const Step& s, uint32_t rank,
+                                 const std::vector<std::string>& holders, std::string reason) {
+  if (s.state == ckptd::v1::STEP_STATE_ABORTED || s.state == ckptd::v1::STEP_STATE_FAILED) return;
+  ckptd::v1::ReportRanksRequest req;
+  req.set_job(s.job);
+  req.set_step(s.step);
+  req.set_world_size(s.world_size);
+  req.set_state(ckptd::v1::STEP_STATE_REPLICATED);
+  req.add_ranks(rank);
+  for (const auto& h : holders) req.add_holders(h);
+  req.set_reason(std::move(reason));
+  link_->ReportRanks(std::move(req));
 }
 
 void NodeState::OnSaveLost(const std::string& job, uint64_t step, uint32_t rank,
@@ -367,15 +446,13 @@ void NodeState::ResolveWaiters(Step& s) {
   const bool failed =
       s.state == ckptd::v1::STEP_STATE_ABORTED || s.state == ckptd::v1::STEP_STATE_FAILED;
   for (auto& w : s.waiters) {
-    bool reached;
-    if (w.rank_captured) {
-      auto it = s.ranks.find(w.rank);
-      reached = it != s.ranks.end() && it->second.captured;
-    } else {
-      reached = !failed && s.state >= w.state;
-    }
-    if (reached) {
+    if (WaiterReached(s, w)) {
       ready.emplace_back(std::move(w.done), Status::Ok());
+    } else if (!w.rank_captured && w.state == ckptd::v1::STEP_STATE_REPLICATED && !failed &&
+               s.not_replicated) {
+      ready.emplace_back(std::move(w.done),
+                         FailedPrecondition("job '" + s.job + "' step " + std::to_string(s.step) +
+                                            " is not replicated: " + *s.not_replicated));
     } else if (failed) {
       ready.emplace_back(std::move(w.done),
                          Status(s.state == ckptd::v1::STEP_STATE_ABORTED ? StatusCode::kAborted
@@ -388,6 +465,18 @@ void NodeState::ResolveWaiters(Step& s) {
   }
   s.waiters = std::move(keep);
   for (auto& [done, st] : ready) done(st);
+}
+
+bool NodeState::WaiterReached(const Step& s, const Waiter& w) {
+  if (w.rank_captured) {
+    auto it = s.ranks.find(w.rank);
+    return it != s.ranks.end() && it->second.captured;
+  }
+  if (s.state == ckptd::v1::STEP_STATE_ABORTED || s.state == ckptd::v1::STEP_STATE_FAILED) {
+    return false;
+  }
+  if (w.state == ckptd::v1::STEP_STATE_REPLICATED) return s.replicated;  // beside the state
+  return s.state >= w.state;
 }
 
 void NodeState::WaitCaptured(const std::string& job, uint64_t step, uint32_t rank, Done done) {
@@ -405,6 +494,12 @@ void NodeState::WaitState(const std::string& job, uint64_t step, StepState state
   if (s != nullptr) {
     s->waiters.push_back(Waiter{false, 0, state, std::move(done)});
     ResolveWaiters(*s);
+    return;
+  }
+  if (state == ckptd::v1::STEP_STATE_REPLICATED) {
+    done(NotFound("job '" + job + "' step " + std::to_string(step) +
+                  " is not known on this node: its replication is followed only while the step "
+                  "is among the node's recent steps"));
     return;
   }
   // Not known here: it may be an older committed step (or unknown).
@@ -549,6 +644,7 @@ void NodeState::ReleaseCaptures(Step& s) {
   std::vector<std::shared_ptr<CaptureJob>> done;
   for (auto& [r, rs] : s.ranks) {
     if (rs.capture) done.push_back(std::move(rs.capture));
+    rs.hot_keep.reset();  // a replication under way holds its own share
   }
   if (!done.empty()) tasks_.FreeInBackground(std::move(done));
 }
@@ -564,6 +660,7 @@ void NodeState::Prune(Job& j) {
     // A failed step's files are removed by MaybeCleanup, or by the coordinator that decided it.
     const bool removable = Terminal(s.state) && s.waiters.empty();
     if (removable) {
+      for (auto& [r, rs] : it->second.ranks) rs.hot_keep.reset();  // here, while the cache lives
       pruned.push_back(std::move(it->second));
       it = j.steps.erase(it);
       --finished;
@@ -684,7 +781,7 @@ void NodeState::ReportNodeManifest(Step& s) {
         link->ReportRanks(std::move(req));
         return {Status::Ok(), manifest};
       },
-      [this, job = s.job, step = s.step](Written written) {
+      [this, job = s.job, step = s.step, connection = connections_](Written written) {
         auto& [st, manifest] = written;
         Step* s = FindStep(job, step);
         if (s == nullptr || Terminal(s->state)) return;
@@ -704,6 +801,10 @@ void NodeState::ReportNodeManifest(Step& s) {
         if (!s->node_manifest || s->node_manifest->ranks_size() < manifest->ranks_size()) {
           s->node_manifest = manifest;
         }
+        // The link reconnected while this manifest was written: the report sent from the
+        // storage thread may have gone to the old connection, and the re-report on reconnect
+        // may have run before the manifest was here. Sent again (reports are idempotent).
+        if (connection != connections_) ReportPersisted(*s);
       },
       // Stopping: the manifest is never written, so the step fails here (the handler above).
       [job = s.job, step = s.step]() -> Written {
@@ -711,12 +812,35 @@ void NodeState::ReportNodeManifest(Step& s) {
       });
 }
 
+void NodeState::ReportPersisted(const Step& s) {
+  if (!s.node_manifest) return;
+  ckptd::v1::ReportRanksRequest req;
+  req.set_job(s.job);
+  req.set_step(s.step);
+  req.set_world_size(s.world_size);
+  req.set_state(ckptd::v1::STEP_STATE_PERSISTED);
+  for (const auto& r : s.node_manifest->ranks()) req.add_ranks(r.rank());
+  *req.mutable_node_manifest() = NodeManifestForReport(*s.node_manifest);
+  link_->ReportRanks(std::move(req));
+}
+
 void NodeState::OnCoordinatorConnected() {
+  ++connections_;
   for (auto& [name, j] : jobs_) {
     // Until the coordinator's plan arrives (at once, on attach, when it has one), every rank
     // writes everything.
     for (auto& report : j.writers.OnReconnect()) link_->ReportRegistration(std::move(report));
     for (auto& [n, s] : j.steps) {
+      // After the step's other reports: a coordinator that does not know the step ignores it.
+      auto rereport_replicated = [&] {
+        if (s.replicated || s.not_replicated) return;
+        for (const auto& [r, rs] : s.ranks) {
+          if (rs.replicated || !rs.replication_error.empty()) {
+            ReportReplicated(s, r, rs.replica_holders, rs.replication_error);
+          }
+        }
+      };
+      if (s.state == ckptd::v1::STEP_STATE_COMMITTED) rereport_replicated();
       if (Terminal(s.state)) {
         // Failed here, but the report may have died with the previous coordinator: without its
         // decision the step's files are never cleaned up (MaybeCleanup waits for it). Report
@@ -735,16 +859,8 @@ void NodeState::OnCoordinatorConnected() {
       }
       Report(s, ckptd::v1::STEP_STATE_PENDING, saved);
       if (!captured.empty()) Report(s, ckptd::v1::STEP_STATE_CAPTURED, captured);
-      if (s.node_manifest) {
-        ckptd::v1::ReportRanksRequest req;
-        req.set_job(s.job);
-        req.set_step(s.step);
-        req.set_world_size(s.world_size);
-        req.set_state(ckptd::v1::STEP_STATE_PERSISTED);
-        for (const auto& r : s.node_manifest->ranks()) req.add_ranks(r.rank());
-        *req.mutable_node_manifest() = NodeManifestForReport(*s.node_manifest);
-        link_->ReportRanks(std::move(req));
-      }
+      ReportPersisted(s);
+      rereport_replicated();
     }
   }
 }
@@ -752,6 +868,23 @@ void NodeState::OnCoordinatorConnected() {
 void NodeState::OnCoordinatorEvent(const ckptd::v1::CoordinatorEvent& event) {
   if (event.has_plan()) {
     JobNamed(event.plan().job()).writers.OnPlan(event.plan());
+    return;
+  }
+  if (event.has_holders()) {
+    std::vector<ReplicaHolder> holders;
+    std::string names;
+    for (const auto& h : event.holders().holders()) {
+      holders.push_back({h.node_id(), h.peer_address()});
+      names += (names.empty() ? "" : ", ") + h.node_id() + " (" + h.peer_address() + ")";
+    }
+    if (replicas_ > 0) {
+      spdlog::info("holders of this node's steps in memory: {}{}", names.empty() ? "none" : names,
+                   event.holders().same_domain_size() > 0
+                       ? " (" + std::to_string(event.holders().same_domain_size()) +
+                             " in this node's failure domain: no other domain had room)"
+                       : "");
+    }
+    holders_ = std::move(holders);
     return;
   }
   if (!event.has_step()) return;
@@ -794,6 +927,14 @@ void NodeState::OnCoordinatorEvent(const ckptd::v1::CoordinatorEvent& event) {
       CheckDrained();
       break;
     }
+    case ckptd::v1::STEP_STATE_REPLICATED:
+      if (d.not_replicated()) {
+        s->not_replicated = d.reason();
+      } else {
+        s->replicated = true;
+      }
+      ResolveWaiters(*s);
+      break;
     case ckptd::v1::STEP_STATE_ABORTED:
     case ckptd::v1::STEP_STATE_FAILED:
       s->decided_globally = true;

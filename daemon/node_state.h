@@ -35,6 +35,13 @@
 //     coordinator decided its end and every capture job let go of its files, its directory is
 //     removed — never on this node's own decision, since a removal racing a commit decided
 //     elsewhere could tear a step; older steps are untouched;
+//   * the peer-memory tier: with `replicas` > 0, each rank persisted here is copied to the
+//     holders the coordinator assigned this node (HolderAssignment), from the hot cache, where
+//     its step is kept from its save until then (HotCache::Keep: pool pressure still wins); then it
+//     is reported REPLICATED, with its holders — or with the reason it could not be (too few
+//     holders, a holder full or dead, the bytes gone). With `replicas` 0 a persisted rank counts as
+//     replicated at once. The coordinator decides the step REPLICATED (or not, with that reason),
+//     and waits for the REPLICATED state end there;
 //   * the writer plan pushed by the coordinator makes a rank skip replicas another rank writes,
 //     for the registration it was computed from only (writer_plan_filter.h). Without a plan a
 //     rank writes everything; the merge keeps one copy.
@@ -60,6 +67,7 @@
 #include "daemon/host_pool.h"
 #include "daemon/hot_cache.h"
 #include "daemon/loop_tasks.h"
+#include "daemon/replication_request.h"
 #include "daemon/task_pool.h"
 #include "daemon/writer_plan_filter.h"
 
@@ -148,6 +156,19 @@ class NodeState : public CoordinatorPort::Handler {
   // Cancels every capture in flight (shutdown deadline passed).
   void CancelAll(const std::string& reason);
 
+  // ---- the peer-memory tier ----
+  // `replicas` copies of each persisted rank in other nodes' memory, sent through `replicate`
+  // (its `done` may run on any thread; it is brought back onto the loop here). Set before the
+  // loop runs; without it, replicas is 0.
+  using Replicate = std::function<void(ReplicationRequest request,
+                                       std::function<void(Status, std::vector<std::string>)> done)>;
+  void SetReplication(uint32_t replicas, Replicate replicate) {
+    replicas_ = replicas;
+    replicate_ = std::move(replicate);
+  }
+  // The holders the coordinator assigned this node (node ids and addresses), for status.
+  const std::vector<ReplicaHolder>& holders() const { return holders_; }
+
   // ---- operations (daemon/admin) ----
   // Receives step events; set before the loop runs; may be null. Not owned.
   void SetObserver(DaemonObserver* observer) { observer_ = observer; }
@@ -171,6 +192,13 @@ class NodeState : public CoordinatorPort::Handler {
     // waits here until it has.
     bool syncing = false;
     std::optional<Status> persisted_early;
+    // The peer-memory tier: the step's keep in the hot cache (HotCache::Keep), held from the
+    // save until the rank's bytes were sent to its holders (then the sender releases it), the
+    // holders that acknowledged them, or why they could not be replicated.
+    std::shared_ptr<void> hot_keep;
+    bool replicated = false;
+    std::vector<std::string> replica_holders;
+    std::string replication_error;
   };
   struct Waiter {
     bool rank_captured;  // true: waits for `rank` captured; false: for `state`
@@ -194,6 +222,9 @@ class NodeState : public CoordinatorPort::Handler {
     // decided the step's end (only then are its files removed here).
     std::shared_ptr<const ckptd::v1::NodeManifest> node_manifest;
     bool decided_globally = false;
+    // The coordinator's REPLICATED decision: replicated, or not (with the reason).
+    bool replicated = false;
+    std::optional<std::string> not_replicated;
     std::chrono::steady_clock::time_point accepted = std::chrono::steady_clock::now();
   };
   struct Job {
@@ -217,6 +248,8 @@ class NodeState : public CoordinatorPort::Handler {
   void Report(const Step& s, ckptd::v1::StepState state, std::vector<uint32_t> ranks,
               std::string reason = {});
   void ReportNodeManifest(Step& s);
+  // The step's newest node manifest, again (after a reconnect).
+  void ReportPersisted(const Step& s);
   void FailLocally(Step& s, ckptd::v1::StepState state, const std::string& reason);
   static size_t ActiveSteps(const Job& job);
   void StartDeferred(const std::string& job);
@@ -227,6 +260,13 @@ class NodeState : public CoordinatorPort::Handler {
   // The rank's capture counts (its trainer's input was read up to its end).
   void CountRankCaptured(Step& s, uint32_t rank);
   void OnRankPersisted(const std::string& job, uint64_t step, uint32_t rank, Status status);
+  // The rank persisted: sends it to this node's holders (or reports at once why not).
+  void StartReplication(Step& s, uint32_t rank);
+  void OnRankReplicated(const std::string& job, uint64_t step, uint32_t rank, Status status,
+                        std::vector<std::string> holders);
+  void ReportReplicated(const Step& s, uint32_t rank, const std::vector<std::string>& holders,
+                        std::string reason);
+  static bool WaiterReached(const Step& s, const Waiter& w);
   static std::string LostSaveReason(uint32_t rank, uint64_t step);
   std::string RestoreSession(uint64_t session_id) const;  // RestoreQuery::session
   void SetState(Step& s, ckptd::v1::StepState state);
@@ -253,6 +293,10 @@ class NodeState : public CoordinatorPort::Handler {
   CoordinatorPort* link_ = nullptr;  // the coordinator: in process, or ckpt-coordinator
   uint64_t next_registration_id_;    // random start per daemon process
   DaemonObserver* observer_ = nullptr;
+  uint64_t connections_ = 0;  // OnCoordinatorConnected calls so far
+  uint32_t replicas_ = 0;
+  Replicate replicate_;
+  std::vector<ReplicaHolder> holders_;  // the coordinator's HolderAssignment
   LoopTasks tasks_;  // storage work and engine callbacks; last, so it is destroyed first
 };
 

@@ -478,10 +478,12 @@ void Session::HandleWait(uint64_t id, uint64_t step, ckptd::v1::StepState state)
       return;
     case ckptd::v1::STEP_STATE_PERSISTED:
     case ckptd::v1::STEP_STATE_COMMITTED:
+    case ckptd::v1::STEP_STATE_REPLICATED:
       services_->node->WaitState(job_, step, state, WaitReplier(id, step, state));
       return;
     default:
-      SendError(id, InvalidArgument("wait: state must be captured, persisted or committed"));
+      SendError(
+          id, InvalidArgument("wait: state must be captured, persisted, committed or replicated"));
   }
 }
 

@@ -73,9 +73,10 @@ ckpt::WaitState ParseWaitState(const std::string& state) {
   if (state == "captured") return ckpt::WaitState::kCaptured;
   if (state == "persisted") return ckpt::WaitState::kPersisted;
   if (state == "committed") return ckpt::WaitState::kCommitted;
+  if (state == "replicated") return ckpt::WaitState::kReplicated;
   throw StatusError(
-      ckpt::InvalidArgument("wait: state must be \"captured\", \"persisted\" or "
-                            "\"committed\", not \"" +
+      ckpt::InvalidArgument("wait: state must be \"captured\", \"persisted\", \"committed\" "
+                            "or \"replicated\", not \"" +
                             state + "\""));
 }
 

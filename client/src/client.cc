@@ -1272,6 +1272,10 @@ Status Client::Impl::Wait(uint64_t step, WaitState state, std::optional<millisec
     case WaitState::kCommitted:
       wait->set_state(pb::STEP_STATE_COMMITTED);
       break;
+    case WaitState::kReplicated:
+      wait->set_state(pb::STEP_STATE_REPLICATED);
+      state_name = "replicated";
+      break;
   }
   const std::string what =
       "wait for step " + std::to_string(step) + " of job " + options_.job + " to be " + state_name;

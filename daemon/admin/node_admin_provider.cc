@@ -135,6 +135,17 @@ ckptd::v1::GetStatusResponse NodeAdminProvider::CollectStatus() const {
     storage->set_stalled(sources_.storage_stall_timeout_seconds > 0 && in_flight > 0 &&
                          oldest >= sources_.storage_stall_timeout_seconds);
   }
+  auto* peer = out.mutable_peer();
+  if (sources_.peer_store != nullptr) {
+    peer->set_pool_bytes(sources_.peer_store->budget());
+    peer->set_held_bytes(sources_.peer_store->used());
+  }
+  peer->set_replicas(sources_.replicas);
+  peer->set_failure_domain(sources_.failure_domain);
+  for (const ReplicaHolder& h : sources_.node->holders()) {
+    peer->add_holders(h.node_id);
+    peer->add_holder_addresses(h.address);
+  }
   for (const auto& [id, c] : clients_) {
     auto* ci = out.add_clients();
     ci->set_session_id(id);

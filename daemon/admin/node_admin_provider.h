@@ -29,6 +29,7 @@
 #include "daemon/host_pool.h"
 #include "daemon/hot_cache.h"
 #include "daemon/node_state.h"
+#include "daemon/peer/peer_store.h"
 #include "daemon/task_pool.h"
 
 namespace ckpt {
@@ -56,6 +57,10 @@ class NodeAdminProvider final : public AdminProvider, public DaemonObserver {
     // The writers' storage calls in flight and the oldest one's age (seconds); may be empty.
     std::function<std::pair<uint32_t, double>()> storage_activity;
     double storage_stall_timeout_seconds = 0;
+    // The peer-memory tier: what this node holds for others (may be null), what it asks for.
+    const peer::PeerStore* peer_store = nullptr;
+    uint32_t replicas = 0;
+    std::string failure_domain;
   };
 
   NodeAdminProvider(boost::asio::io_context& io, Sources sources);

@@ -161,6 +161,10 @@ Result<ckptd::v1::RegisterNodeResponse> CoordinatorCore::RegisterNode(
                  req.instance(), req.admin_address(), req.version());
   }
   n.instance = req.instance();
+  holders_.Set(req.node_id(),
+               {req.peer_address(), req.failure_domain(), req.peer_pool_bytes(), req.replicas()},
+               Clock::now());
+  cv_.NotifyAll();  // the timer plans the holders
   ckptd::v1::RegisterNodeResponse resp;
   resp.set_lease_ms(static_cast<uint64_t>(config_.lease.count()));
   resp.set_incarnation(incarnation);
@@ -178,7 +182,56 @@ Status CoordinatorCore::AttachNode(const std::string& node_id, std::shared_ptr<N
   for (auto& [name, j] : jobs_) {
     if (j.nodes.count(node_id) != 0 && j.plan) SendPlan(name, j, node_id);
   }
+  SendHolders(node_id);
   return Status::Ok();
+}
+
+Result<ckptd::v1::LoadPlanResponse> CoordinatorCore::PlanLoad(
+    const ckptd::v1::LoadPlanRequest& req) {
+  try {
+    return load_planner_.Ask(req, LoadPlanner::Clock::now(), HeldInMemory(req.job(), req.step()));
+  } catch (const std::bad_alloc&) {  // a plan too large for this process: refused, not fatal
+    return ResourceExhausted("load plan of job '" + req.job() + "': out of memory");
+  }
+}
+
+LoadPlanner::MemoryHolders CoordinatorCore::HeldInMemory(const std::string& job, uint64_t step) {
+  LoadPlanner::MemoryHolders held;
+  MutexLock lock(mu_);
+  auto j = jobs_.find(job);
+  if (j == jobs_.end()) return held;
+  auto s = j->second.steps.find(step);
+  if (s == j->second.steps.end() || s->second.state == ckptd::v1::STEP_STATE_ABORTED ||
+      s->second.state == ckptd::v1::STEP_STATE_FAILED) {
+    return held;
+  }
+  auto add = [&](const std::string& file, const std::string& node) {
+    auto n = nodes_.find(node);
+    if (n == nodes_.end() || !n->second.sink) return;  // lost, or its stream is down
+    const std::string address = holders_.AddressOf(node);
+    if (address.empty()) return;
+    auto& list = held[file];
+    if (std::find_if(list.begin(), list.end(), [&](const auto& h) { return h.first == node; }) ==
+        list.end()) {
+      list.emplace_back(node, address);
+    }
+  };
+  for (const auto& [rank, holders] : s->second.replica_holders) {
+    const std::string file = DataFileName(rank);
+    if (auto saved = s->second.saved.find(rank); saved != s->second.saved.end()) {
+      add(file, saved->second);
+    }
+    for (const std::string& h : holders) add(file, h);
+  }
+  return held;
+}
+
+void CoordinatorCore::SendHolders(const std::string& node_id) {
+  auto n = nodes_.find(node_id);
+  if (n == nodes_.end() || !n->second.sink) return;  // it hears them when it attaches
+  ckptd::v1::CoordinatorEvent e;
+  *e.mutable_holders() = holders_.AssignmentFor(node_id);
+  n->second.sink->Send(e);
 }
 
 void CoordinatorCore::DetachNode(const std::string& node_id, const NodeSink* sink) {
@@ -194,6 +247,8 @@ void CoordinatorCore::DetachNode(const std::string& node_id, const NodeSink* sin
 
 void CoordinatorCore::LoseNode(const std::string& node_id, const std::string& why) {
   spdlog::warn("node '{}' lost: {}", node_id, why);
+  holders_.Remove(node_id, Clock::now());
+  cv_.NotifyAll();
   for (auto& [name, j] : jobs_) {
     if (j.nodes.count(node_id) == 0) continue;
     // Its trainers' registrations went with it: nobody skips a replica it was to write.
@@ -320,6 +375,19 @@ Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
   j.nodes.insert(req.node_id());
   auto it = j.steps.find(req.step());
   if (it == j.steps.end()) {
+    if (req.state() == ckptd::v1::STEP_STATE_REPLICATED) {
+      // Nothing here follows that step's replication (this coordinator restarted, or the step
+      // is older than the ones it keeps): its waiters hear so instead of waiting forever.
+      auto* d = resp.mutable_decision();
+      d->set_job(req.job());
+      d->set_step(req.step());
+      d->set_state(ckptd::v1::STEP_STATE_REPLICATED);
+      d->set_not_replicated(true);
+      d->set_reason(
+          "the coordinator has no record of the step (it restarted, or the step is "
+          "older than the steps it keeps): its replication is not followed");
+      return resp;
+    }
     StepState ended = ckptd::v1::STEP_STATE_PENDING;
     std::string why;
     if (j.recovered_aborted.count(req.step()) != 0) {
@@ -347,6 +415,12 @@ Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
     cv_.NotifyAll();
   }
   StepRecord& s = it->second;
+  if (req.state() == ckptd::v1::STEP_STATE_REPLICATED &&
+      s.state == ckptd::v1::STEP_STATE_COMMITTED) {
+    RETURN_IF_ERROR(NoteReplicated(req, s));  // a committed step's copies count as hot state
+    if (s.replication_decided) *resp.mutable_decision() = s.replication;
+    return resp;
+  }
   if (Terminal(s.state)) {
     auto* d = resp.mutable_decision();
     d->set_job(req.job());
@@ -368,8 +442,18 @@ Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
                              at->second + "'");
     }
   }
+  // A node that did not hear the decision (it reported the step only later, or its stream was
+  // down) hears it in the answer; a REPLICATED report always does (it may be a re-report after
+  // the node reconnected).
+  if (s.replication_decided && (req.state() == ckptd::v1::STEP_STATE_REPLICATED ||
+                                s.told_replication.insert(req.node_id()).second)) {
+    *resp.mutable_decision() = s.replication;
+  }
   switch (req.state()) {
     case ckptd::v1::STEP_STATE_PENDING:
+      break;
+    case ckptd::v1::STEP_STATE_REPLICATED:
+      RETURN_IF_ERROR(NoteReplicated(req, s));
       break;
     case ckptd::v1::STEP_STATE_CAPTURED:
       s.captured.insert(req.ranks().begin(), req.ranks().end());
@@ -873,6 +957,50 @@ void CoordinatorCore::Prune(JobRecord& j) {
   }
 }
 
+Status CoordinatorCore::NoteReplicated(const ckptd::v1::ReportRanksRequest& req, StepRecord& s) {
+  if (s.world_size != req.world_size()) {
+    return InvalidArgument(StepName(req.job(), req.step()) + ": world size " +
+                           std::to_string(req.world_size()) + " differs from the step's " +
+                           std::to_string(s.world_size));
+  }
+  if (req.reason().empty()) {
+    for (uint32_t r : req.ranks()) {
+      s.replica_holders[r].assign(req.holders().begin(), req.holders().end());
+    }
+  }
+  if (s.replication_decided) return Status::Ok();
+  ckptd::v1::CoordinatorEvent e;
+  auto* d = e.mutable_step();
+  d->set_job(req.job());
+  d->set_step(req.step());
+  d->set_state(ckptd::v1::STEP_STATE_REPLICATED);
+  if (!req.reason().empty()) {
+    std::vector<uint32_t> ranks(req.ranks().begin(), req.ranks().end());
+    d->set_not_replicated(true);
+    d->set_reason("rank(s) " + RankList(ranks) + " on node '" + EscapeForLog(req.node_id()) +
+                  "' not replicated: " + req.reason());
+    spdlog::info("{}: not replicated: {}", StepName(req.job(), req.step()), d->reason());
+  } else {
+    s.replicated.insert(req.ranks().begin(), req.ranks().end());
+    if (s.replicated.size() < s.world_size) return Status::Ok();
+  }
+  DecideReplication(req.job(), s, e);
+  return Status::Ok();
+}
+
+void CoordinatorCore::DecideReplication(const std::string& job, StepRecord& s,
+                                        const ckptd::v1::CoordinatorEvent& e) {
+  s.replication_decided = true;
+  s.replication = e.step();
+  if (auto j = jobs_.find(job); j != jobs_.end()) {
+    for (const auto& node : j->second.nodes) {
+      auto n = nodes_.find(node);
+      if (n != nodes_.end() && n->second.sink) s.told_replication.insert(node);
+    }
+  }
+  Broadcast(job, e);
+}
+
 void CoordinatorCore::TimerLoop() {
   MutexLock lock(mu_);
   while (!stopping_) {
@@ -905,8 +1033,30 @@ void CoordinatorCore::TimerLoop() {
       n->second.sink->Send(e);
     }
     if (auto due = layouts_.NextDeadline()) next = std::min(next, *due);
+    for (const std::string& node : holders_.ReplanIfDue(now)) SendHolders(node);
+    if (auto due = holders_.due()) next = std::min(next, *due);
     for (auto& [job, j] : jobs_) {
       for (auto& [step, s] : j.steps) {
+        if (!s.replication_decided && s.state != ckptd::v1::STEP_STATE_ABORTED &&
+            s.state != ckptd::v1::STEP_STATE_FAILED) {
+          if (s.deadline <= now) {
+            std::vector<uint32_t> missing;
+            for (uint32_t r = 0; r < s.world_size; ++r) {
+              if (s.replicated.count(r) == 0) missing.push_back(r);
+            }
+            ckptd::v1::CoordinatorEvent e;
+            auto* d = e.mutable_step();
+            d->set_job(job);
+            d->set_step(step);
+            d->set_state(ckptd::v1::STEP_STATE_REPLICATED);
+            d->set_not_replicated(true);
+            d->set_reason("rank(s) " + RankList(missing) + " not replicated within " +
+                          std::to_string(config_.step_timeout.count()) + " ms");
+            DecideReplication(job, s, e);
+          } else {
+            next = std::min(next, s.deadline);
+          }
+        }
         if (Terminal(s.state) || s.committing || s.state == ckptd::v1::STEP_STATE_PERSISTED) {
           continue;
         }

@@ -26,6 +26,13 @@
 //     failure; the reason names the missing ranks and their nodes, every node of the job is told,
 //     and the step directory is removed (each daemon also removes its own leftovers once its
 //     writers have let go of them). Training is never blocked: only events are sent.
+//   * the peer-memory tier: every node says at registration whether it can hold other nodes'
+//     steps in memory and how many holders it wants; the holder plan (holder_registry.h) is
+//     kept current as nodes come and go and each node hears its holders (HolderAssignment). A
+//     node replicates each rank it persisted to them and reports REPLICATED (or why not); when
+//     every rank of a step is replicated the step is decided REPLICATED — beside its state,
+//     before or after its commit — and a rank that could not be replicated decides it not
+//     replicated, with the reason, so nobody waits for it in vain.
 //   * registrations of all ranks of a job give the writer plan (writer_plan.h); it is recomputed
 //     only when a registration changes, off the request threads (the plan thread), and pushed
 //     to each node of the job, each rank's writes tagged with the registration they were
@@ -80,6 +87,7 @@
 #include "common/manifest_merge.h"
 #include "common/mutex.h"
 #include "daemon/coordinator/commit_engine.h"
+#include "daemon/coordinator/holder_registry.h"
 #include "daemon/coordinator/layout_registry.h"
 #include "daemon/coordinator/load_planner.h"
 #include "daemon/coordinator/restore_points.h"
@@ -108,6 +116,9 @@ class CoordinatorCore {
     // Cold loads across nodes (load_planner.h): how long a round waits for the rest of the
     // job's ranks before planning with those that asked.
     LoadPlanner::Options load_plan;
+    // The peer-memory tier (holder_registry.h): how long a change of the nodes waits for more
+    // before the holders are planned again.
+    std::chrono::milliseconds holder_replan_delay{100};
     size_t finished_steps_kept = 64;  // per job, to answer late reports
     // A step the recovery scan removed is answered ABORTED when a daemon reports it again: it
     // was in flight on a live daemon when the coordinator restarted. False in process: the
@@ -201,15 +212,9 @@ class CoordinatorCore {
   Result<std::optional<uint64_t>> RestorePoint(const std::string& job, uint32_t rank,
                                                uint32_t world_size, const std::string& session);
   Result<std::vector<uint64_t>> List(const std::string& job);
-  // A rank about to load a step from storage: who reads what (load_planner.h). Does not take
-  // the core's mutex.
-  Result<ckptd::v1::LoadPlanResponse> PlanLoad(const ckptd::v1::LoadPlanRequest& req) {
-    try {
-      return load_planner_.Ask(req);
-    } catch (const std::bad_alloc&) {  // a plan too large for this process: refused, not fatal
-      return ResourceExhausted("load plan of job '" + req.job() + "': out of memory");
-    }
-  }
+  // A rank about to load a step from storage: who reads what (load_planner.h), the step's data
+  // files that live daemons hold in memory fetched from them. Plans without the core's mutex.
+  Result<ckptd::v1::LoadPlanResponse> PlanLoad(const ckptd::v1::LoadPlanRequest& req);
 
   Snapshot TakeSnapshot();
 
@@ -230,6 +235,16 @@ class CoordinatorCore {
     std::map<uint32_t, std::string> saved;  // rank → node
     std::set<uint32_t> captured;
     std::set<uint32_t> persisted;
+    // Ranks whose bytes are held in memory by their node and its holders (REPLICATED reports),
+    // and whether the step's REPLICATED decision went out (replicated, or not with a reason).
+    std::set<uint32_t> replicated;
+    std::map<uint32_t, std::vector<std::string>> replica_holders;  // rank → holders (node ids)
+    bool replication_decided = false;
+    // That decision, and the nodes it was sent to: a node reporting the step for the first time
+    // afterwards (one rank could not be replicated before another node's first report) hears it
+    // in the answer.
+    ckptd::v1::StepDecision replication;
+    std::set<std::string> told_replication;
     // node → its PERSISTED report's manifest, shared with the merge task that folds it in.
     std::map<std::string, std::shared_ptr<const ckptd::v1::NodeManifest>> manifests;
     // `manifests` merged so far, on the commit thread (null until the first report), and the
@@ -318,6 +333,15 @@ class CoordinatorCore {
   void MergeAsReported(StepRecord& s, std::shared_ptr<const ckptd::v1::NodeManifest> m)
       REQUIRES(mu_);
   void TryCommit(const std::string& job) REQUIRES(mu_);
+  // A REPLICATED report: counts its ranks, or (with a reason) decides the step not replicated.
+  Status NoteReplicated(const ckptd::v1::ReportRanksRequest& req, StepRecord& s) REQUIRES(mu_);
+  // Records the step's REPLICATED decision `e` and sends it to the job's nodes.
+  void DecideReplication(const std::string& job, StepRecord& s,
+                         const ckptd::v1::CoordinatorEvent& e) REQUIRES(mu_);
+  void SendHolders(const std::string& node_id) REQUIRES(mu_);
+  // The step's data files live daemons hold in memory: each rank's own node while it is attached
+  // (its hot cache), then the holders its REPLICATED report named, attached ones only.
+  LoadPlanner::MemoryHolders HeldInMemory(const std::string& job, uint64_t step) EXCLUDES(mu_);
   void OnCommitted(const std::string& job, uint64_t step, Status st);
   void LoseNode(const std::string& node_id, const std::string& why) REQUIRES(mu_);
   std::string MissingRanks(const StepRecord& s) const REQUIRES(mu_);
@@ -345,6 +369,7 @@ class CoordinatorCore {
   RestorePoints restore_points_ GUARDED_BY(mu_);
   LoadPlanner load_planner_{config_.load_plan};  // its own lock
   LayoutRegistry layouts_ GUARDED_BY(mu_);
+  HolderRegistry holders_ GUARDED_BY(mu_){config_.holder_replan_delay};
   int plans_in_flight_ GUARDED_BY(mu_) = 0;
   int commits_in_flight_ GUARDED_BY(mu_) = 0;
   uint64_t commits_merged_afresh_ GUARDED_BY(mu_) = 0;

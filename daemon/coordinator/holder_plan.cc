@@ -36,7 +36,9 @@ HolderPlan PlanHolders(std::vector<HolderNode> nodes, uint32_t replicas,
   std::vector<uint32_t> load(count, 0);
   // Candidates by (load, position): the least loaded first.
   std::set<std::pair<uint32_t, uint32_t>> by_load;
-  for (uint32_t i = 0; i < count; ++i) by_load.emplace(0, i);
+  for (uint32_t i = 0; i < count; ++i) {
+    if (nodes[i].can_hold) by_load.emplace(0, i);
+  }
   auto add = [&](uint32_t node, uint32_t holder) {
     chosen[node].push_back(holder);
     by_load.erase({load[holder], holder});
@@ -51,12 +53,15 @@ HolderPlan PlanHolders(std::vector<HolderNode> nodes, uint32_t replicas,
   if (previous != nullptr) {
     for (uint32_t i = 0; i < count; ++i) {
       auto it = previous->holders.find(nodes[i].node_id);
-      if (it == previous->holders.end()) continue;
+      if (it == previous->holders.end() || !nodes[i].wants_holders) continue;
       for (const std::string& id : it->second) {
         auto h = index.find(id);
         if (h == index.end() || chosen[i].size() >= replicas) continue;
         const uint32_t holder = h->second;
-        if (taken(i, holder) || domain[holder] == domain[i] || load[holder] >= replicas) continue;
+        if (!nodes[holder].can_hold || taken(i, holder) || domain[holder] == domain[i] ||
+            load[holder] >= replicas) {
+          continue;
+        }
         add(i, holder);
       }
     }
@@ -82,7 +87,7 @@ HolderPlan PlanHolders(std::vector<HolderNode> nodes, uint32_t replicas,
     return -1;
   };
   for (uint32_t i = 0; i < count; ++i) {
-    while (chosen[i].size() < replicas) {
+    while (nodes[i].wants_holders && chosen[i].size() < replicas) {
       int64_t holder = pick(i, /*other_domain=*/true);
       if (holder < 0) holder = pick(i, /*other_domain=*/false);
       if (holder < 0) break;
@@ -91,6 +96,10 @@ HolderPlan PlanHolders(std::vector<HolderNode> nodes, uint32_t replicas,
   }
 
   for (uint32_t i = 0; i < count; ++i) {
+    if (!nodes[i].wants_holders) {
+      plan.held_for[nodes[i].node_id] = load[i];
+      continue;
+    }
     auto& out = plan.holders[nodes[i].node_id];
     for (uint32_t h : chosen[i]) {
       out.push_back(nodes[h].node_id);

@@ -3,8 +3,9 @@
 // `--failure-domain` where possible), so that losing a node — or a whole domain — loses no
 // step that was replicated.
 //
-// Input: the nodes that can hold (a data-plane address, `--peer-listen`), each with its failure
-// domain label (empty: a domain of its own). Output: per node, its K holders, and the nodes
+// Input: the nodes, each with its failure domain label (empty: a domain of its own), whether it
+// can hold (a data-plane address, `--peer-listen`, and a `--peer-pool`) and whether it wants
+// holders (`--replicas` > 0). Output: per node that wants them, its K holders, and the nodes
 // that got fewer than K (not enough other nodes).
 //
 // Rule, per node in a fixed order (by domain, then node id): K holders, each the candidate with
@@ -21,8 +22,7 @@
 // Cost: O(N·K·log N) with one ordered set of candidates by load, plus the candidates a pick
 // skips (its own domain, holders it already has): with many small domains a few, with two
 // large ones up to a domain's worth per pick. Memory O(N·K). Pure function, no I/O,
-// thread-compatible. Not wired in yet: the coordinator's holder events, replication and the
-// `replicated` state build on it.
+// thread-compatible. The coordinator keeps it current in holder_registry.h.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +35,8 @@ namespace ckpt {
 struct HolderNode {
   std::string node_id;
   std::string failure_domain;  // empty: a domain of its own
+  bool can_hold = true;        // a candidate holder (a data plane and room for others' copies)
+  bool wants_holders = true;   // gets K holders; false: none (it replicates nothing)
 };
 
 struct HolderPlan {

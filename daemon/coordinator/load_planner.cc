@@ -92,7 +92,8 @@ void LoadPlanner::DropExpiredLocked(Clock::time_point now) {
   }
 }
 
-Result<LoadPlanResponse> LoadPlanner::Ask(const LoadPlanRequest& req, Clock::time_point now) {
+Result<LoadPlanResponse> LoadPlanner::Ask(const LoadPlanRequest& req, Clock::time_point now,
+                                          const MemoryHolders& held) {
   RETURN_IF_ERROR(CheckRequest(req));
   MutexLock lock(mu_);
   DropExpiredLocked(now);
@@ -146,7 +147,7 @@ Result<LoadPlanResponse> LoadPlanner::Ask(const LoadPlanRequest& req, Clock::tim
       wait.set_retry_ms(static_cast<uint32_t>(options_.retry.count()));
       return wait;
     }
-    MakePlan(*round, read_[{req.job(), req.step()}]);
+    MakePlan(*round, read_[{req.job(), req.step()}], held);
     round->planned = true;
     round->planned_at = now;
   }
@@ -154,11 +155,23 @@ Result<LoadPlanResponse> LoadPlanner::Ask(const LoadPlanRequest& req, Clock::tim
   return Answer(*round, req.node_id(), needs);
 }
 
-void LoadPlanner::MakePlan(Round& round, std::map<std::string, uint64_t>& read) const {
+void LoadPlanner::MakePlan(Round& round, std::map<std::string, uint64_t>& read,
+                           const MemoryHolders& held) const {
   round.nodes.clear();  // a plan that threw (out of memory) left a part behind
   round.addresses.clear();
   round.pieces.clear();
   round.serve.clear();
+  round.holders.clear();
+  // The memory holders of each file, as indices into round.holders.
+  std::map<std::string, std::vector<int32_t>> held_by;
+  for (const auto& [file, holders] : held) {
+    for (const auto& h : holders) {
+      if (h.second.empty()) continue;  // no data plane: cannot serve
+      auto at = std::find(round.holders.begin(), round.holders.end(), h);
+      if (at == round.holders.end()) at = round.holders.insert(at, h);
+      held_by[file].push_back(static_cast<int32_t>(at - round.holders.begin()));
+    }
+  }
   // Each node's needs, merged per file.
   std::map<std::string, std::vector<std::pair<uint64_t, std::pair<uint64_t, uint32_t>>>> by_file;
   std::vector<bool> can_serve;
@@ -207,6 +220,9 @@ void LoadPlanner::MakePlan(Round& round, std::map<std::string, uint64_t>& read) 
               [](const Event& a, const Event& b) { return a.pos < b.pos; });
     std::vector<uint32_t> active;  // nodes needing the current span (a node's spans are disjoint)
     auto& pieces = round.pieces[file];
+    const auto holders_it = held_by.find(file);
+    const std::vector<int32_t>* holders =
+        holders_it == held_by.end() ? nullptr : &holders_it->second;
     for (size_t e = 0; e < events.size();) {
       const uint64_t pos = events[e].pos;
       for (; e < events.size() && events[e].pos == pos; ++e) {
@@ -234,6 +250,13 @@ void LoadPlanner::MakePlan(Round& round, std::map<std::string, uint64_t>& read) 
                                (assigned[n] == assigned[reader] && order(n) < order(reader)))) {
             reader = n;
           }
+        }
+        if (holders != nullptr) {
+          // In memory elsewhere: nobody reads it from storage; holders take turns.
+          const int32_t holder = (*holders)[pieces.size() % holders->size()];
+          pieces.push_back(Piece{begin, end, active.front(), false, holder});
+          begin = end;
+          continue;
         }
         const bool shared = active.size() > 1 && reader != kNoReader;
         if (reader == kNoReader) reader = active.front();
@@ -283,6 +306,15 @@ LoadPlanResponse LoadPlanner::Answer(const Round& round, const std::string& node
     auto p = std::upper_bound(pieces.begin(), pieces.end(), begin,
                               [](uint64_t pos, const Piece& piece) { return pos < piece.end; });
     for (; p != pieces.end() && p->begin < end; ++p) {
+      if (p->holder >= 0) {
+        const auto& [holder_node, holder_address] = round.holders[p->holder];
+        auto* f = out.add_fetch();
+        *f->mutable_range() =
+            MakeRange(need.file(), std::max(begin, p->begin), std::min(end, p->end));
+        f->set_node_id(holder_node);
+        f->set_peer_address(holder_address);
+        continue;
+      }
       if (p->reader == me || round.addresses[p->reader].empty()) continue;
       if (me != kNoReader && !p->shared) continue;
       const std::string& reader_node = round.nodes[p->reader];

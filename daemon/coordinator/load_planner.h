@@ -22,6 +22,13 @@
 // restarted. A plan is forgotten `keep` after it was made, so that a later restart of the job
 // plans anew with its own nodes.
 //
+// Bytes already in memory elsewhere. The coordinator passes, with each ask, the data files of the
+// step that live daemons hold in memory (MemoryHolders: the node that wrote the file, while it is
+// alive, and its holders in the peer-memory tier, proto/README.md §4.1). Every piece of such a
+// file is fetched from one of them — in turn, piece by piece — and nobody reads it from storage:
+// a replacement node restores a lost node's ranks from the lost node's holders. The holders
+// given when the round is planned are the round's.
+//
 // Failure is always a storage read: a fetch that fails, stalls or returns bad bytes (the loader
 // verifies each checksum piece against the manifest, wherever its bytes came from) is read from
 // storage by the loader itself. So a plan can be wrong about who is alive and still never make
@@ -70,10 +77,13 @@ class LoadPlanner {
     options_.grain = std::max<uint64_t>(options_.grain, 4096);
   }
 
+  // A data file of the step → the live daemons holding it in memory: (node id, data plane).
+  using MemoryHolders = std::map<std::string, std::vector<std::pair<std::string, std::string>>>;
+
   // One rank's ask. Errors: a request without job, node or world size, a rank outside the world,
   // a range that is empty or overflows (kInvalidArgument).
   Result<ckptd::v1::LoadPlanResponse> Ask(const ckptd::v1::LoadPlanRequest& request,
-                                          Clock::time_point now);
+                                          Clock::time_point now, const MemoryHolders& held = {});
   Result<ckptd::v1::LoadPlanResponse> Ask(const ckptd::v1::LoadPlanRequest& request) {
     return Ask(request, Clock::now());
   }
@@ -85,8 +95,9 @@ class LoadPlanner {
   struct Piece {
     uint64_t begin;
     uint64_t end;
-    uint32_t reader;  // index into Round::nodes
-    bool shared;      // more than one node needs it
+    uint32_t reader;      // index into Round::nodes
+    bool shared;          // more than one node needs it
+    int32_t holder = -1;  // ≥ 0: fetched by every needer from Round::holders[holder]
   };
   struct NodeNeeds {
     std::string peer_address;
@@ -104,13 +115,15 @@ class LoadPlanner {
     std::map<std::string, NodeNeeds> needs;    // node → what its ranks asked for
     std::vector<std::string> nodes;            // after planning: index → node id
     std::vector<std::string> addresses;        // after planning: index → its data plane
-    std::map<std::string, std::vector<Piece>> pieces;      // file → pieces, sorted
-    std::vector<std::vector<ckptd::v1::FileRange>> serve;  // index → what that node serves
+    std::map<std::string, std::vector<Piece>> pieces;          // file → pieces, sorted
+    std::vector<std::vector<ckptd::v1::FileRange>> serve;      // index → what that node serves
+    std::vector<std::pair<std::string, std::string>> holders;  // memory holders: node, address
   };
 
   // `read`: bytes each node reads from storage in the step's earlier rounds, carried on so that
   // the rounds of one restart balance together.
-  void MakePlan(Round& round, std::map<std::string, uint64_t>& read) const;
+  void MakePlan(Round& round, std::map<std::string, uint64_t>& read,
+                const MemoryHolders& held) const;
   ckptd::v1::LoadPlanResponse Answer(const Round& round, const std::string& node,
                                      const std::vector<ckptd::v1::FileRange>& needs) const;
   void DropExpiredLocked(Clock::time_point now) REQUIRES(mu_);

@@ -184,11 +184,13 @@ Status PeerClient::Put(const Region& region, const std::byte* data) {
   return Status::Ok();
 }
 
-Status PeerClient::Drop(const std::string& job, uint64_t step) {
+Status PeerClient::Drop(const std::string& job, uint64_t step, const std::string& file) {
   RETURN_IF_ERROR(ValidateJobName(job), "peer DROP");
+  if (!file.empty()) RETURN_IF_ERROR(ValidateDataFileName(file), "peer DROP");
   MutexLock lock(mu_);
-  if (Status s = Exchange(FrameType::kDrop, EncodeStep({job, step}), nullptr, 0, nullptr, 0,
-                          "DROP of job '" + job + "' step " + std::to_string(step));
+  if (Status s = Exchange(FrameType::kDrop, EncodeStep({job, step, file}), nullptr, 0, nullptr, 0,
+                          "DROP of job '" + job + "' step " + std::to_string(step) +
+                              (file.empty() ? "" : " file " + file));
       !s.ok()) {
     return Failed(std::move(s));
   }

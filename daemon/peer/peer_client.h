@@ -59,8 +59,9 @@ class PeerClient {
   // kResourceExhausted when its pool is full (it evicts nothing), kFailedPrecondition when it
   // holds nothing for others, plus the transport errors above.
   Status Put(const Region& region, const std::byte* data);
-  // Asks the peer to forget every region of (job, step) it holds for others.
-  Status Drop(const std::string& job, uint64_t step);
+  // Asks the peer to forget every region of (job, step) it holds for others; with `file`, only
+  // that data file's (the copies this node sent of its own rank).
+  Status Drop(const std::string& job, uint64_t step, const std::string& file = "");
 
   const std::string& address() const { return config_.address; }
 

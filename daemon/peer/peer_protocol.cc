@@ -189,13 +189,15 @@ std::string EncodeStep(const StepRef& s) {
   MetaWriter w;
   w.Str(s.job);
   w.U64(s.step);
+  if (!s.file.empty()) w.Str(s.file);
   return w.Take();
 }
 
 Result<StepRef> DecodeStep(std::string_view meta) {
   MetaReader rd(meta);
   StepRef s;
-  if (!rd.Str(&s.job) || !rd.U64(&s.step) || !rd.Done()) {
+  if (!rd.Str(&s.job) || !rd.U64(&s.step) || (!rd.Done() && (!rd.Str(&s.file) || s.file.empty())) ||
+      !rd.Done()) {
     return InvalidArgument("peer: malformed step metadata (" + std::to_string(meta.size()) +
                            " bytes)");
   }

@@ -23,7 +23,9 @@
 // Metadata is a sequence of fields: u64 little-endian numbers and strings (u16 length, bytes).
 //   FETCH  job, u64 step, file, u64 offset, u64 length      (length <= kMaxChunkBytes)
 //   PUT    job, u64 step, file, u64 offset, u64 length      (length == data_length)
-//   DROP   job, u64 step
+//   DROP   job, u64 step [, file]                           (with a file: only that data file's
+//                                                            regions, the sender's own copies;
+//                                                            servers before it close on it)
 //   REPLY  u32 status code (ckpt::StatusCode), message      (a FETCH's OK reply carries the
 //                                                            bytes as data)
 // Metadata must be consumed exactly: trailing bytes are malformed.
@@ -101,6 +103,7 @@ Result<Region> DecodeRegion(std::string_view meta);
 struct StepRef {
   std::string job;
   uint64_t step = 0;
+  std::string file;  // DROP: empty for the whole step, else one data file of it
 };
 std::string EncodeStep(const StepRef& step);
 Result<StepRef> DecodeStep(std::string_view meta);

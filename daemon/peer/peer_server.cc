@@ -263,6 +263,12 @@ class PeerServer::Connection : public std::enable_shared_from_this<Connection> {
       Reply(v.WithContext("peer DROP"), nullptr, 0, 0);
       return;
     }
+    if (!step->file.empty()) {
+      if (Status v = ValidateDataFileName(step->file); !v.ok()) {
+        Reply(v.WithContext("peer DROP"), nullptr, 0, 0);
+        return;
+      }
+    }
     if (server_->store_ == nullptr) {
       Reply(FailedPrecondition("peer: DROP of job '" + step->job + "' step " +
                                std::to_string(step->step) +
@@ -270,9 +276,11 @@ class PeerServer::Connection : public std::enable_shared_from_this<Connection> {
             nullptr, 0, 0);
       return;
     }
-    const uint64_t freed = server_->store_->DropStep(step->job, step->step);
-    spdlog::debug("peer data plane: {}: dropped job '{}' step {} ({} bytes)", peer_, step->job,
-                  step->step, freed);
+    const uint64_t freed = step->file.empty()
+                               ? server_->store_->DropStep(step->job, step->step)
+                               : server_->store_->DropFile(step->job, step->step, step->file);
+    spdlog::debug("peer data plane: {}: dropped job '{}' step {} {}({} bytes)", peer_, step->job,
+                  step->step, step->file.empty() ? "" : "file " + step->file + " ", freed);
     Reply(Status(StatusCode::kOk, "dropped " + std::to_string(freed) + " bytes"), nullptr, 0, 0);
   }
 

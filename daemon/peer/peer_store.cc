@@ -106,6 +106,23 @@ uint64_t PeerStore::DropStep(const std::string& job, uint64_t step) {
   return freed;
 }
 
+uint64_t PeerStore::DropFile(const std::string& job, uint64_t step, const std::string& file) {
+  MutexLock lock(mu_);
+  auto it = steps_.find({job, step});
+  if (it == steps_.end()) return 0;
+  auto f = it->second.find(file);
+  if (f == it->second.end()) return 0;
+  uint64_t freed = 0;
+  for (const auto& [offset, held] : f->second) {
+    freed += held.length;
+    --regions_;
+  }
+  held_ -= freed;
+  it->second.erase(f);
+  if (it->second.empty()) steps_.erase(it);
+  return freed;
+}
+
 uint64_t PeerStore::used() const {
   MutexLock lock(mu_);
   return held_ + reserved_;

@@ -78,6 +78,8 @@ class PeerStore {
 
   // Forgets every region of (job, step); returns the bytes freed.
   uint64_t DropStep(const std::string& job, uint64_t step);
+  // Forgets the regions of one data file of (job, step); returns the bytes freed.
+  uint64_t DropFile(const std::string& job, uint64_t step, const std::string& file);
 
   uint64_t budget() const { return budget_; }
   uint64_t used() const;  // held + reserved

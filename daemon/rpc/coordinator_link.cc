@@ -82,6 +82,10 @@ void CoordinatorLink::WatchLoop() {
     req.set_node_id(config_.node_id);
     req.set_admin_address(config_.admin_address);
     req.set_version(config_.version);
+    req.set_peer_address(peer_address_);
+    req.set_failure_domain(config_.failure_domain);
+    req.set_peer_pool_bytes(config_.peer_pool_bytes);
+    req.set_replicas(config_.replicas);
     req.set_instance(instance_);
     ckptd::v1::RegisterNodeResponse resp;
     grpc::Status st;

@@ -46,6 +46,11 @@ class CoordinatorLink final : public CoordinatorPort {
     std::string node_id;
     std::string admin_address;
     std::string version;
+    // The peer-memory tier (RegisterNodeRequest fields 5-8); the data plane's address is known
+    // once it is bound (SetPeerAddress, before Start).
+    std::string failure_domain;
+    uint64_t peer_pool_bytes = 0;
+    uint32_t replicas = 0;
     TlsFiles tls;
     bool allow_plaintext = false;
     std::chrono::milliseconds rpc_deadline{std::chrono::seconds(10)};
@@ -68,6 +73,8 @@ class CoordinatorLink final : public CoordinatorPort {
   void PlanLoad(ckptd::v1::LoadPlanRequest request, PlanLoadDone done) override;
 
   const Config& config() const { return config_; }
+  // The data plane's advertised address (host:port); before Start.
+  void SetPeerAddress(std::string address) { peer_address_ = std::move(address); }
 
  private:
   static constexpr size_t kMaxQueued = 100'000;
@@ -87,6 +94,7 @@ class CoordinatorLink final : public CoordinatorPort {
 
   boost::asio::io_context& io_;
   Config config_;
+  std::string peer_address_;
   std::string instance_;
   Handler* handler_ = nullptr;
   std::shared_ptr<grpc::Channel> channel_;

@@ -161,7 +161,9 @@ class ApiTest(util.DaemonTestCase):
         expected = {k: v.clone() for k, v in tensors.items()}
         c.save(1, tensors, extra=b"\x00extra\xff")
         c.wait_snapshot(timeout=30)
-        for state in ("captured", "persisted", "committed"):
+        # One daemon without a coordinator holds its steps with --replicas 0: replicated once
+        # persisted (1 + 0 copies in memory).
+        for state in ("captured", "persisted", "committed", "replicated"):
             c.wait(1, state, timeout=30)
         self.assertEqual(c.latest(), 1)
         self.assertEqual(c.node_id, "pytest")
@@ -195,6 +197,8 @@ class ApiTest(util.DaemonTestCase):
         self.assertError("DEADLINE_EXCEEDED", c0.wait, 3, "committed", timeout=0.2,
                          contains=("3",))
         self.assertLess(time.monotonic() - t0, 5)
+        self.assertError("INVALID_ARGUMENT", c0.wait, 3, "durable", timeout=1,
+                         contains=("replicated",))
 
     def test_views_of_one_storage(self):
         # Several tensors on one storage travel as one fd with different offsets.

@@ -134,7 +134,9 @@ using CudaStream = void*;
 
 // States that Wait can wait for (docs/design.md §2.1): this rank's bytes are in the daemon's host
 // memory; the node's data is durable in storage; the checkpoint is globally committed.
-enum class WaitState { kCaptured, kPersisted, kCommitted };
+// kReplicated: every rank's bytes are held in memory by its node and its `--replicas` holders
+// (the peer-memory tier); a step may be replicated before or after it is committed.
+enum class WaitState { kCaptured, kPersisted, kCommitted, kReplicated };
 
 // What the daemon does when a capture does not fit into its host pool: wait for space (the
 // following WaitSnapshot then waits too), or skip this checkpoint (the step fails with
@@ -217,7 +219,9 @@ class Client {
   Status WaitSnapshot(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 
   // Waits until `step` of this job reaches `state` (kCaptured: this rank's bytes; kPersisted:
-  // this node's; kCommitted: the global checkpoint). Errors: the step's failure from the daemon;
+  // this node's; kCommitted: the global checkpoint; kReplicated: in other nodes' memory too).
+  // Errors: the step's failure from the daemon (kFailedPrecondition with the reason when it
+  // will not be replicated: too few holders, a holder full or lost);
   // kDeadlineExceeded naming the step and state when `timeout` passes first.
   Status Wait(uint64_t step, WaitState state,
               std::optional<std::chrono::milliseconds> timeout = std::nullopt);

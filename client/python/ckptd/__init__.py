@@ -481,10 +481,13 @@ class Client:
 
     def wait(self, step, state="committed", timeout=None):
         """Block until ``step`` reaches ``state``: "captured" (this rank's bytes), "persisted"
-        (this node's data durable) or "committed" (the global checkpoint). ckptd.Error ABORTED
-        when the step failed, DEADLINE_EXCEEDED when ``timeout`` seconds pass first."""
-        if state not in ("captured", "persisted", "committed"):
-            raise _error('state must be "captured", "persisted" or "committed", not %r' % (state,))
+        (this node's data durable), "committed" (the global checkpoint) or "replicated" (every
+        rank's bytes also held in other nodes' memory, ``ckptd --replicas``). ckptd.Error
+        ABORTED when the step failed, FAILED_PRECONDITION when it will not be replicated (the
+        message says why), DEADLINE_EXCEEDED when ``timeout`` seconds pass first."""
+        if state not in ("captured", "persisted", "committed", "replicated"):
+            raise _error('state must be "captured", "persisted", "committed" or "replicated", '
+                         'not %r' % (state,))
         self._c.wait(_as_uint(step, "step"), state, _as_timeout(timeout))
 
     def latest(self):

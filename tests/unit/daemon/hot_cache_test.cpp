@@ -209,6 +209,37 @@ TEST_CASE("a pinned older step survives a newer one until its Unpin", "[hot_cach
   CHECK(cache.Find("job", 1, kFile, 0, 10) == nullptr);
 }
 
+TEST_CASE("a kept step survives newer steps, adopts its late slots, and yields to pool pressure",
+          "[hot_cache]") {
+  auto pool = MakePool(4);
+  HotCache cache(pool.get());
+  cache.Keep("job", 1);  // its replication to peers has not run yet
+  cache.Adopt("job", 1, kFile, 0, kWindow, FilledSlot(*pool, 1));
+  cache.Adopt("job", 2, kFile, 0, kWindow, FilledSlot(*pool, 2));
+  // Superseded, but still readable: and a slot of it written after step 2's is adopted too.
+  CHECK(cache.Find("job", 1, kFile, 0, 10) != nullptr);
+  cache.Adopt("job", 1, kFile, kWindow, kWindow, FilledSlot(*pool, 3));
+  CHECK(cache.Find("job", 1, kFile, kWindow, 10) != nullptr);
+  CHECK(pool->free_slots() == 1);
+  // Pool pressure: a capture needs slots; the kept step is reclaimable (step 2 was used later).
+  CHECK(cache.Find("job", 2, kFile, 0, 10) != nullptr);
+  CHECK(cache.ReclaimOne());
+  CHECK(pool->free_slots() == 3);
+  CHECK(cache.Find("job", 1, kFile, 0, 10) == nullptr);
+  CHECK(cache.Find("job", 2, kFile, 0, 10) != nullptr);
+  cache.Unkeep("job", 1);  // nothing left to free; no harm
+  CHECK(pool->free_slots() == 3);
+
+  // Kept and not reclaimed: the last Unkeep frees the superseded step.
+  cache.Keep("job", 3);
+  cache.Adopt("job", 3, kFile, 0, kWindow, FilledSlot(*pool, 4));
+  cache.Adopt("job", 4, kFile, 0, kWindow, FilledSlot(*pool, 5));  // supersedes 2 and 3
+  CHECK(pool->free_slots() == 2);
+  cache.Unkeep("job", 3);
+  CHECK(pool->free_slots() == 3);
+  CHECK(cache.Find("job", 3, kFile, 0, 10) == nullptr);
+}
+
 TEST_CASE("InsertRead caches read bytes and merges adjacent ranges", "[hot_cache]") {
   auto pool = MakePool(2);
   HotCache cache(pool.get());

@@ -43,6 +43,58 @@ class RecordingSink final : public NodeSink {
     });
     return out;
   }
+  // Blocks (with a deadline) until a REPLICATED decision for (job, step) arrives.
+  std::optional<pb::StepDecision> WaitReplication(const std::string& job, uint64_t step) {
+    std::unique_lock lock(mu_);
+    std::optional<pb::StepDecision> out;
+    cv_.wait_for(lock, std::chrono::seconds(20), [&] {
+      for (const auto& e : events_) {
+        if (e.has_step() && e.step().job() == job && e.step().step() == step &&
+            e.step().state() == pb::STEP_STATE_REPLICATED) {
+          out = e.step();
+          return true;
+        }
+      }
+      return false;
+    });
+    return out;
+  }
+  // The REPLICATED decisions for (job, step) received so far.
+  std::vector<pb::StepDecision> Replications(const std::string& job, uint64_t step) {
+    std::lock_guard lock(mu_);
+    std::vector<pb::StepDecision> out;
+    for (const auto& e : events_) {
+      if (e.has_step() && e.step().job() == job && e.step().step() == step &&
+          e.step().state() == pb::STEP_STATE_REPLICATED) {
+        out.push_back(e.step());
+      }
+    }
+    return out;
+  }
+  // The newest HolderAssignment received (empty when none).
+  pb::HolderAssignment LastHolders() {
+    std::lock_guard lock(mu_);
+    pb::HolderAssignment out;
+    for (const auto& e : events_) {
+      if (e.has_holders()) out = e.holders();
+    }
+    return out;
+  }
+  // Until the newest assignment lists `count` holders, none of them `not`.
+  bool WaitHolders(int count, const std::string& not_this = "") {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(20), [&] {
+      const pb::HolderAssignment* last = nullptr;
+      for (const auto& e : events_) {
+        if (e.has_holders()) last = &e.holders();
+      }
+      if (last == nullptr || last->holders_size() != count) return false;
+      for (const auto& h : last->holders()) {
+        if (h.node_id() == not_this) return false;
+      }
+      return true;
+    });
+  }
   std::vector<uint64_t> CommittedOrder(const std::string& job) {
     std::lock_guard lock(mu_);
     std::vector<uint64_t> out;
@@ -135,15 +187,23 @@ struct Fixture {
     REQUIRE(resp.ok());
     return *resp;
   }
-  void Saved(const std::string& node, uint64_t step, uint32_t world, std::vector<uint32_t> ranks) {
+  pb::ReportRanksResponse Report(const std::string& node, uint64_t step, uint32_t world,
+                                 std::vector<uint32_t> ranks, pb::StepState state,
+                                 const std::string& reason = "") {
     pb::ReportRanksRequest req;
     req.set_node_id(node);
     req.set_job("j");
     req.set_step(step);
     req.set_world_size(world);
-    req.set_state(pb::STEP_STATE_PENDING);
+    req.set_state(state);
+    req.set_reason(reason);
     for (uint32_t r : ranks) req.add_ranks(r);
-    REQUIRE(core->ReportRanks(req).ok());
+    auto resp = core->ReportRanks(req);
+    REQUIRE(resp.ok());
+    return *resp;
+  }
+  void Saved(const std::string& node, uint64_t step, uint32_t world, std::vector<uint32_t> ranks) {
+    Report(node, step, world, std::move(ranks), pb::STEP_STATE_PENDING);
   }
 };
 
@@ -370,6 +430,101 @@ TEST_CASE("CoordinatorCore counts nothing of a refused PERSISTED report", "[coor
   auto d = f.sinks["a"]->WaitTerminal("j", 1);
   REQUIRE(d);
   CHECK(d->state() == pb::STEP_STATE_COMMITTED);
+}
+
+TEST_CASE("CoordinatorCore decides a step replicated once every rank is, beside its commit",
+          "[coordinator_core]") {
+  Fixture f;
+  f.Start({"a", "b"});
+  f.Persisted("a", 1, 4, {0, 1});
+  f.Persisted("b", 1, 4, {2, 3});
+  REQUIRE(f.sinks["a"]->WaitTerminal("j", 1)->state() == pb::STEP_STATE_COMMITTED);
+  f.Report("a", 1, 4, {0, 1}, pb::STEP_STATE_REPLICATED);
+  CHECK(f.sinks["a"]->Replications("j", 1).empty());  // ranks 2 and 3 are not yet
+  f.Report("b", 1, 4, {2}, pb::STEP_STATE_REPLICATED);
+  f.Report("b", 1, 4, {3}, pb::STEP_STATE_REPLICATED);
+  for (const char* node : {"a", "b"}) {
+    const auto r = f.sinks[node]->Replications("j", 1);
+    REQUIRE(r.size() == 1);
+    CHECK_FALSE(r[0].not_replicated());
+  }
+  CHECK(*f.core->Latest("j") == std::optional<uint64_t>(1));  // the commit is untouched
+}
+
+TEST_CASE(
+    "CoordinatorCore decides a step not replicated with the reason, and tells a node "
+    "that reports later",
+    "[coordinator_core]") {
+  Fixture f;
+  f.Start({"a", "b"});
+  f.Saved("a", 2, 4, {0, 1});
+  f.Report("a", 2, 4, {0}, pb::STEP_STATE_REPLICATED, "node 'b' (10.0.0.2:1): peer pool full");
+  const auto told_a = f.sinks["a"]->Replications("j", 2);
+  REQUIRE(told_a.size() == 1);
+  CHECK(told_a[0].not_replicated());
+  CHECK_THAT(told_a[0].reason(), Contains("[0] on node 'a'") && Contains("peer pool full"));
+  // Node b had not reported the step: its first report's answer carries the decision, once.
+  const auto first = f.Report("b", 2, 4, {2, 3}, pb::STEP_STATE_PENDING);
+  CHECK(first.decision().state() == pb::STEP_STATE_REPLICATED);
+  CHECK(first.decision().not_replicated());
+  CHECK_FALSE(f.Report("b", 2, 4, {2, 3}, pb::STEP_STATE_CAPTURED).has_decision());
+  // Later reports change nothing: the step still commits.
+  f.Report("a", 2, 4, {1}, pb::STEP_STATE_REPLICATED);
+  f.Persisted("a", 2, 4, {0, 1});
+  f.Persisted("b", 2, 4, {2, 3});
+  CHECK(f.sinks["a"]->WaitTerminal("j", 2)->state() == pb::STEP_STATE_COMMITTED);
+  CHECK(f.sinks["a"]->Replications("j", 2).size() == 1);
+}
+
+TEST_CASE("CoordinatorCore never leaves a replication unanswered: unknown steps and the deadline",
+          "[coordinator_core]") {
+  Fixture f(std::chrono::milliseconds(50));
+  f.Start({"a", "b"});
+  // A step it has no record of (e.g. it restarted): answered not replicated at once.
+  const auto unknown = f.Report("a", 9, 2, {0}, pb::STEP_STATE_REPLICATED);
+  CHECK(unknown.decision().state() == pb::STEP_STATE_REPLICATED);
+  CHECK(unknown.decision().not_replicated());
+  CHECK_THAT(unknown.decision().reason(), Contains("no record of the step"));
+  // A committed step one of whose ranks never reports its replication: decided at the deadline.
+  f.Persisted("a", 1, 2, {0});
+  f.Persisted("b", 1, 2, {1});
+  REQUIRE(f.sinks["a"]->WaitTerminal("j", 1)->state() == pb::STEP_STATE_COMMITTED);
+  f.Report("a", 1, 2, {0}, pb::STEP_STATE_REPLICATED);
+  const auto decided = f.sinks["b"]->WaitReplication("j", 1);
+  REQUIRE(decided);
+  CHECK(decided->not_replicated());
+  CHECK_THAT(decided->reason(), Contains("[1] not replicated within 50 ms"));
+  // Its late report hears the decision in the answer.
+  const auto late = f.Report("b", 1, 2, {1}, pb::STEP_STATE_REPLICATED);
+  CHECK(late.decision().not_replicated());
+}
+
+TEST_CASE("CoordinatorCore sends each node its holders as nodes register and are lost",
+          "[coordinator_core]") {
+  Fixture f(std::chrono::minutes(1), std::chrono::milliseconds(20));
+  f.config.holder_replan_delay = std::chrono::milliseconds(1);
+  f.core = std::make_unique<CoordinatorCore>(f.config, PosixFileSystem());
+  REQUIRE(f.core->Start().ok());
+  for (const std::string n : {"a", "b", "c"}) {
+    pb::RegisterNodeRequest req;
+    req.set_node_id(n);
+    req.set_instance("i-" + n);
+    req.set_peer_address("10.0.0." + n + ":7470");
+    req.set_peer_pool_bytes(1 << 30);
+    req.set_replicas(1);
+    REQUIRE(f.core->RegisterNode(req, "test").ok());
+    f.sinks[n] = std::make_shared<RecordingSink>();
+    REQUIRE(f.core->AttachNode(n, f.sinks[n]).ok());
+  }
+  auto holder_of = [&](const std::string& n) { return f.sinks[n]->LastHolders(); };
+  REQUIRE(f.sinks["a"]->WaitHolders(1));
+  const std::string first = holder_of("a").holders(0).node_id();
+  CHECK(first != "a");
+  // a's holder is lost (its lease ends): a hears of another.
+  f.core->DetachNode(first, f.sinks[first].get());
+  REQUIRE(f.sinks["a"]->WaitHolders(1, first));
+  CHECK(holder_of("a").holders(0).node_id() != first);
+  CHECK(holder_of("a").holders(0).node_id() != "a");
 }
 
 }  // namespace

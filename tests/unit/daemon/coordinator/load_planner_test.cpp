@@ -133,6 +133,47 @@ TEST_CASE("LoadPlanner: data parallel 4 splits the shared file in four", "[load_
   }
 }
 
+TEST_CASE(
+    "LoadPlanner: a file held in memory is fetched from its holders, never read from "
+    "storage",
+    "[load_plan]") {
+  LoadPlanner planner;
+  const auto t0 = LoadPlanner::Clock::now();
+  const std::string other = "rank-00001.data";
+  // kFile is held by h1 and h2 (its node's holders); `other` by nobody.
+  const LoadPlanner::MemoryHolders held = {{kFile, {{"h1", "10.0.0.1:1"}, {"h2", "10.0.0.2:1"}}}};
+  auto ask = [&](uint32_t r) {
+    const std::string n = std::to_string(r);
+    return Ok(planner.Ask(Req(r, 2, "n" + n, "n" + n + ":1",
+                              {Range(kFile, 0, 64 * kMiB), Range(other, 0, 32 * kMiB)}),
+                          t0, held));
+  };
+  CHECK_FALSE(ask(0).ready());
+  const LoadPlanResponse last = ask(1);
+  REQUIRE(last.ready());
+  const LoadPlanResponse first = ask(0);
+  for (const LoadPlanResponse* a : {&first, &last}) {
+    // Nothing of kFile is served (read from storage for the others); all of it is fetched, from
+    // both holders in turn.
+    std::map<std::string, uint64_t> from;
+    Spans held_spans;
+    for (const auto& f : a->fetch()) {
+      if (f.range().file() != kFile) continue;
+      from[f.node_id()] += f.range().length();
+      held_spans.emplace_back(f.range().offset(), f.range().offset() + f.range().length());
+      CHECK(f.peer_address() == (f.node_id() == "h1" ? "10.0.0.1:1" : "10.0.0.2:1"));
+    }
+    CHECK(Tiles(held_spans, 0, 64 * kMiB));
+    CHECK(from["h1"] == 32 * kMiB);
+    CHECK(from["h2"] == 32 * kMiB);
+    for (const FileRange& r : a->serve()) CHECK(r.file() == other);
+  }
+  // `other` is planned as before: each byte read from storage by one of the two nodes.
+  Spans served = ServeSpans(first), also = ServeSpans(last);
+  served.insert(served.end(), also.begin(), also.end());
+  CHECK(Tiles(served, 0, 32 * kMiB));
+}
+
 TEST_CASE("LoadPlanner: a range only one node needs stays local", "[load_plan]") {
   LoadPlanner planner;
   const LoadPlanner::Clock::time_point t0 = LoadPlanner::Clock::now();

@@ -101,6 +101,10 @@ TEST_CASE("peer protocol: regions, steps and replies round-trip", "[peer]") {
   REQUIRE_OK(step);
   CHECK(step->job == "job-1");
   CHECK(step->step == 9);
+  CHECK(step->file.empty());
+  auto one_file = DecodeStep(EncodeStep({"job-1", 9, "rank-00003.data"}));
+  REQUIRE_OK(one_file);
+  CHECK(one_file->file == "rank-00003.data");
 
   auto reply = DecodeReply(EncodeReply(ResourceExhausted("peer pool full")));
   REQUIRE(reply.has_value());
@@ -123,6 +127,8 @@ TEST_CASE("peer protocol: truncated or padded metadata is malformed", "[peer]") 
   lying[0] = static_cast<char>(0xff);
   CHECK_FALSE(DecodeRegion(lying).ok());
   CHECK_FALSE(DecodeStep(EncodeStep({"job", 1}) + "\x01").ok());
+  CHECK_FALSE(DecodeStep(EncodeStep({"job", 1, "rank-00000.data"}) + "x").ok());
+  CHECK_FALSE(DecodeStep(EncodeStep({"job", 1}) + std::string(2, '\0')).ok());  // an empty file
   CHECK_FALSE(DecodeReply("\x01").has_value());
   // A status code that does not exist.
   std::string reply = EncodeReply(Status::Ok());

@@ -60,6 +60,23 @@ TEST_CASE("peer store: a full store refuses clearly and evicts nothing", "[peer]
   CHECK(store.used() == 500);
 }
 
+TEST_CASE("peer store: dropping one file of a step keeps the other nodes' files", "[peer]") {
+  PeerStore store(10000);
+  const std::string other = "rank-00007.data";
+  REQUIRE_OK(PutRegion(store, {"job", 1, kFile, 0, 600}, 1));
+  REQUIRE_OK(PutRegion(store, {"job", 1, kFile, 600, 400}, 2));
+  REQUIRE_OK(PutRegion(store, {"job", 1, other, 0, 300}, 3));
+  CHECK(store.DropFile("job", 1, kFile) == 1000);
+  CHECK(store.DropFile("job", 1, kFile) == 0);
+  CHECK(store.DropFile("job", 2, other) == 0);
+  CHECK_FALSE(store.Holds({"job", 1, kFile, 0, 1}));
+  CHECK(store.Holds({"job", 1, other, 0, 300}));
+  CHECK(store.used() == 300);
+  CHECK(store.region_count() == 1);
+  CHECK(store.DropFile("job", 1, other) == 300);
+  CHECK(store.used() == 0);
+}
+
 TEST_CASE("peer store: a budget of 0 holds nothing", "[peer]") {
   PeerStore store(0);
   CHECK(PutRegion(store, {"job", 1, kFile, 0, 1}, 1).code() == StatusCode::kResourceExhausted);

@@ -1,0 +1,117 @@
+#include "daemon/peer/replicator.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include <spdlog/spdlog.h>
+
+namespace ckpt::peer {
+
+Replicator::Replicator(Config config, HotCache* hot, TokenBucket* bandwidth, PeerObserver* observer)
+    : config_(config),
+      hot_(hot),
+      bandwidth_(bandwidth),
+      observer_(observer),
+      thread_(1, config.nice, "replicate") {}
+
+Replicator::~Replicator() { Stop(); }
+
+void Replicator::Start() { thread_.Start(); }
+
+void Replicator::Stop() {
+  stopping_ = true;
+  thread_.Stop();
+}
+
+void Replicator::Replicate(Request request, Done done) {
+  auto shared = std::make_shared<std::pair<Request, Done>>(std::move(request), std::move(done));
+  auto finish = [shared](Status st, std::vector<std::string> held) {
+    shared->first.keep.reset();  // the step may leave the hot cache now
+    shared->second(std::move(st), std::move(held));
+  };
+  const bool posted = thread_.Post([this, shared, finish] {
+    const Request& request = shared->first;
+    std::vector<std::string> held;
+    for (const Holder& holder : request.holders) {
+      Status st = Send(request, holder);
+      if (!st.ok()) {
+        DropOnHolder(holder.address, request.job, request.step, request.file);  // half a copy
+        finish(std::move(st), std::move(held));
+        return;
+      }
+      Retain(request, holder);
+      held.push_back(holder.node_id);
+    }
+    finish(Status::Ok(), std::move(held));
+  });
+  if (!posted) finish(Unavailable("the daemon is stopping; nothing replicated"), {});
+}
+
+void Replicator::Retain(const Request& request, const Holder& holder) {
+  auto& by_holder = sent_[{request.job, request.file}];
+  auto& steps = by_holder[holder.address];
+  steps.insert(request.step);
+  const size_t keep = std::max<size_t>(config_.keep_steps, 1);
+  while (steps.size() > keep) {
+    DropOnHolder(holder.address, request.job, *steps.begin(), request.file);
+    steps.erase(steps.begin());
+  }
+  for (auto it = by_holder.begin(); it != by_holder.end();) {
+    const bool assigned = std::any_of(request.holders.begin(), request.holders.end(),
+                                      [&](const Holder& h) { return h.address == it->first; });
+    if (assigned) {
+      ++it;
+      continue;
+    }
+    for (uint64_t step : it->second) DropOnHolder(it->first, request.job, step, request.file);
+    it = by_holder.erase(it);
+  }
+}
+
+void Replicator::DropOnHolder(const std::string& address, const std::string& job, uint64_t step,
+                              const std::string& file) {
+  if (Status st = ClientFor(address).Drop(job, step, file); !st.ok()) {
+    spdlog::warn("replication: dropping job '{}' step {} file {} on {}: {}", job, step, file,
+                 address, st.ToString());
+  }
+}
+
+PeerClient& Replicator::ClientFor(const std::string& address) {
+  auto& client = clients_[address];
+  if (client == nullptr) {
+    client = std::make_unique<PeerClient>(
+        PeerClient::Config{address, config_.timeout, kMaxChunkBytes}, bandwidth_, observer_);
+  }
+  return *client;
+}
+
+Status Replicator::Send(const Request& request, const Holder& holder) {
+  PeerClient& client = ClientFor(holder.address);
+  for (const auto& [offset, length] : request.ranges) {
+    if (stopping_) return Unavailable("the daemon is stopping; not replicated");
+    Region region{request.job, request.step, request.file, offset, length};
+    if (length > kMaxChunkBytes) {
+      return InvalidArgument(DescribeRegion(region) + " is over one PUT (slot size over " +
+                             std::to_string(kMaxChunkBytes >> 20) + " MiB); not replicated");
+    }
+    // Copied out under a pin: once unpinned, the window may be reclaimed and its slot reused.
+    buffer_.resize(length);
+    hot_->Pin(request.job, request.step);
+    const std::byte* bytes = hot_->Find(request.job, request.step, request.file, offset, length);
+    if (bytes != nullptr) std::memcpy(buffer_.data(), bytes, length);
+    hot_->Unpin(request.job, request.step);
+    if (bytes == nullptr) {
+      return FailedPrecondition(DescribeRegion(region) +
+                                " is no longer in this daemon's memory (the pool needed it for a "
+                                "capture); not replicated");
+    }
+    if (Status st = client.Put(region, buffer_.data()); !st.ok()) {
+      return Status(st.code(), "replicating to node '" + holder.node_id + "' (" + holder.address +
+                                   "): " + st.message());
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace ckpt::peer

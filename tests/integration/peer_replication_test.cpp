@@ -1,0 +1,233 @@
+// The peer-memory tier's replication on real processes (daemon/peer/replicator.h,
+// daemon/coordinator/holder_registry.h): one ckpt-coordinator and three ckptd with a data plane,
+// a peer pool and --replicas 1, one rank each. The coordinator gives every node a holder; each
+// rank persisted is copied into its holder's memory, and the step is decided replicated. What a
+// holder keeps is the rank's data file byte for byte: with the file gone from storage, the holder
+// still serves it. A daemon asking for more holders than there are other nodes hears why its
+// steps are not replicated.
+#include "tests/integration/coordinator_harness.h"  // first: it configures Catch
+
+#include "daemon/peer/peer_client.h"
+#include "tests/integration/admin_client.h"
+#include "tests/integration/http_scrape.h"
+
+#include <filesystem>
+#include <future>
+#include <set>
+
+namespace ckpt::itest {
+namespace {
+
+constexpr uint32_t kTensors = 12;
+constexpr int kNodes = 3;
+const std::string kJob = "replicas";
+
+std::vector<std::string> TierFlags(const std::string& replicas) {
+  return {"--peer-listen", "127.0.0.1:0", "--peer-pool", "64MiB",
+          "--host-pool",   "96MiB",       "--replicas",  replicas};
+}
+
+ckptd::v1::GetStatusResponse StatusOf(const DaemonProcess& d) {
+  auto admin = ckptd::v1::Admin::NewStub(
+      grpc::CreateChannel("unix:" + d.admin_socket(), grpc::InsecureChannelCredentials()));
+  return GetStatus(*admin);
+}
+
+double Metric(const DaemonProcess& d, const std::string& series) {
+  const std::string address = ConfigValue(StatusOf(d), "metrics-bound");
+  return std::max(0.0, Sample(HttpGet(address, "/metrics"), series));
+}
+
+// Until every node heard its holders from the coordinator (they are planned as nodes register).
+void WaitForHolders(const std::vector<std::unique_ptr<DaemonProcess>>& nodes, int each) {
+  for (const auto& n : nodes) {
+    REQUIRE(PollUntil([&] { return StatusOf(*n).peer().holders_size() == each; }));
+  }
+}
+
+TEST_CASE("peer tier: every rank lands in its holder's memory and the step is replicated",
+          "[peer_tier]") {
+  testing::TempDir dir;
+  const std::string root = dir / "root";
+  CoordinatorProcess coordinator({dir / "coordinator.sock", root, dir / "coordinator.log", {}, {}});
+  auto nodes = StartNodes(dir, root, coordinator.address(), kNodes, TierFlags("1"));
+  WaitForHolders(nodes, 1);
+
+  // Each node has one holder, never itself. (Which one depends on the order the nodes
+  // registered in: a holder plan keeps its holders as nodes join, holder_plan.h.)
+  std::map<std::string, std::string> holder_of;
+  std::map<std::string, std::string> address_of;
+  for (const auto& n : nodes) {
+    const auto s = StatusOf(*n);
+    CHECK(s.peer().replicas() == 1);
+    CHECK(s.peer().pool_bytes() == 64ull << 20);
+    REQUIRE(s.peer().holders_size() == 1);
+    CHECK(s.peer().holders(0) != s.node_id());
+    holder_of[s.node_id()] = s.peer().holders(0);
+    address_of[s.peer().holders(0)] = s.peer().holder_addresses(0);
+  }
+  std::set<std::string> holders;
+  for (const auto& [node, h] : holder_of) holders.insert(h);
+  CHECK(holders.size() >= 2);
+
+  std::vector<std::unique_ptr<ModelRank>> ranks;
+  for (int i = 0; i < kNodes; ++i) {
+    ranks.push_back(std::make_unique<ModelRank>(nodes[i]->socket(), kJob, i, kNodes, 1, kTensors));
+  }
+  for (auto& r : ranks) REQUIRE_OK(r->SaveStep(1));
+  for (auto& r : ranks) {
+    REQUIRE_OK(r->client().Wait(1, WaitState::kReplicated, std::chrono::seconds(60)));
+    REQUIRE_OK(r->WaitCommitted(1));
+  }
+
+  // Each holder holds the written part of the data file of the node it holds for: every shard
+  // (the gaps between slots, zeros in the file, are not sent).
+  uint64_t held = 0;
+  for (const auto& n : nodes) held += StatusOf(*n).peer().held_bytes();
+  uint64_t shard_bytes = 0;
+  for (const auto& [node, bytes] : NodeBytes(root, kJob, 1)) shard_bytes += bytes;
+  CHECK(held >= shard_bytes);
+  CHECK(held <= DataFileBytes(root, kJob, 1));
+
+  // The holder's copy is the file's bytes: read each shard, delete the file, fetch the shard
+  // from the holder.
+  for (int i = 0; i < kNodes; ++i) {
+    const std::string node = "n" + std::to_string(i);
+    const std::string dir_path = StepDir(root, kJob, 1);
+    auto manifest =
+        ReadNodeManifest(PosixFileSystem(), JoinPath(dir_path, "node-" + node + ".nmf"));
+    REQUIRE_OK(manifest);
+    const std::string file = DataFileName(static_cast<uint32_t>(i));
+    const std::string on_disk = ReadWholeFile(JoinPath(dir_path, file));
+    REQUIRE(!on_disk.empty());
+    std::filesystem::remove(JoinPath(dir_path, file));
+    peer::PeerClient client({address_of[holder_of[node]], std::chrono::seconds(20), 1 << 20});
+    int fetched_shards = 0;
+    for (const auto& t : manifest->tensors()) {
+      for (const auto& sh : t.shards()) {
+        if (sh.file() != file || sh.length() == 0) continue;
+        std::string fetched(sh.length(), '\0');
+        REQUIRE_OK(client.Fetch({kJob, 1, file, sh.offset(), sh.length()},
+                                reinterpret_cast<std::byte*>(fetched.data())));
+        CHECK(fetched == on_disk.substr(sh.offset(), sh.length()));
+        ++fetched_shards;
+      }
+    }
+    CHECK(fetched_shards > 0);
+  }
+}
+
+TEST_CASE(
+    "peer tier: a node asking for more holders than exist is told its step is not "
+    "replicated, and why",
+    "[peer_tier]") {
+  testing::TempDir dir;
+  const std::string root = dir / "root";
+  CoordinatorProcess coordinator({dir / "coordinator.sock", root, dir / "coordinator.log", {}, {}});
+  auto nodes = StartNodes(dir, root, coordinator.address(), 2, TierFlags("2"));
+  WaitForHolders(nodes, 1);  // one other node: one of the two holders asked for
+  std::vector<std::unique_ptr<ModelRank>> ranks;
+  for (int i = 0; i < 2; ++i) {
+    ranks.push_back(std::make_unique<ModelRank>(nodes[i]->socket(), kJob, i, 2, 1, kTensors));
+  }
+  for (auto& r : ranks) REQUIRE_OK(r->SaveStep(1));
+  for (auto& r : ranks) {
+    REQUIRE_OK(r->WaitCommitted(1));  // the checkpoint itself is unharmed
+    const Status st = r->client().Wait(1, WaitState::kReplicated, std::chrono::seconds(60));
+    INFO(st.ToString());
+    CHECK(st.code() == StatusCode::kFailedPrecondition);
+    CHECK_THAT(st.message(), Catch::Contains("not replicated") && Catch::Contains("1 of the 2"));
+  }
+}
+
+TEST_CASE("peer tier: a holder keeps each node's newest two steps, not every step", "[peer_tier]") {
+  testing::TempDir dir;
+  const std::string root = dir / "root";
+  CoordinatorProcess coordinator({dir / "coordinator.sock", root, dir / "coordinator.log", {}, {}});
+  auto nodes = StartNodes(dir, root, coordinator.address(), 2, TierFlags("1"));
+  WaitForHolders(nodes, 1);
+  std::vector<std::unique_ptr<ModelRank>> ranks;
+  for (int i = 0; i < 2; ++i) {
+    ranks.push_back(std::make_unique<ModelRank>(nodes[i]->socket(), kJob, i, 2, 2, kTensors));
+  }
+  auto held = [&] {
+    uint64_t sum = 0;
+    for (const auto& n : nodes) sum += StatusOf(*n).peer().held_bytes();
+    return sum;
+  };
+  std::vector<uint64_t> held_after;
+  for (uint64_t step = 1; step <= 5; ++step) {
+    for (auto& r : ranks) REQUIRE_OK(r->SaveStep(step));
+    for (auto& r : ranks) {
+      REQUIRE_OK(r->client().Wait(step, WaitState::kReplicated, std::chrono::seconds(60)));
+    }
+    held_after.push_back(held());
+  }
+  // Step 1 is written whole (before the writer plan); from step 2 on each step holds the same
+  // bytes. Once three steps were replicated, the holders keep two: the total stops growing.
+  INFO("held after each step: " << held_after[0] << " " << held_after[1] << " " << held_after[2]
+                                << " " << held_after[3] << " " << held_after[4]);
+  const uint64_t one_step = held_after[1] - held_after[0];
+  CHECK(one_step > 0);
+  CHECK(held_after[2] == 2 * one_step);
+  CHECK(held_after[3] == 2 * one_step);
+  CHECK(held_after[4] == 2 * one_step);
+}
+
+TEST_CASE("peer tier: a replacement node restores a lost node's ranks from memory, not storage",
+          "[peer_tier]") {
+  testing::TempDir dir;
+  const std::string root = dir / "root";
+  CoordinatorProcess coordinator({dir / "coordinator.sock", root, dir / "coordinator.log", {}, {}});
+  auto nodes = StartNodes(dir, root, coordinator.address(), kNodes, TierFlags("1"));
+  WaitForHolders(nodes, 1);
+  // Data parallel 3: each rank needs every tensor, written once across the three data files.
+  std::vector<std::unique_ptr<ModelRank>> ranks;
+  for (int i = 0; i < kNodes; ++i) {
+    ranks.push_back(std::make_unique<ModelRank>(nodes[i]->socket(), kJob, i, kNodes, 1, kTensors));
+  }
+  for (uint64_t step = 1; step <= 2; ++step) {
+    for (auto& r : ranks) REQUIRE_OK(r->SaveStep(step));
+    for (auto& r : ranks) {
+      REQUIRE_OK(r->WaitCommitted(step));
+      REQUIRE_OK(r->client().Wait(step, WaitState::kReplicated, std::chrono::seconds(60)));
+    }
+  }
+
+  // Node n0 dies with its memory; a fresh daemon with another node id takes its rank.
+  ranks[0].reset();
+  nodes[0]->Kill(SIGKILL);
+  DaemonProcess::Options o;
+  o.socket = dir / "n3.sock";
+  o.storage_root = root;
+  o.log_path = dir / "n3.log";
+  o.flags = {"--node-id", "n3", "--coordinator", coordinator.address()};
+  for (const auto& f : TierFlags("1")) o.flags.push_back(f);
+  auto replacement = std::make_unique<DaemonProcess>(o);
+  ranks[0] = std::make_unique<ModelRank>(replacement->socket(), kJob, 0, kNodes, 1, kTensors);
+
+  // The whole job restarts from step 2: the survivors hold their own files, n0's file is on
+  // its holder, and what each rank lacks is fetched from those daemons.
+  std::vector<std::future<Result<uint64_t>>> loads;
+  for (auto& r : ranks) {
+    loads.push_back(std::async(std::launch::async, [&r] { return r->LoadAndCheck(2); }));
+  }
+  for (auto& l : loads) {
+    auto mismatches = l.get();
+    REQUIRE_OK(mismatches);
+    CHECK(*mismatches == 0);
+  }
+  const std::vector<const DaemonProcess*> live = {replacement.get(), nodes[1].get(),
+                                                  nodes[2].get()};
+  double from_storage = 0;
+  for (const DaemonProcess* d : live) {
+    from_storage += Metric(*d, "ckptd_read_bytes_total{source=\"storage\"}");
+  }
+  INFO("data bytes the three daemons read from storage: " << from_storage);
+  CHECK(from_storage == 0);
+  // The replacement held nothing and saved nothing: everything it received, it fetched.
+  CHECK(Metric(*replacement, "ckptd_peer_bytes_total{direction=\"received\"}") > 0);
+}
+
+}  // namespace
+}  // namespace ckpt::itest

@@ -11,20 +11,25 @@ HotCache::~HotCache() {
 }
 
 void HotCache::FreeLocked(std::map<Key, StepEntry>::iterator it) {
+  ReleaseWindowsLocked(it);
+  steps_.erase(it);
+}
+
+void HotCache::MaybeFreeLocked(std::map<Key, StepEntry>::iterator it) {
+  StepEntry& e = it->second;
+  if (e.pins != 0) return;
+  if (e.keeps == 0 && (e.dropped || e.superseded || e.files.empty())) FreeLocked(it);
+  pool_->WakeAll();  // unpinned: reclaimable (a keep does not stop ReclaimOne)
+}
+
+void HotCache::ReleaseWindowsLocked(std::map<Key, StepEntry>::iterator it) {
   for (auto& [file, windows] : it->second.files) {
     for (auto& [start, w] : windows) {
       pool_->Release(w.slot);
       --resident_slots_;
     }
   }
-  steps_.erase(it);
-}
-
-void HotCache::MaybeFreeLocked(std::map<Key, StepEntry>::iterator it) {
-  StepEntry& e = it->second;
-  if (e.pins != 0 || e.keeps != 0) return;
-  if (e.dropped || e.superseded || e.files.empty()) FreeLocked(it);
-  pool_->WakeAll();  // the step became reclaimable
+  it->second.files.clear();
 }
 
 void HotCache::DropOlderLocked(const std::string& job, uint64_t step) {
@@ -69,9 +74,10 @@ void HotCache::Adopt(const std::string& job, uint64_t step, const std::string& f
   // A newer step of this job is already cached: this one is stale on arrival, unless pinned
   // (a replication of it under way needs these bytes).
   auto self = steps_.find({job, step});
-  const bool pinned = self != steps_.end() && !self->second.dropped &&
-                      (self->second.pins > 0 || self->second.keeps > 0);
-  if (!pinned && NewerStepCachedLocked(job, step)) {
+  const bool dropped = self != steps_.end() && self->second.dropped;  // goes when let go of
+  const bool pinned =
+      self != steps_.end() && !dropped && (self->second.pins > 0 || self->second.keeps > 0);
+  if (dropped || (!pinned && NewerStepCachedLocked(job, step))) {
     pool_->Release(slot);
     return;
   }
@@ -189,7 +195,7 @@ void HotCache::Keep(const std::string& job, uint64_t step) {
 void HotCache::Unkeep(const std::string& job, uint64_t step) {
   MutexLock lock(mu_);
   auto it = steps_.find({job, step});
-  if (it == steps_.end()) return;
+  if (it == steps_.end() || it->second.keeps == 0) return;
   --it->second.keeps;
   MaybeFreeLocked(it);
 }
@@ -198,10 +204,13 @@ void HotCache::Drop(const std::string& job, uint64_t step) {
   MutexLock lock(mu_);
   auto it = steps_.find({job, step});
   if (it == steps_.end()) return;
-  if (it->second.pins == 0)
+  if (it->second.pins == 0 && it->second.keeps == 0) {
     FreeLocked(it);
-  else
-    it->second.dropped = true;
+    return;
+  }
+  it->second.dropped = true;
+  // Kept (a replication not yet run): its bytes go now, its entry with the last Unkeep.
+  if (it->second.pins == 0) ReleaseWindowsLocked(it);
 }
 
 bool HotCache::ReclaimOne() {
@@ -212,7 +221,12 @@ bool HotCache::ReclaimOne() {
     if (victim == steps_.end() || it->second.last_use < victim->second.last_use) victim = it;
   }
   if (victim == steps_.end()) return false;
-  FreeLocked(victim);
+  if (victim->second.keeps == 0) {
+    FreeLocked(victim);
+  } else {  // its replication finds the bytes gone; the entry goes with the last Unkeep
+    ReleaseWindowsLocked(victim);
+    victim->second.dropped = true;
+  }
   return true;
 }
 

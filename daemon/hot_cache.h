@@ -89,6 +89,8 @@ class HotCache {
   void FreeLocked(std::map<Key, StepEntry>::iterator it) REQUIRES(mu_);
   // Frees the entry if nothing holds it any more and it was dropped, superseded or is empty.
   void MaybeFreeLocked(std::map<Key, StepEntry>::iterator it) REQUIRES(mu_);
+  // Releases the entry's slots and forgets its windows; the entry stays.
+  void ReleaseWindowsLocked(std::map<Key, StepEntry>::iterator it) REQUIRES(mu_);
   // Drops unpinned steps of `job` older than `step`.
   void DropOlderLocked(const std::string& job, uint64_t step) REQUIRES(mu_);
   // A step of `job` newer than `step` holds bytes here.

@@ -205,6 +205,9 @@ LoadPlanner::MemoryHolders CoordinatorCore::HeldInMemory(const std::string& job,
       s->second.state == ckptd::v1::STEP_STATE_FAILED) {
     return held;
   }
+  // A daemon's hot cache holds its newest step of a job only: the node that saved a rank counts
+  // as holding the rank's file for the newest step this coordinator knows of the job.
+  const bool newest = s == std::prev(j->second.steps.end());
   auto add = [&](const std::string& file, const std::string& node) {
     auto n = nodes_.find(node);
     if (n == nodes_.end() || !n->second.sink) return;  // lost, or its stream is down
@@ -218,9 +221,8 @@ LoadPlanner::MemoryHolders CoordinatorCore::HeldInMemory(const std::string& job,
   };
   for (const auto& [rank, holders] : s->second.replica_holders) {
     const std::string file = DataFileName(rank);
-    if (auto saved = s->second.saved.find(rank); saved != s->second.saved.end()) {
-      add(file, saved->second);
-    }
+    auto saved = s->second.saved.find(rank);
+    if (newest && saved != s->second.saved.end()) add(file, saved->second);
     for (const std::string& h : holders) add(file, h);
   }
   return held;
@@ -249,6 +251,12 @@ void CoordinatorCore::LoseNode(const std::string& node_id, const std::string& wh
   spdlog::warn("node '{}' lost: {}", node_id, why);
   holders_.Remove(node_id, Clock::now());
   cv_.NotifyAll();
+  // What it held in memory went with it (a restarted daemon holds nothing).
+  for (auto& [name, j] : jobs_) {
+    for (auto& [n, s] : j.steps) {
+      for (auto& [rank, holders] : s.replica_holders) std::erase(holders, node_id);
+    }
+  }
   for (auto& [name, j] : jobs_) {
     if (j.nodes.count(node_id) == 0) continue;
     // Its trainers' registrations went with it: nobody skips a replica it was to write.
@@ -1039,7 +1047,9 @@ void CoordinatorCore::TimerLoop() {
       for (auto& [step, s] : j.steps) {
         if (!s.replication_decided && s.state != ckptd::v1::STEP_STATE_ABORTED &&
             s.state != ckptd::v1::STEP_STATE_FAILED) {
-          if (s.deadline <= now) {
+          // Counted from the step's last report: capture and persist do not eat into it.
+          const auto replication_deadline = s.last_report + config_.step_timeout;
+          if (replication_deadline <= now) {
             std::vector<uint32_t> missing;
             for (uint32_t r = 0; r < s.world_size; ++r) {
               if (s.replicated.count(r) == 0) missing.push_back(r);
@@ -1054,7 +1064,7 @@ void CoordinatorCore::TimerLoop() {
                           std::to_string(config_.step_timeout.count()) + " ms");
             DecideReplication(job, s, e);
           } else {
-            next = std::min(next, s.deadline);
+            next = std::min(next, replication_deadline);
           }
         }
         if (Terminal(s.state) || s.committing || s.state == ckptd::v1::STEP_STATE_PERSISTED) {

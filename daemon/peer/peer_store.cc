@@ -4,6 +4,8 @@
 #include <tuple>
 #include <vector>
 
+#include <spdlog/spdlog.h>
+
 #include "common/units.h"
 
 namespace ckpt::peer {
@@ -51,6 +53,24 @@ void PeerStore::Commit(Reservation& r) {
     it->second = std::move(held);
   } else {
     ++regions_;
+  }
+  DropSupersededLocked(r.region_.job, r.region_.step, r.region_.file);
+}
+
+void PeerStore::DropSupersededLocked(const std::string& job, uint64_t step,
+                                     const std::string& file) {
+  if (max_steps_per_file_ == 0) return;
+  std::vector<uint64_t> with_file;  // ascending
+  for (auto it = steps_.lower_bound({job, 0}); it != steps_.end() && it->first.first == job; ++it) {
+    if (it->second.count(file) != 0) with_file.push_back(it->first.second);
+  }
+  for (size_t i = 0; with_file.size() - i > max_steps_per_file_; ++i) {
+    if (with_file[i] == step) continue;  // the copy arriving now is never the one to go
+    const uint64_t freed = DropFileLocked(job, with_file[i], file);
+    spdlog::info(
+        "peer pool: job '{}' step {} file {}: dropped ({} bytes), {} newer steps of it "
+        "are held (its sender no longer manages it: it restarted or moved)",
+        job, with_file[i], file, freed, max_steps_per_file_);
   }
 }
 
@@ -108,6 +128,10 @@ uint64_t PeerStore::DropStep(const std::string& job, uint64_t step) {
 
 uint64_t PeerStore::DropFile(const std::string& job, uint64_t step, const std::string& file) {
   MutexLock lock(mu_);
+  return DropFileLocked(job, step, file);
+}
+
+uint64_t PeerStore::DropFileLocked(const std::string& job, uint64_t step, const std::string& file) {
   auto it = steps_.find({job, step});
   if (it == steps_.end()) return 0;
   auto f = it->second.find(file);

@@ -5,8 +5,11 @@
 // A PUT that does not fit is refused with kResourceExhausted ("peer pool full", naming the
 // region, the bytes held and the budget); nothing already held is ever evicted to make room,
 // because a held copy may be the only restorable copy of a step whose owner died. Space comes
-// back only when the owner (or the coordinator acting for it) DROPs a step, or when a PUT of the
-// same (job, step, file, offset) replaces the region it sent before (a retried replication).
+// back when the owner (or the coordinator acting for it) DROPs a step or a file of it, when a
+// PUT of the same (job, step, file, offset) replaces the region it sent before (a retried
+// replication), and when a newer step of the same data file arrives while `max_steps_per_file`
+// steps of it are held: the oldest goes. That last rule only reclaims copies their sender no
+// longer manages (it restarted, or the rank moved); a live sender keeps fewer (replicator.h).
 // A budget of 0 means the daemon holds nothing for others: every PUT is refused.
 //
 // Memory is ordinary heap memory, allocated per region when its PUT is admitted and freed when
@@ -39,7 +42,9 @@ namespace ckpt::peer {
 
 class PeerStore {
  public:
-  explicit PeerStore(uint64_t budget_bytes) : budget_(budget_bytes) {}
+  // `max_steps_per_file`: the most steps of one (job, data file) held at once (0: no limit).
+  explicit PeerStore(uint64_t budget_bytes, size_t max_steps_per_file = 3)
+      : budget_(budget_bytes), max_steps_per_file_(max_steps_per_file) {}
   PeerStore(const PeerStore&) = delete;
   PeerStore& operator=(const PeerStore&) = delete;
 
@@ -96,11 +101,18 @@ class PeerStore {
   using Files = std::map<std::string, std::map<uint64_t, Held>>;  // file → offset → region
 
   void Unreserve(uint64_t bytes);
+  uint64_t DropFileLocked(const std::string& job, uint64_t step, const std::string& file)
+      REQUIRES(mu_);
+  // After a region of (job, step, file) arrived: the oldest steps of that file beyond
+  // max_steps_per_file go (never `step`).
+  void DropSupersededLocked(const std::string& job, uint64_t step, const std::string& file)
+      REQUIRES(mu_);
   // The pieces covering the region (buffer, offset in it, bytes), or false.
   bool Cover(const Region& region,
              std::vector<std::tuple<Buffer, uint64_t, uint64_t>>* pieces) const;
 
   const uint64_t budget_;
+  const size_t max_steps_per_file_;
   mutable Mutex mu_;
   std::map<Key, Files> steps_ GUARDED_BY(mu_);
   uint64_t held_ GUARDED_BY(mu_) = 0;

@@ -34,9 +34,10 @@ void Replicator::Replicate(Request request, Done done) {
     const Request& request = shared->first;
     std::vector<std::string> held;
     for (const Holder& holder : request.holders) {
-      Status st = Send(request, holder);
+      bool sent_any = false;
+      Status st = Send(request, holder, &sent_any);
       if (!st.ok()) {
-        DropOnHolder(holder.address, request.job, request.step, request.file);  // half a copy
+        Forget(request, holder, sent_any);  // half a copy is no copy
         finish(std::move(st), std::move(held));
         return;
       }
@@ -48,14 +49,26 @@ void Replicator::Replicate(Request request, Done done) {
   if (!posted) finish(Unavailable("the daemon is stopping; nothing replicated"), {});
 }
 
+void Replicator::Forget(const Request& request, const Holder& holder, bool sent_any) {
+  auto& steps = sent_[{request.job, request.file}][holder.address];
+  auto it = std::find(steps.begin(), steps.end(), request.step);
+  const bool was_whole = it != steps.end();
+  if (was_whole) steps.erase(it);
+  // While stopping, no more requests: the holder's own limit per file reclaims it later.
+  if ((sent_any || was_whole) && !stopping_) {
+    DropOnHolder(holder.address, request.job, request.step, request.file);
+  }
+}
+
 void Replicator::Retain(const Request& request, const Holder& holder) {
   auto& by_holder = sent_[{request.job, request.file}];
-  auto& steps = by_holder[holder.address];
-  steps.insert(request.step);
+  auto& steps = by_holder[holder.address];  // in the order they were sent, oldest first
+  std::erase(steps, request.step);
+  steps.push_back(request.step);  // never dropped below: the newest copy
   const size_t keep = std::max<size_t>(config_.keep_steps, 1);
   while (steps.size() > keep) {
-    DropOnHolder(holder.address, request.job, *steps.begin(), request.file);
-    steps.erase(steps.begin());
+    DropOnHolder(holder.address, request.job, steps.front(), request.file);
+    steps.pop_front();
   }
   for (auto it = by_holder.begin(); it != by_holder.end();) {
     const bool assigned = std::any_of(request.holders.begin(), request.holders.end(),
@@ -86,7 +99,7 @@ PeerClient& Replicator::ClientFor(const std::string& address) {
   return *client;
 }
 
-Status Replicator::Send(const Request& request, const Holder& holder) {
+Status Replicator::Send(const Request& request, const Holder& holder, bool* sent_any) {
   PeerClient& client = ClientFor(holder.address);
   for (const auto& [offset, length] : request.ranges) {
     if (stopping_) return Unavailable("the daemon is stopping; not replicated");
@@ -106,6 +119,7 @@ Status Replicator::Send(const Request& request, const Holder& holder) {
                                 " is no longer in this daemon's memory (the pool needed it for a "
                                 "capture); not replicated");
     }
+    *sent_any = true;  // from here on the holder may hold part of it, even on failure
     if (Status st = client.Put(region, buffer_.data()); !st.ok()) {
       return Status(st.code(), "replicating to node '" + holder.node_id + "' (" + holder.address +
                                    "): " + st.message());

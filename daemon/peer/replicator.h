@@ -17,10 +17,13 @@
 // then not replicated, and the caller says so — nothing is evicted anywhere. Bytes a holder
 // took before the failure stay there until the step is dropped; they are not counted as a copy.
 //
-// Retention: a holder keeps the newest `keep_steps` steps of each of this node's files. Once a
-// step reached a holder whole, this node DROPs (one file, peer_protocol.h) the older copies of
-// that file it had sent there; a holder no longer assigned for the file gets a DROP of all of
-// them; a copy that failed halfway is dropped at once (it never counts as one).
+// Retention: a holder keeps the last `keep_steps` steps of each of this node's files that
+// reached it whole, in the order they were sent (a rollback to lower step numbers keeps its new
+// copies). Once a step reached a holder whole, this node DROPs (one file, peer_protocol.h) the
+// copies sent before the last keep_steps; a holder no longer assigned for the file gets a DROP
+// of all of them; a copy that failed halfway is dropped at once (it never counts as one). This
+// node's record dies with its process: what a restarted or lost sender left on a holder is the
+// holder's own limit per file to reclaim (peer_store.h).
 // So a holder's pool never fills with stale steps. A DROP that fails is logged and not retried
 // (the holder may be dead; a restarted holder holds nothing).
 //
@@ -35,10 +38,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -73,7 +76,10 @@ class Replicator {
   void Replicate(Request request, Done done);
 
  private:
-  Status Send(const Request& request, const Holder& holder);
+  // `sent_any`: set once a PUT went out (the holder may hold part of the step).
+  Status Send(const Request& request, const Holder& holder, bool* sent_any);
+  // The request failed on `holder`: whatever it holds of the step is dropped, and forgotten.
+  void Forget(const Request& request, const Holder& holder, bool sent_any);
   // `step` of the request's file reached `holder`: drops what that holder keeps beyond the
   // newest keep_steps, and everything of the file on holders the request no longer names.
   void Retain(const Request& request, const Holder& holder);
@@ -86,8 +92,9 @@ class Replicator {
   TokenBucket* const bandwidth_;
   PeerObserver* const observer_;
   std::map<std::string, std::unique_ptr<PeerClient>> clients_;  // by address; its thread only
-  // (job, file) → holder address → the steps of it sent there and not dropped; its thread only.
-  std::map<std::pair<std::string, std::string>, std::map<std::string, std::set<uint64_t>>> sent_;
+  // (job, file) → holder address → the steps of it sent there whole and not dropped, in the
+  // order they were sent; its thread only.
+  std::map<std::pair<std::string, std::string>, std::map<std::string, std::deque<uint64_t>>> sent_;
   std::vector<std::byte> buffer_;  // one window copied out of the hot cache; its thread only
   std::atomic<bool> stopping_{false};
   TaskPool thread_;

@@ -240,6 +240,34 @@ TEST_CASE("a kept step survives newer steps, adopts its late slots, and yields t
   CHECK(cache.Find("job", 3, kFile, 0, 10) == nullptr);
 }
 
+TEST_CASE("a kept step that is dropped or reclaimed gives its slots back and stays gone",
+          "[hot_cache]") {
+  auto pool = MakePool(3);
+  HotCache cache(pool.get());
+  cache.Keep("job", 1);
+  cache.Keep("job", 1);  // two ranks of the node
+  cache.Adopt("job", 1, kFile, 0, kWindow, FilledSlot(*pool, 1));
+  CHECK(cache.ReclaimOne());  // pool pressure wins over the keeps
+  CHECK(pool->free_slots() == 3);
+  // A late slot of the reclaimed step is not cached: its bytes are incomplete.
+  cache.Adopt("job", 1, kFile, kWindow, kWindow, FilledSlot(*pool, 2));
+  CHECK(pool->free_slots() == 3);
+  CHECK(cache.Find("job", 1, kFile, kWindow, 10) == nullptr);
+  cache.Unkeep("job", 1);
+  cache.Unkeep("job", 1);
+  cache.Unkeep("job", 1);  // one too many: ignored
+  // The entry is gone; a new save of step 1 caches again.
+  cache.Adopt("job", 1, kFile, 0, kWindow, FilledSlot(*pool, 3));
+  CHECK(cache.Find("job", 1, kFile, 0, 10) != nullptr);
+  // Drop of a kept step: the bytes go at once.
+  cache.Keep("job", 1);
+  cache.Drop("job", 1);
+  CHECK(pool->free_slots() == 3);
+  CHECK(cache.Find("job", 1, kFile, 0, 10) == nullptr);
+  cache.Unkeep("job", 1);
+  CHECK(pool->free_slots() == 3);
+}
+
 TEST_CASE("InsertRead caches read bytes and merges adjacent ranges", "[hot_cache]") {
   auto pool = MakePool(2);
   HotCache cache(pool.get());

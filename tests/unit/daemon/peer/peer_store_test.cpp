@@ -77,6 +77,35 @@ TEST_CASE("peer store: dropping one file of a step keeps the other nodes' files"
   CHECK(store.used() == 0);
 }
 
+TEST_CASE("peer store: a file's oldest step goes when a newer one arrives past the limit",
+          "[peer]") {
+  PeerStore store(100000, 3);
+  const std::string other = "rank-00007.data";
+  for (uint64_t step = 1; step <= 3; ++step) {
+    REQUIRE_OK(PutRegion(store, {"job", step, kFile, 0, 100}, 1));
+  }
+  REQUIRE_OK(PutRegion(store, {"job", 1, other, 0, 50}, 2));
+  REQUIRE_OK(PutRegion(store, {"other-job", 1, kFile, 0, 10}, 3));
+  CHECK(store.used() == 360);
+  // A fourth step of kFile: step 1 of kFile goes; step 1 of the other file and job stay.
+  REQUIRE_OK(PutRegion(store, {"job", 4, kFile, 0, 100}, 4));
+  CHECK_FALSE(store.Holds({"job", 1, kFile, 0, 1}));
+  CHECK(store.Holds({"job", 2, kFile, 0, 100}));
+  CHECK(store.Holds({"job", 4, kFile, 0, 100}));
+  CHECK(store.Holds({"job", 1, other, 0, 50}));
+  CHECK(store.Holds({"other-job", 1, kFile, 0, 10}));
+  CHECK(store.used() == 360);
+  // A rollback to a lower step keeps the copy arriving now.
+  REQUIRE_OK(PutRegion(store, {"job", 1, kFile, 0, 100}, 5));
+  CHECK(store.Holds({"job", 1, kFile, 0, 100}));
+  // No limit: everything stays.
+  PeerStore unlimited(100000, 0);
+  for (uint64_t step = 1; step <= 5; ++step) {
+    REQUIRE_OK(PutRegion(unlimited, {"job", step, kFile, 0, 10}, 1));
+  }
+  CHECK(unlimited.used() == 50);
+}
+
 TEST_CASE("peer store: a budget of 0 holds nothing", "[peer]") {
   PeerStore store(0);
   CHECK(PutRegion(store, {"job", 1, kFile, 0, 1}, 1).code() == StatusCode::kResourceExhausted);

@@ -812,6 +812,15 @@ void NodeState::ReportNodeManifest(Step& s) {
       });
 }
 
+void NodeState::ReportReplicationAgain(const Step& s) {
+  if (s.replicated || s.not_replicated) return;  // decided already
+  for (const auto& [r, rs] : s.ranks) {
+    if (rs.replicated || !rs.replication_error.empty()) {
+      ReportReplicated(s, r, rs.replica_holders, rs.replication_error);
+    }
+  }
+}
+
 void NodeState::ReportPersisted(const Step& s) {
   if (!s.node_manifest) return;
   ckptd::v1::ReportRanksRequest req;
@@ -831,16 +840,7 @@ void NodeState::OnCoordinatorConnected() {
     // writes everything.
     for (auto& report : j.writers.OnReconnect()) link_->ReportRegistration(std::move(report));
     for (auto& [n, s] : j.steps) {
-      // After the step's other reports: a coordinator that does not know the step ignores it.
-      auto rereport_replicated = [&] {
-        if (s.replicated || s.not_replicated) return;
-        for (const auto& [r, rs] : s.ranks) {
-          if (rs.replicated || !rs.replication_error.empty()) {
-            ReportReplicated(s, r, rs.replica_holders, rs.replication_error);
-          }
-        }
-      };
-      if (s.state == ckptd::v1::STEP_STATE_COMMITTED) rereport_replicated();
+      if (s.state == ckptd::v1::STEP_STATE_COMMITTED) ReportReplicationAgain(s);
       if (Terminal(s.state)) {
         // Failed here, but the report may have died with the previous coordinator: without its
         // decision the step's files are never cleaned up (MaybeCleanup waits for it). Report
@@ -860,7 +860,7 @@ void NodeState::OnCoordinatorConnected() {
       Report(s, ckptd::v1::STEP_STATE_PENDING, saved);
       if (!captured.empty()) Report(s, ckptd::v1::STEP_STATE_CAPTURED, captured);
       ReportPersisted(s);
-      rereport_replicated();
+      ReportReplicationAgain(s);  // after the step's other reports: they make it known there
     }
   }
 }

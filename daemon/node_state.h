@@ -250,6 +250,8 @@ class NodeState : public CoordinatorPort::Handler {
   void ReportNodeManifest(Step& s);
   // The step's newest node manifest, again (after a reconnect).
   void ReportPersisted(const Step& s);
+  // The ranks' replication outcomes, again, unless the step's REPLICATED was decided.
+  void ReportReplicationAgain(const Step& s);
   void FailLocally(Step& s, ckptd::v1::StepState state, const std::string& reason);
   static size_t ActiveSteps(const Job& job);
   void StartDeferred(const std::string& job);

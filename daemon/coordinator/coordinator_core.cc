@@ -208,22 +208,21 @@ LoadPlanner::MemoryHolders CoordinatorCore::HeldInMemory(const std::string& job,
   // A daemon's hot cache holds its newest step of a job only: the node that saved a rank counts
   // as holding the rank's file for the newest step this coordinator knows of the job.
   const bool newest = s == std::prev(j->second.steps.end());
-  auto add = [&](const std::string& file, const std::string& node) {
-    auto n = nodes_.find(node);
-    if (n == nodes_.end() || !n->second.sink) return;  // lost, or its stream is down
-    const std::string address = holders_.AddressOf(node);
-    if (address.empty()) return;
-    auto& list = held[file];
-    if (std::find_if(list.begin(), list.end(), [&](const auto& h) { return h.first == node; }) ==
-        list.end()) {
-      list.emplace_back(node, address);
-    }
-  };
   for (const auto& [rank, holders] : s->second.replica_holders) {
-    const std::string file = DataFileName(rank);
+    std::vector<std::string> candidates;  // the writer first (newest step only), then holders
     auto saved = s->second.saved.find(rank);
-    if (newest && saved != s->second.saved.end()) add(file, saved->second);
-    for (const std::string& h : holders) add(file, h);
+    if (newest && saved != s->second.saved.end()) candidates.push_back(saved->second);
+    candidates.insert(candidates.end(), holders.begin(), holders.end());
+    auto& list = held[DataFileName(rank)];
+    for (const std::string& node : candidates) {
+      auto n = nodes_.find(node);
+      if (n == nodes_.end() || !n->second.sink) continue;  // lost, or its stream is down
+      const std::string address = holders_.AddressOf(node);
+      const bool listed = std::any_of(list.begin(), list.end(),
+                                      [&node](const auto& h) { return h.first == node; });
+      if (!address.empty() && !listed) list.emplace_back(node, address);
+    }
+    if (list.empty()) held.erase(DataFileName(rank));
   }
   return held;
 }

@@ -8,6 +8,9 @@
 //
 //   save --steps 1,2,3: per step fill, Save, WaitSnapshot, Wait(committed); prints
 //        "step <s> committed" or "step <s> failed: <message>"; exit 0 (1: could not even start).
+//        With --wait-replicated it also waits for persisted before committed, and for replicated
+//        after, then prints "step <s> replicated persisted_ns <t> committed_ns <t> replicated_ns
+//        <t>" (when each wait returned, on the monotonic clock) or "step <s> not replicated: ...".
 //   load [--step N]: registers its layout, loads, checks every element; prints
 //        "loaded step <s> bytes <n> ... load_ns <start> <end>" (the Load call, on the monotonic
 //        clock that every process of the machine shares); exit 0 when every element matches, 3
@@ -33,6 +36,13 @@ int Fail(const std::string& what, const ckpt::Status& s) {
   return 1;
 }
 
+// Now on the monotonic clock that every process of the machine shares, in nanoseconds.
+long long NowNs() {
+  return static_cast<long long>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                    std::chrono::steady_clock::now().time_since_epoch())
+                                    .count());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -40,6 +50,7 @@ int main(int argc, char** argv) {
   std::string mode, socket, job, steps_text;
   uint32_t rank = 0, world = 1, tp = 1, tensors = 4;
   std::optional<uint64_t> load_step;
+  bool wait_replicated = false;
   app.add_option("mode", mode)->required();
   app.add_option("--socket", socket)->required();
   app.add_option("--job", job)->required();
@@ -49,6 +60,7 @@ int main(int argc, char** argv) {
   app.add_option("--tensors", tensors);
   app.add_option("--steps", steps_text);
   app.add_option("--step", load_step);
+  app.add_flag("--wait-replicated", wait_replicated);
   CLI11_PARSE(app, argc, argv);
 
   ckpt::testing::CoordinatorModel model(tensors, tp, rank);
@@ -78,12 +90,30 @@ int main(int argc, char** argv) {
       model.Fill(base, step);
       ckpt::Status s = (*client)->Save(step, "rank " + std::to_string(rank));
       if (s.ok()) s = (*client)->WaitSnapshot();
+      long long persisted_ns = 0;
+      if (s.ok() && wait_replicated) {
+        s = (*client)->Wait(step, ckpt::WaitState::kPersisted, std::chrono::seconds(120));
+        persisted_ns = NowNs();
+      }
       if (s.ok()) s = (*client)->Wait(step, ckpt::WaitState::kCommitted, std::chrono::seconds(120));
+      const long long committed_ns = NowNs();
       if (s.ok()) {
         std::printf("step %llu committed\n", static_cast<unsigned long long>(step));
       } else {
         std::printf("step %llu failed: %s\n", static_cast<unsigned long long>(step),
                     s.ToString().c_str());
+      }
+      if (s.ok() && wait_replicated) {
+        s = (*client)->Wait(step, ckpt::WaitState::kReplicated, std::chrono::seconds(120));
+        if (s.ok()) {
+          std::printf(
+              "step %llu replicated persisted_ns %lld committed_ns %lld "
+              "replicated_ns %lld\n",
+              static_cast<unsigned long long>(step), persisted_ns, committed_ns, NowNs());
+        } else {
+          std::printf("step %llu not replicated: %s\n", static_cast<unsigned long long>(step),
+                      s.ToString().c_str());
+        }
       }
       std::fflush(stdout);
     }

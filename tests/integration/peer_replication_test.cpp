@@ -45,13 +45,30 @@ void WaitForHolders(const std::vector<std::unique_ptr<DaemonProcess>>& nodes, in
   }
 }
 
+// A coordinator and `count` daemons with --replicas `replicas`, each having heard `holders`
+// holders, and one rank of the model per daemon (tensor parallel `tp`).
+struct Tier {
+  Tier(int count, const std::string& replicas, int holders, uint32_t tp = 1)
+      : nodes(StartNodes(dir, root, coordinator.address(), count, TierFlags(replicas))) {
+    WaitForHolders(nodes, holders);
+    for (int i = 0; i < count; ++i) {
+      ranks.push_back(std::make_unique<ModelRank>(nodes[i]->socket(), kJob, i,
+                                                  static_cast<uint32_t>(count), tp, kTensors));
+    }
+  }
+  testing::TempDir dir;
+  std::string root = dir / "root";
+  CoordinatorProcess coordinator{{dir / "coordinator.sock", root, dir / "coordinator.log", {}, {}}};
+  std::vector<std::unique_ptr<DaemonProcess>> nodes;
+  std::vector<std::unique_ptr<ModelRank>> ranks;
+};
+
 TEST_CASE("peer tier: every rank lands in its holder's memory and the step is replicated",
           "[peer_tier]") {
-  testing::TempDir dir;
-  const std::string root = dir / "root";
-  CoordinatorProcess coordinator({dir / "coordinator.sock", root, dir / "coordinator.log", {}, {}});
-  auto nodes = StartNodes(dir, root, coordinator.address(), kNodes, TierFlags("1"));
-  WaitForHolders(nodes, 1);
+  Tier t(kNodes, "1", 1);
+  auto& nodes = t.nodes;
+  auto& ranks = t.ranks;
+  const std::string& root = t.root;
 
   // Each node has one holder, never itself. (Which one depends on the order the nodes
   // registered in: a holder plan keeps its holders as nodes join, holder_plan.h.)
@@ -70,10 +87,6 @@ TEST_CASE("peer tier: every rank lands in its holder's memory and the step is re
   for (const auto& [node, h] : holder_of) holders.insert(h);
   CHECK(holders.size() >= 2);
 
-  std::vector<std::unique_ptr<ModelRank>> ranks;
-  for (int i = 0; i < kNodes; ++i) {
-    ranks.push_back(std::make_unique<ModelRank>(nodes[i]->socket(), kJob, i, kNodes, 1, kTensors));
-  }
   for (auto& r : ranks) REQUIRE_OK(r->SaveStep(1));
   for (auto& r : ranks) {
     REQUIRE_OK(r->client().Wait(1, WaitState::kReplicated, std::chrono::seconds(60)));
@@ -121,15 +134,8 @@ TEST_CASE(
     "peer tier: a node asking for more holders than exist is told its step is not "
     "replicated, and why",
     "[peer_tier]") {
-  testing::TempDir dir;
-  const std::string root = dir / "root";
-  CoordinatorProcess coordinator({dir / "coordinator.sock", root, dir / "coordinator.log", {}, {}});
-  auto nodes = StartNodes(dir, root, coordinator.address(), 2, TierFlags("2"));
-  WaitForHolders(nodes, 1);  // one other node: one of the two holders asked for
-  std::vector<std::unique_ptr<ModelRank>> ranks;
-  for (int i = 0; i < 2; ++i) {
-    ranks.push_back(std::make_unique<ModelRank>(nodes[i]->socket(), kJob, i, 2, 1, kTensors));
-  }
+  Tier t(2, "2", 1);  // one other node: one of the two holders asked for
+  auto& ranks = t.ranks;
   for (auto& r : ranks) REQUIRE_OK(r->SaveStep(1));
   for (auto& r : ranks) {
     REQUIRE_OK(r->WaitCommitted(1));  // the checkpoint itself is unharmed
@@ -141,15 +147,9 @@ TEST_CASE(
 }
 
 TEST_CASE("peer tier: a holder keeps each node's newest two steps, not every step", "[peer_tier]") {
-  testing::TempDir dir;
-  const std::string root = dir / "root";
-  CoordinatorProcess coordinator({dir / "coordinator.sock", root, dir / "coordinator.log", {}, {}});
-  auto nodes = StartNodes(dir, root, coordinator.address(), 2, TierFlags("1"));
-  WaitForHolders(nodes, 1);
-  std::vector<std::unique_ptr<ModelRank>> ranks;
-  for (int i = 0; i < 2; ++i) {
-    ranks.push_back(std::make_unique<ModelRank>(nodes[i]->socket(), kJob, i, 2, 2, kTensors));
-  }
+  Tier t(2, "1", 1, /*tp=*/2);
+  auto& nodes = t.nodes;
+  auto& ranks = t.ranks;
   auto held = [&] {
     uint64_t sum = 0;
     for (const auto& n : nodes) sum += StatusOf(*n).peer().held_bytes();
@@ -176,16 +176,10 @@ TEST_CASE("peer tier: a holder keeps each node's newest two steps, not every ste
 
 TEST_CASE("peer tier: a replacement node restores a lost node's ranks from memory, not storage",
           "[peer_tier]") {
-  testing::TempDir dir;
-  const std::string root = dir / "root";
-  CoordinatorProcess coordinator({dir / "coordinator.sock", root, dir / "coordinator.log", {}, {}});
-  auto nodes = StartNodes(dir, root, coordinator.address(), kNodes, TierFlags("1"));
-  WaitForHolders(nodes, 1);
   // Data parallel 3: each rank needs every tensor, written once across the three data files.
-  std::vector<std::unique_ptr<ModelRank>> ranks;
-  for (int i = 0; i < kNodes; ++i) {
-    ranks.push_back(std::make_unique<ModelRank>(nodes[i]->socket(), kJob, i, kNodes, 1, kTensors));
-  }
+  Tier t(kNodes, "1", 1);
+  auto& nodes = t.nodes;
+  auto& ranks = t.ranks;
   for (uint64_t step = 1; step <= 2; ++step) {
     for (auto& r : ranks) REQUIRE_OK(r->SaveStep(step));
     for (auto& r : ranks) {
@@ -198,10 +192,10 @@ TEST_CASE("peer tier: a replacement node restores a lost node's ranks from memor
   ranks[0].reset();
   nodes[0]->Kill(SIGKILL);
   DaemonProcess::Options o;
-  o.socket = dir / "n3.sock";
-  o.storage_root = root;
-  o.log_path = dir / "n3.log";
-  o.flags = {"--node-id", "n3", "--coordinator", coordinator.address()};
+  o.socket = t.dir / "n3.sock";
+  o.storage_root = t.root;
+  o.log_path = t.dir / "n3.log";
+  o.flags = {"--node-id", "n3", "--coordinator", t.coordinator.address()};
   for (const auto& f : TierFlags("1")) o.flags.push_back(f);
   auto replacement = std::make_unique<DaemonProcess>(o);
   ranks[0] = std::make_unique<ModelRank>(replacement->socket(), kJob, 0, kNodes, 1, kTensors);

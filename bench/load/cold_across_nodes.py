@@ -74,6 +74,38 @@ def disk_of(path):
     return "%d:%d" % (os.major(st.st_dev), os.minor(st.st_dev))
 
 
+def throttle_reads(path, bytes_per_s):
+    """Caps the cgroup's reads of the disk that holds `path`."""
+    with open(os.path.join(CGROUP, "blkio.throttle.read_bps_device"), "w") as f:
+        f.write("%s %d" % (disk_of(path), bytes_per_s))
+
+
+def drop_page_cache():
+    subprocess.run(["sync"], check=True)
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3")
+
+
+def wait_ready(daemon):
+    wait_for(lambda: b" ready" in open(daemon["log"], "rb").read(), "a daemon's 'ready'")
+
+
+def metrics_page(daemon):
+    return urllib.request.urlopen("http://%s/metrics" % daemon["metrics"]).read().decode()
+
+
+def sample(page, series):
+    """One series' value on a /metrics page (0 when absent)."""
+    m = re.search("^" + re.escape(series) + r" (\S+)$", page, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def job_load_seconds(outs):
+    """The job's load: first Load call started → last one returned (ranks' clocks)."""
+    spans = [tuple(int(x) for x in re.search(r"load_ns (\d+) (\d+)", o).groups()) for o in outs]
+    return (max(e for _, e in spans) - min(b for b, _ in spans)) / 1e9
+
+
 class Cluster:
     """The coordinator and, per start(), 4 fresh daemons."""
 
@@ -92,27 +124,32 @@ class Cluster:
         wait_for(lambda: os.path.exists(sock), "the coordinator's socket")
         self.coordinator_address = "unix:" + sock
 
-    def start_daemons(self, tag, peer, cgroup):
+    def start_daemon(self, tag, node_id, peer, cgroup, extra=()):
+        """One fresh daemon, not waited for (wait_ready); `extra`: more ckptd flags."""
+        sock = os.path.join(self.work, "%s-%s.sock" % (tag, node_id))
+        logpath = os.path.join(self.work, "%s-%s.log" % (tag, node_id))
+        metrics = "127.0.0.1:%d" % free_port()
+        cmd = [os.path.join(self.args.bin, "ckptd"), "--socket", sock, "--storage-root",
+               self.root, "--node-id", node_id, "--coordinator", self.coordinator_address,
+               "--host-pool", self.args.host_pool, "--metrics", metrics, "--log-level", "info",
+               "--admin", "unix:" + sock + ".admin"]
+        if peer:
+            cmd += ["--peer-listen", "127.0.0.1:0"]
+        cmd += list(extra)
+        log = open(logpath, "ab")
+        # Into the throttled cgroup before exec: the daemon and its threads are in it.
+        pre = (lambda: open(os.path.join(CGROUP, "cgroup.procs"), "w").write(
+            str(os.getpid()))) if cgroup else None
+        proc = subprocess.Popen(cmd, stdout=log, stderr=log, preexec_fn=pre)
+        return {"proc": proc, "socket": sock, "log": logpath, "metrics": metrics,
+                "node": node_id}
+
+    def start_daemons(self, tag, peer, cgroup, extra=()):
         self.daemons = []
-        for i in range(NODES):
-            sock = os.path.join(self.work, "%s-n%d.sock" % (tag, i))
-            logpath = os.path.join(self.work, "%s-n%d.log" % (tag, i))
-            metrics = "127.0.0.1:%d" % free_port()
-            cmd = [os.path.join(self.args.bin, "ckptd"), "--socket", sock, "--storage-root",
-                   self.root, "--node-id", "n%d" % i, "--coordinator", self.coordinator_address,
-                   "--host-pool", self.args.host_pool, "--metrics", metrics, "--log-level", "info",
-                   "--admin", "unix:" + sock + ".admin"]
-            if peer:
-                cmd += ["--peer-listen", "127.0.0.1:0"]
-            log = open(logpath, "ab")
-            # Into the throttled cgroup before exec: the daemon and its threads are in it.
-            pre = (lambda: open(os.path.join(CGROUP, "cgroup.procs"), "w").write(
-                str(os.getpid()))) if cgroup else None
-            proc = subprocess.Popen(cmd, stdout=log, stderr=log, preexec_fn=pre)
-            self.daemons.append({"proc": proc, "socket": sock, "log": logpath,
-                                 "metrics": metrics})
+        for i in range(NODES):  # one by one: what started is in self.daemons, to be killed
+            self.daemons.append(self.start_daemon(tag, "n%d" % i, peer, cgroup, extra))
         for d in self.daemons:
-            wait_for(lambda d=d: b" ready" in open(d["log"], "rb").read(), "a daemon's 'ready'")
+            wait_ready(d)
 
     def stop_daemons(self):
         for d in self.daemons:
@@ -137,15 +174,12 @@ class Cluster:
 
     def scrape(self):
         """(storage bytes read by all daemons, mean seconds of one load in the daemons)"""
-        def value(page, series):
-            m = re.search("^" + re.escape(series) + r" (\S+)$", page, re.M)
-            return float(m.group(1)) if m else 0.0
         reads = seconds = count = 0.0
         for d in self.daemons:
-            page = urllib.request.urlopen("http://%s/metrics" % d["metrics"]).read().decode()
-            reads += value(page, 'ckptd_read_bytes_total{source="storage"}')
-            seconds += value(page, "ckptd_load_duration_seconds_sum")
-            count += value(page, "ckptd_load_duration_seconds_count")
+            page = metrics_page(d)
+            reads += sample(page, 'ckptd_read_bytes_total{source="storage"}')
+            seconds += sample(page, "ckptd_load_duration_seconds_sum")
+            count += sample(page, "ckptd_load_duration_seconds_count")
         return reads, seconds / max(count, 1)
 
 
@@ -172,24 +206,18 @@ def main():
     try:
         cluster.start_coordinator()
         os.makedirs(cluster.root, exist_ok=True)
-        with open(os.path.join(CGROUP, "blkio.throttle.read_bps_device"), "w") as f:
-            f.write("%s %d" % (disk_of(cluster.root), args.throttle))
+        throttle_reads(cluster.root, args.throttle)
         cluster.start_daemons("save", peer=False, cgroup=False)
         cluster.ranks("save", ["--steps", "1"])
         cluster.stop_daemons()
         for r in range(args.rounds):
             for mode in ("per-node", "planned"):
-                subprocess.run(["sync"], check=True)
-                with open("/proc/sys/vm/drop_caches", "w") as f:
-                    f.write("3")
+                drop_page_cache()
                 cluster.start_daemons("%s-%d" % (mode, r), peer=(mode == "planned"), cgroup=True)
                 t0 = time.monotonic()
                 outs = cluster.ranks("load", ["--step", "1"])
                 seconds = time.monotonic() - t0
-                # The job's load: first Load call started → last one returned (ranks' clocks).
-                spans = [tuple(int(x) for x in re.search(r"load_ns (\d+) (\d+)", o).groups())
-                         for o in outs]
-                load_seconds = (max(e for _, e in spans) - min(b for b, _ in spans)) / 1e9
+                load_seconds = job_load_seconds(outs)
                 reads, daemon_seconds = cluster.scrape()
                 cluster.stop_daemons()
                 results[mode].append({"seconds": seconds, "load_seconds": load_seconds,

@@ -183,15 +183,21 @@ class Cluster:
         return reads, seconds / max(count, 1)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_cluster_args(ap, doc, host_pool):
+    """The options of a 4-node run on this machine (this script's, and bench/peer's)."""
+    ap.description = doc
+    ap.formatter_class = argparse.RawDescriptionHelpFormatter
     ap.add_argument("--bin", default="build/bin")
     ap.add_argument("--dir", default="/tmp")
     ap.add_argument("--tensors", type=int, default=88, help="88: ~245 MiB of unique state")
     ap.add_argument("--throttle", type=parse_bytes, default=parse_bytes("200MiB"),
                     help="read bytes/s of the storage disk, shared by the 4 daemons")
-    ap.add_argument("--host-pool", default="512MiB")
+    ap.add_argument("--host-pool", default=host_pool)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    add_cluster_args(ap, __doc__, "512MiB")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json")
     args = ap.parse_args()

@@ -350,16 +350,10 @@ def preflight(args):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin", default="build/bin")
-    ap.add_argument("--dir", default="/tmp")
-    ap.add_argument("--tensors", type=int, default=88, help="88: ~245 MiB of unique state")
-    ap.add_argument("--throttle", type=cold.parse_bytes, default=cold.parse_bytes("200MiB"),
-                    help="read bytes/s of the storage disk, shared by the 4 daemons")
-    ap.add_argument("--host-pool", default="1GiB",
-                    help="twice the cold script's: a survivor keeps its step in its hot cache "
-                         "and takes what it fetches there too (a full pool reads storage)")
+    ap = argparse.ArgumentParser()
+    # --host-pool: twice the cold script's, since a survivor keeps its step in its hot cache and
+    # takes what it fetches there too (a full pool reads storage).
+    cold.add_cluster_args(ap, __doc__, "1GiB")
     ap.add_argument("--peer-pool", default="1GiB",
                     help="each daemon's budget for other nodes' copies (a holder may hold for two "
                          "nodes, two steps each)")

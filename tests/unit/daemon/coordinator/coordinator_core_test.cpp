@@ -27,30 +27,25 @@ class RecordingSink final : public NodeSink {
     cv_.notify_all();
   }
   std::optional<pb::StepDecision> WaitTerminal(const std::string& job, uint64_t step) {
-    std::unique_lock lock(mu_);
-    std::optional<pb::StepDecision> out;
-    cv_.wait_for(lock, std::chrono::seconds(20), [&] {
-      for (const auto& e : events_) {
-        if (e.has_step() && e.step().job() == job && e.step().step() == step &&
-            (e.step().state() == pb::STEP_STATE_COMMITTED ||
-             e.step().state() == pb::STEP_STATE_ABORTED ||
-             e.step().state() == pb::STEP_STATE_FAILED)) {
-          out = e.step();
-          return true;
-        }
-      }
-      return false;
+    return WaitDecision(job, step, [](pb::StepState s) {
+      return s == pb::STEP_STATE_COMMITTED || s == pb::STEP_STATE_ABORTED ||
+             s == pb::STEP_STATE_FAILED;
     });
-    return out;
   }
   // Blocks (with a deadline) until a REPLICATED decision for (job, step) arrives.
   std::optional<pb::StepDecision> WaitReplication(const std::string& job, uint64_t step) {
+    return WaitDecision(job, step, [](pb::StepState s) { return s == pb::STEP_STATE_REPLICATED; });
+  }
+  // Blocks (with a deadline) until a decision for (job, step) whose state is `wanted` arrives.
+  template <class Wanted>
+  std::optional<pb::StepDecision> WaitDecision(const std::string& job, uint64_t step,
+                                               Wanted wanted) {
     std::unique_lock lock(mu_);
     std::optional<pb::StepDecision> out;
     cv_.wait_for(lock, std::chrono::seconds(20), [&] {
       for (const auto& e : events_) {
         if (e.has_step() && e.step().job() == job && e.step().step() == step &&
-            e.step().state() == pb::STEP_STATE_REPLICATED) {
+            wanted(e.step().state())) {
           out = e.step();
           return true;
         }

@@ -93,6 +93,21 @@ void PrintStatusText(const ckptd::v1::GetStatusResponse& s) {
     }
     std::cout << "\n";
   }
+  if (s.has_peer() && (s.peer().pool_bytes() > 0 || s.peer().replicas() > 0)) {
+    const auto& p = s.peer();
+    std::cout << "peer pool " << FormatBytes(p.pool_bytes()) << ": holds "
+              << FormatBytes(p.held_bytes()) << " for other nodes; replicas " << p.replicas();
+    if (!p.failure_domain().empty()) std::cout << ", failure domain " << p.failure_domain();
+    if (p.replicas() > 0) {
+      std::cout << "; held by ";
+      if (p.holders_size() == 0) std::cout << "no node yet";
+      for (int i = 0; i < p.holders_size(); ++i) {
+        std::cout << (i == 0 ? "" : ", ") << p.holders(i);
+        if (i < p.holder_addresses_size()) std::cout << " (" << p.holder_addresses(i) << ")";
+      }
+    }
+    std::cout << "\n";
+  }
   const bool coordinator = s.role() == "coordinator";
   if (coordinator) {
     std::cout << "\nnodes: " << s.nodes_size() << "\n";

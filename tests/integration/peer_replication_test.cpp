@@ -86,6 +86,12 @@ TEST_CASE("peer tier: every rank lands in its holder's memory and the step is re
   std::set<std::string> holders;
   for (const auto& [node, h] : holder_of) holders.insert(h);
   CHECK(holders.size() >= 2);
+  // ckptctl status shows it too.
+  auto [rc, out] = RunCkptctl(t.dir, {"--admin", "unix:" + nodes[0]->admin_socket(), "status"});
+  CHECK(rc == 0);
+  CHECK_THAT(out, Catch::Contains("peer pool 64.0 MiB: holds") &&
+                      Catch::Contains("replicas 1; held by " + holder_of["n0"] + " (" +
+                                      address_of[holder_of["n0"]] + ")"));
 
   for (auto& r : ranks) REQUIRE_OK(r->SaveStep(1));
   for (auto& r : ranks) {

@@ -218,8 +218,8 @@ LoadPlanner::MemoryHolders CoordinatorCore::HeldInMemory(const std::string& job,
       auto n = nodes_.find(node);
       if (n == nodes_.end() || !n->second.sink) continue;  // lost, or its stream is down
       const std::string address = holders_.AddressOf(node);
-      const bool listed = std::any_of(list.begin(), list.end(),
-                                      [&node](const auto& h) { return h.first == node; });
+      const bool listed =
+          std::any_of(list.begin(), list.end(), [&node](const auto& h) { return h.first == node; });
       if (!address.empty() && !listed) list.emplace_back(node, address);
     }
     if (list.empty()) held.erase(DataFileName(rank));

@@ -196,9 +196,11 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
       [this, j = req.job, n = req.step, r = req.rank](Status st) { OnRankPersisted(j, n, r, st); });
   s.ranks[req.rank] = RankSave{req.session_id, req.pid, capture, std::move(req.extra)};
   s.ranks[req.rank].sync_input = std::move(req.sync_input);
-  if (replicas_ > 0) {
+  if (replicas_ > 0 && holders_.size() >= replicas_) {
     // Until its bytes reached the holders, a newer step must not push them out of memory (pool
-    // pressure still may: capture wins, and the replication then fails and says so).
+    // pressure still may: capture wins, and the replication then fails and says so). Without
+    // enough holders nothing is sent, and the save costs nothing more. (Holders that arrive
+    // before the persist get an unkept send: safe, as each window is copied out under a pin.)
     hot_->Keep(req.job, req.step);
     s.ranks[req.rank].hot_keep = std::shared_ptr<void>(
         hot_, [job = req.job, step = req.step](HotCache* hot) { hot->Unkeep(job, step); });
@@ -353,6 +355,9 @@ void NodeState::OnRankReplicated(const std::string& job, uint64_t step, uint32_t
 void NodeState::ReportReplicated(const Step& s, uint32_t rank,
                                  const std::vector<std::string>& holders, std::string reason) {
   if (s.state == ckptd::v1::STEP_STATE_ABORTED || s.state == ckptd::v1::STEP_STATE_FAILED) return;
+  // Decided not replicated already: another failure adds nothing (a success still tells where
+  // the rank's copies are, for restores).
+  if (!reason.empty() && s.not_replicated) return;
   ckptd::v1::ReportRanksRequest req;
   req.set_job(s.job);
   req.set_step(s.step);

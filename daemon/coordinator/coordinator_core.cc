@@ -189,7 +189,8 @@ Status CoordinatorCore::AttachNode(const std::string& node_id, std::shared_ptr<N
 Result<ckptd::v1::LoadPlanResponse> CoordinatorCore::PlanLoad(
     const ckptd::v1::LoadPlanRequest& req) {
   try {
-    return load_planner_.Ask(req, LoadPlanner::Clock::now(), HeldInMemory(req.job(), req.step()));
+    return load_planner_.Ask(req, LoadPlanner::Clock::now(),
+                             [&] { return HeldInMemory(req.job(), req.step()); });
   } catch (const std::bad_alloc&) {  // a plan too large for this process: refused, not fatal
     return ResourceExhausted("load plan of job '" + req.job() + "': out of memory");
   }

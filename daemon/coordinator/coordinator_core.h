@@ -367,7 +367,8 @@ class CoordinatorCore {
   std::map<std::string, JobRecord> jobs_ GUARDED_BY(mu_);
   std::map<std::string, NodeRecord> nodes_ GUARDED_BY(mu_);
   RestorePoints restore_points_ GUARDED_BY(mu_);
-  LoadPlanner load_planner_{config_.load_plan};  // its own lock
+  // Its own lock, taken before mu_: a round being planned asks HeldInMemory.
+  LoadPlanner load_planner_{config_.load_plan};
   LayoutRegistry layouts_ GUARDED_BY(mu_);
   HolderRegistry holders_ GUARDED_BY(mu_){config_.holder_replan_delay};
   int plans_in_flight_ GUARDED_BY(mu_) = 0;

@@ -93,7 +93,7 @@ void LoadPlanner::DropExpiredLocked(Clock::time_point now) {
 }
 
 Result<LoadPlanResponse> LoadPlanner::Ask(const LoadPlanRequest& req, Clock::time_point now,
-                                          const MemoryHolders& held) {
+                                          const std::function<MemoryHolders()>& held) {
   RETURN_IF_ERROR(CheckRequest(req));
   MutexLock lock(mu_);
   DropExpiredLocked(now);
@@ -147,7 +147,7 @@ Result<LoadPlanResponse> LoadPlanner::Ask(const LoadPlanRequest& req, Clock::tim
       wait.set_retry_ms(static_cast<uint32_t>(options_.retry.count()));
       return wait;
     }
-    MakePlan(*round, read_[{req.job(), req.step()}], held);
+    MakePlan(*round, read_[{req.job(), req.step()}], held ? held() : MemoryHolders());
     round->planned = true;
     round->planned_at = now;
   }

@@ -26,8 +26,8 @@
 // step that live daemons hold in memory (MemoryHolders: the node that wrote the file, while it is
 // alive, and its holders in the peer-memory tier, proto/README.md §4.1). Every piece of such a
 // file is fetched from one of them — in turn, piece by piece — and nobody reads it from storage:
-// a replacement node restores a lost node's ranks from the lost node's holders. The holders
-// given when the round is planned are the round's.
+// a replacement node restores a lost node's ranks from the lost node's holders. They are asked
+// for once, when the round is planned (O(ranks) in the coordinator), not at every ask.
 //
 // Failure is always a storage read: a fetch that fails, stalls or returns bad bytes (the loader
 // verifies each checksum piece against the manifest, wherever its bytes came from) is read from
@@ -50,6 +50,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -82,8 +83,10 @@ class LoadPlanner {
 
   // One rank's ask. Errors: a request without job, node or world size, a rank outside the world,
   // a range that is empty or overflows (kInvalidArgument).
+  // `held`: called (with this planner's lock held) when the round is planned; may be empty.
   Result<ckptd::v1::LoadPlanResponse> Ask(const ckptd::v1::LoadPlanRequest& request,
-                                          Clock::time_point now, const MemoryHolders& held = {});
+                                          Clock::time_point now,
+                                          const std::function<MemoryHolders()>& held = nullptr);
   Result<ckptd::v1::LoadPlanResponse> Ask(const ckptd::v1::LoadPlanRequest& request) {
     return Ask(request, Clock::now());
   }

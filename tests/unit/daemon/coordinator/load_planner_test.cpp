@@ -146,7 +146,7 @@ TEST_CASE(
     const std::string n = std::to_string(r);
     return Ok(planner.Ask(Req(r, 2, "n" + n, "n" + n + ":1",
                               {Range(kFile, 0, 64 * kMiB), Range(other, 0, 32 * kMiB)}),
-                          t0, held));
+                          t0, [&] { return held; }));
   };
   CHECK_FALSE(ask(0).ready());
   const LoadPlanResponse last = ask(1);

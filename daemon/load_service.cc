@@ -7,6 +7,7 @@
 #include <set>
 #include <thread>
 #include <tuple>
+#include <utility>
 
 #include "common/logging.h"
 #include "common/names.h"
@@ -78,6 +79,7 @@ struct LoadService::Prepared {
   std::vector<CheckpointReader::Request> requests;
   Outcome out;
   std::chrono::steady_clock::time_point first_ask{};
+  bool heard_not_ready = false;  // the coordinator counted this rank and waits for others
   bool pinned = false;
   std::shared_ptr<Staging> staging;  // while this load plans across nodes
   bool heard = false;                // its plan's answer came (Staging::pending counted down)
@@ -167,6 +169,11 @@ void LoadService::AskPlan(std::shared_ptr<Prepared> p, ckptd::v1::LoadPlanReques
     // guards against one that keeps answering "not yet".
     constexpr auto kGiveUp = std::chrono::minutes(2);
     if (plan.ok() && !plan->ready() && std::chrono::steady_clock::now() - p->first_ask < kGiveUp) {
+      if (!std::exchange(p->heard_not_ready, true)) {
+        spdlog::info(
+            "{}: the coordinator waits for the job's other ranks; asking again every {} ms", p->ctx,
+            plan->retry_ms());
+      }
       auto timer = std::make_shared<boost::asio::steady_timer>(
           io_, std::chrono::milliseconds(std::max<uint32_t>(plan->retry_ms(), 10)));
       timer->async_wait([this, alive, timer, p, ask = std::move(ask),

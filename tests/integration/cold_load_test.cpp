@@ -114,8 +114,10 @@ TEST_CASE("cold load across nodes: a serving daemon that stalls, then dies, cost
   // Rank 3 asks first; its daemon is frozen while the coordinator waits for the others, so the
   // plan names it as the reader of a quarter of the bytes that it will never serve.
   auto last = std::async(std::launch::async, [&] { return job.ranks[3]->LoadAndCheck(1); });
+  // Frozen only once the coordinator counted its ask (it answered "wait for the others").
   REQUIRE(PollUntil([&] {
-    return job.nodes[3]->Log().find("asking the coordinator who reads what") != std::string::npos;
+    return job.nodes[3]->Log().find("the coordinator waits for the job's other ranks") !=
+           std::string::npos;
   }));
   job.nodes[3]->Kill(SIGSTOP);
   std::vector<std::future<Result<uint64_t>>> loads;

@@ -41,6 +41,9 @@ struct CaptureJob {
   std::string data_file;  // data_path's name inside the step directory
   FileSystem* fs = nullptr;
   uint64_t throttle_bytes_per_second = 0;  // 0 = unthrottled
+  // A memory-only step (Save.memory_only): no directory, no data file, no write — the slots are
+  // checksummed and go to the hot cache as if written.
+  bool memory_only = false;
   // Slots taken up front (on_full = skip); empty for the wait policy.
   std::vector<HostPool::SlotId> reserved_slots;
   // Called once each, from engine threads.
@@ -62,6 +65,7 @@ struct CaptureJob {
   // share its outcome. Runs on flush threads only: storage calls may block for as long as the
   // filesystem hangs.
   Status EnsureWriter() {
+    if (memory_only) return Status::Ok();
     MutexLock lock(writer_mu);
     if (writer != nullptr) return Status::Ok();
     if (!writer_error.ok()) return writer_error;

@@ -128,7 +128,8 @@ void FlushEngine::Process(const Item& item, size_t thread) {
     // until it is released or adopted below, so the checksum still covers the stored bytes.
     Status s = Timed(thread, [&] {
       Status made = job.EnsureWriter();
-      return made.ok() ? job.writer->WriteAt(slot.file_offset, data, slot.length) : made;
+      if (!made.ok() || job.memory_only) return made;
+      return job.writer->WriteAt(slot.file_offset, data, slot.length);
     });
     if (s.ok()) {
       for (const SlotPiece& piece : slot.pieces) {

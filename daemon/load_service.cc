@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <future>
 #include <random>
 #include <set>
 #include <thread>
@@ -52,19 +53,59 @@ std::shared_ptr<Mutex> LoadService::StepLock(const std::string& job, uint64_t st
 }
 
 Result<std::shared_ptr<CheckpointReader>> LoadService::ReaderFor(const std::string& job,
-                                                                 uint64_t step) {
+                                                                 uint64_t step, bool* memory_only) {
   {
     MutexLock lock(mu_);
     auto it = readers_.find({job, step});
-    if (it != readers_.end()) return it->second;
+    if (it != readers_.end()) {
+      *memory_only = it->second.memory_only;
+      return it->second.reader;
+    }
   }
-  ASSIGN_OR_RETURN(auto opened, CheckpointReader::Open(
-                                    fs_, StepDir(config_.storage_root, job, step), config_.reader));
-  std::shared_ptr<CheckpointReader> reader = std::move(opened);
+  const std::string step_dir = StepDir(config_.storage_root, job, step);
+  auto opened = CheckpointReader::Open(fs_, step_dir, config_.reader);
+  OpenReader entry;
+  if (opened.ok()) {
+    entry.reader = std::move(opened).value();
+  } else {
+    if (opened.status().code() != StatusCode::kNotFound || !config_.step_manifest) {
+      return opened.status();
+    }
+    // Not committed: perhaps a memory-only step, whose manifest only the coordinator has.
+    auto manifest = MemoryManifest(job, step);
+    if (!manifest.ok()) {
+      if (manifest.status().code() == StatusCode::kNotFound) return opened.status();
+      return manifest.status();
+    }
+    entry.reader = std::make_shared<CheckpointReader>(fs_, step_dir, **manifest, config_.reader);
+    entry.memory_only = true;
+  }
+  *memory_only = entry.memory_only;
   MutexLock lock(mu_);
   if (readers_.size() >= kReadersKept) readers_.erase(readers_.begin());
-  readers_[{job, step}] = reader;
-  return reader;
+  readers_[{job, step}] = entry;
+  return entry.reader;
+}
+
+Result<std::shared_ptr<const ckptd::v1::Manifest>> LoadService::MemoryManifest(
+    const std::string& job, uint64_t step) {
+  // On a load thread; the answer comes on the loop.
+  constexpr auto kManifestWait = std::chrono::seconds(60);
+  using Answer = Result<std::shared_ptr<const ckptd::v1::Manifest>>;
+  auto promise = std::make_shared<std::promise<Answer>>();
+  auto answer = promise->get_future();
+  boost::asio::post(io_, [this, alive = alive_, job, step, promise] {
+    if (!*alive) {
+      promise->set_value(DaemonStopping("the manifest of job '" + job + "'"));
+      return;
+    }
+    config_.step_manifest(job, step, [promise](Answer a) { promise->set_value(std::move(a)); });
+  });
+  if (answer.wait_for(kManifestWait) != std::future_status::ready) {
+    return Unavailable("job '" + job + "' step " + std::to_string(step) +
+                       ": the coordinator did not answer for its manifest within 60 s");
+  }
+  return answer.get();
 }
 
 struct LoadService::Prepared {
@@ -80,6 +121,7 @@ struct LoadService::Prepared {
   Outcome out;
   std::chrono::steady_clock::time_point first_ask{};
   bool heard_not_ready = false;  // the coordinator counted this rank and waits for others
+  bool memory_only = false;      // a memory-only step: its bytes are in memory or nowhere
   bool pinned = false;
   std::shared_ptr<Staging> staging;  // while this load plans across nodes
   bool heard = false;                // its plan's answer came (Staging::pending counted down)
@@ -255,10 +297,12 @@ Result<std::shared_ptr<LoadService::Prepared>> LoadService::Prepare(const Reques
   p->ctx = "load of job '" + request.job + "' step " + std::to_string(p->step) + " into rank " +
            std::to_string(request.rank);
 
-  auto reader = ReaderFor(request.job, p->step);
+  auto reader = ReaderFor(request.job, p->step, &p->memory_only);
   if (!reader.ok()) {
     if (reader.status().code() == StatusCode::kNotFound) {
-      return NotFound(p->ctx + ": the step is not committed (no MANIFEST)");
+      return NotFound(p->ctx +
+                      ": the step is not committed (no MANIFEST), nor a replicated memory-only "
+                      "step the coordinator knows of");
     }
     return reader.status().WithContext(p->ctx);
   }
@@ -510,7 +554,13 @@ Result<LoadService::Outcome> LoadService::Finish(Prepared& p,
   {
     auto lock = StepLock(request.job, step);
     MutexLock guard(*lock);
-    RETURN_IF_ERROR(p.reader->Read(p.requests, &hooks, &stats), p.ctx);
+    Status read = p.reader->Read(p.requests, &hooks, &stats);
+    if (!read.ok() && p.memory_only) {
+      return read.WithContext(p.ctx +
+                              ": the step is memory-only (saved with persist=False) and "
+                              "some of its bytes are on no live daemon reached");
+    }
+    RETURN_IF_ERROR(read, p.ctx);
   }
   // What this load found resident came from peers, from its own staging (counted as storage),
   // or was in memory before: each byte restored counts once among memory, peers and storage.

@@ -1,5 +1,5 @@
-// LoadService: restores a committed step into a rank's registered memory, in any layout
-// (docs/design.md §4).
+// LoadService: restores a committed step — or a memory-only one — into a rank's registered
+// memory, in any layout (docs/design.md §4).
 //
 // A load resolves the step (LATEST when none is given), pins it against retention and in the
 // hot cache, and asks the CheckpointReader for every registered tensor: the reader intersects
@@ -24,6 +24,11 @@
 // above, so fetched bytes are verified against the manifest like any resident bytes, and
 // whatever did not arrive (a dead or stalled peer, a full pool) is read from storage. A failed
 // or absent plan is a load as before.
+//
+// A memory-only step (saved with persist=False) has no MANIFEST: its manifest comes from the
+// coordinator (Config::step_manifest), and its bytes only from memory — this node's hot cache,
+// or the peers the plan names (the step's holders). Nothing of it is ever read from storage; a
+// piece that is on no live daemon fails the load and says so.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -67,6 +72,9 @@ class LoadService {
     std::function<std::unique_ptr<PeerFetch>(const std::string& address)> connect_peer;
     // Longest a FETCH of a step waits for this node to read the ranges it serves.
     std::chrono::milliseconds staging_wait{std::chrono::seconds(30)};
+    // The manifest of a memory-only step, from the coordinator; null: such steps do not load.
+    std::function<void(const std::string& job, uint64_t step, CoordinatorPort::StepManifestDone)>
+        step_manifest;
   };
   LoadService(boost::asio::io_context& io, Config config, FileSystem* fs, CommitEngine* commit,
               HotCache* hot);
@@ -150,7 +158,13 @@ class LoadService {
   std::vector<CheckpointReader::FileRange> FetchFromPeers(Prepared& p,
                                                           const ckptd::v1::LoadPlanResponse& plan);
 
-  Result<std::shared_ptr<CheckpointReader>> ReaderFor(const std::string& job, uint64_t step);
+  // The step's reader: its MANIFEST, or for a memory-only step the coordinator's manifest
+  // (`memory_only` set then).
+  Result<std::shared_ptr<CheckpointReader>> ReaderFor(const std::string& job, uint64_t step,
+                                                      bool* memory_only);
+  // Asks the coordinator for a memory-only step's manifest, waiting up to kManifestWait.
+  Result<std::shared_ptr<const ckptd::v1::Manifest>> MemoryManifest(const std::string& job,
+                                                                    uint64_t step);
   std::shared_ptr<Mutex> StepLock(const std::string& job, uint64_t step);
 
   boost::asio::io_context& io_;
@@ -161,8 +175,11 @@ class LoadService {
   TaskPool pool_;
   Mutex mu_;
   // Recently opened steps (manifest parsed once); bounded.
-  std::map<std::pair<std::string, uint64_t>, std::shared_ptr<CheckpointReader>> readers_
-      GUARDED_BY(mu_);
+  struct OpenReader {
+    std::shared_ptr<CheckpointReader> reader;
+    bool memory_only = false;
+  };
+  std::map<std::pair<std::string, uint64_t>, OpenReader> readers_ GUARDED_BY(mu_);
   // One per step being loaded: loads of one step take turns (read-once per node).
   std::map<std::pair<std::string, uint64_t>, std::weak_ptr<Mutex>> step_locks_ GUARDED_BY(mu_);
   // Steps whose served ranges this node is reading now.

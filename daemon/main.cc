@@ -261,6 +261,13 @@ int RunDaemon(const DaemonConfig& config) {
   });
   LoadService::Config load_config;
   load_config.storage_root = config.storage_root;
+  // A memory-only step's manifest is in the coordinator's memory only.
+  load_config.step_manifest =
+      [port = *coordinator_link ? static_cast<CoordinatorPort*>(coordinator_link->get())
+                                : embedded.get()](const std::string& job, uint64_t step,
+                                                  CoordinatorPort::StepManifestDone done) {
+        port->StepManifest(job, step, std::move(done));
+      };
   // With a global coordinator, cold loads are planned across nodes: what several nodes need is
   // read from storage by one and fetched from it by the others (daemon/load_service.h). The
   // address peers reach this node at is known once the data plane is bound (below).

@@ -61,8 +61,9 @@ NodeState::Job& NodeState::JobNamed(const std::string& name) {
 }
 
 bool NodeState::Terminal(StepState s) {
+  // REPLICATED is a state only for memory-only steps, whose end it is.
   return s == ckptd::v1::STEP_STATE_COMMITTED || s == ckptd::v1::STEP_STATE_ABORTED ||
-         s == ckptd::v1::STEP_STATE_FAILED;
+         s == ckptd::v1::STEP_STATE_FAILED || s == ckptd::v1::STEP_STATE_REPLICATED;
 }
 
 NodeState::Step* NodeState::FindStep(const std::string& job, uint64_t step) {
@@ -132,6 +133,13 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
     fresh.job = req.job;
     fresh.step = req.step;
     fresh.world_size = req.world_size;
+    fresh.memory_only = req.memory_only;
+    if (req.memory_only) {
+      // The node's own copy, kept until a newer step is replicated (OnReplicated).
+      hot_->Keep(req.job, req.step);
+      fresh.memory_keep = std::shared_ptr<void>(
+          hot_, [job = req.job, step = req.step](HotCache* hot) { hot->Unkeep(job, step); });
+    }
     // Beyond max_steps_in_flight the step is accepted but its captures wait (the trainer feels
     // it in wait_snapshot, like pool backpressure) until an older step ends.
     fresh.deferred = ActiveSteps(job) >= config_.max_steps_in_flight;
@@ -153,6 +161,18 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
     return InvalidArgument(ctx + ": world size " + std::to_string(req.world_size) +
                            " differs from the step's " + std::to_string(s.world_size));
   }
+  if (s.memory_only != req.memory_only) {
+    // The step can neither commit nor restore from memory alone: it fails for every rank (a
+    // refusal alone would leave it waiting for this rank until the step timeout, and every
+    // later commit of the job behind it).
+    const std::string reason = "rank " + std::to_string(req.rank) + " saved it " +
+                               (req.memory_only ? "memory-only (persist=False)" : "to storage") +
+                               ", other ranks " +
+                               (s.memory_only ? "memory-only (persist=False)" : "to storage") +
+                               ": every rank must save a step the same way";
+    FailLocally(s, ckptd::v1::STEP_STATE_FAILED, reason);
+    return InvalidArgument(ctx + ": " + reason);
+  }
   if (s.ranks.count(req.rank) != 0) return FailedPrecondition(ctx + ": this rank already saved it");
   // The writer plan may leave this rank only part of what it registered.
   if (auto report = job.writers.Register(req.rank, req.world_size, req.session_id, req.plan)) {
@@ -170,6 +190,7 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
   capture->data_file = DataFileName(req.rank);
   capture->data_path = JoinPath(capture->step_dir, capture->data_file);
   capture->throttle_bytes_per_second = config_.capture_throttle_bytes_per_second;
+  capture->memory_only = req.memory_only;
 
   // Skip policy — and any save while storage is stalled: nothing waits for space that a hung
   // filesystem may never free. The slots are taken now, or the step is skipped at once.
@@ -284,7 +305,7 @@ void NodeState::OnRankPersisted(const std::string& job, uint64_t step, uint32_t 
     return;
   }
   rs.persisted = true;
-  if (observer_ != nullptr && rs.capture) {
+  if (observer_ != nullptr && rs.capture && !s->memory_only) {  // memory-only: nothing written
     observer_->OnRankPersisted(
         job, step, rank, rs.capture->plan->total_bytes,
         std::chrono::duration<double>(std::chrono::steady_clock::now() - rs.captured_at).count());
@@ -363,6 +384,7 @@ void NodeState::ReportReplicated(const Step& s, uint32_t rank,
   req.set_step(s.step);
   req.set_world_size(s.world_size);
   req.set_state(ckptd::v1::STEP_STATE_REPLICATED);
+  req.set_memory_only(s.memory_only);
   req.add_ranks(rank);
   for (const auto& h : holders) req.add_holders(h);
   req.set_reason(std::move(reason));
@@ -408,6 +430,26 @@ void NodeState::SetState(Step& s, StepState state) {
   }
 }
 
+void NodeState::OnReplicated(Step& s) {
+  s.replicated = true;
+  const std::string job = s.job;
+  const uint64_t step = s.step;
+  Job& j = JobNamed(job);
+  // Older memory-only steps leave memory now that a newer step is held by its holders too.
+  for (auto& [n, older] : j.steps) {
+    if (n < step && older.memory_only) older.memory_keep.reset();
+  }
+  if (!s.memory_only || Terminal(s.state)) {
+    ResolveWaiters(s);
+    return;
+  }
+  s.decided_globally = true;
+  SetState(s, ckptd::v1::STEP_STATE_REPLICATED);
+  ReleaseCaptures(s);
+  Prune(j);  // may erase s
+  CheckDrained();
+}
+
 void NodeState::FailStep(Step& s, StepState state, const std::string& reason) {
   if (Terminal(s.state)) return;
   s.reason = reason;
@@ -416,13 +458,17 @@ void NodeState::FailStep(Step& s, StepState state, const std::string& reason) {
   }
   pool_->WakeAll();
   hot_->Drop(s.job, s.step);
+  s.memory_keep.reset();
   SetState(s, state);
   MaybeCleanup(s);
   CheckDrained();
 }
 
 void NodeState::MaybeCleanup(Step& s) {
-  if (s.cleanup_posted || !Terminal(s.state) || s.state == ckptd::v1::STEP_STATE_COMMITTED) return;
+  if (s.cleanup_posted || !Terminal(s.state) || s.state == ckptd::v1::STEP_STATE_COMMITTED ||
+      s.state == ckptd::v1::STEP_STATE_REPLICATED) {
+    return;
+  }
   // Only the coordinator's decision makes the step's files garbage (see the essay).
   if (!s.decided_globally) return;
   for (const auto& [r, rs] : s.ranks) {
@@ -451,7 +497,13 @@ void NodeState::ResolveWaiters(Step& s) {
   const bool failed =
       s.state == ckptd::v1::STEP_STATE_ABORTED || s.state == ckptd::v1::STEP_STATE_FAILED;
   for (auto& w : s.waiters) {
-    if (WaiterReached(s, w)) {
+    if (NeverReached(s, w)) {
+      ready.emplace_back(
+          std::move(w.done),
+          FailedPrecondition("job '" + s.job + "' step " + std::to_string(s.step) +
+                             " is memory-only (saved with persist=False): it is never " +
+                             std::string(StepStateName(w.state)) + "; wait for \"replicated\""));
+    } else if (WaiterReached(s, w)) {
       ready.emplace_back(std::move(w.done), Status::Ok());
     } else if (!w.rank_captured && w.state == ckptd::v1::STEP_STATE_REPLICATED && !failed &&
                s.not_replicated) {
@@ -470,6 +522,11 @@ void NodeState::ResolveWaiters(Step& s) {
   }
   s.waiters = std::move(keep);
   for (auto& [done, st] : ready) done(st);
+}
+
+bool NodeState::NeverReached(const Step& s, const Waiter& w) {
+  return s.memory_only && !w.rank_captured &&
+         (w.state == ckptd::v1::STEP_STATE_PERSISTED || w.state == ckptd::v1::STEP_STATE_COMMITTED);
 }
 
 bool NodeState::WaiterReached(const Step& s, const Waiter& w) {
@@ -666,6 +723,7 @@ void NodeState::Prune(Job& j) {
     const bool removable = Terminal(s.state) && s.waiters.empty();
     if (removable) {
       for (auto& [r, rs] : it->second.ranks) rs.hot_keep.reset();  // here, while the cache lives
+      it->second.memory_keep.reset();
       pruned.push_back(std::move(it->second));
       it = j.steps.erase(it);
       --finished;
@@ -755,6 +813,7 @@ void NodeState::Report(const Step& s, StepState state, std::vector<uint32_t> ran
   for (uint32_t r : ranks) req.add_ranks(r);
   req.set_reason(std::move(reason));
   req.set_skipped(s.skipped);
+  req.set_memory_only(s.memory_only);
   link_->ReportRanks(std::move(req));
 }
 
@@ -768,19 +827,23 @@ void NodeState::ReportNodeManifest(Step& s) {
   using Written = std::pair<Status, std::shared_ptr<const ckptd::v1::NodeManifest>>;
   tasks_.Run(
       [fs = fs_, link = link_, root = config_.storage_root, node_id = config_.node_id, job = s.job,
-       step = s.step, world_size = s.world_size, ranks = std::move(ranks)]() -> Written {
+       step = s.step, world_size = s.world_size, memory_only = s.memory_only,
+       ranks = std::move(ranks)]() -> Written {
         auto node = BuildNodeManifest(job, step, world_size, node_id, ranks);
         if (!node.ok()) return {node.status(), nullptr};
-        Status st = WriteFileAtomically(
-            fs, JoinPath(StepDir(root, job, step), NodeManifestFileName(node_id)),
-            EncodeNodeManifest(*node));
-        if (!st.ok()) return {st, nullptr};
+        if (!memory_only) {  // a memory-only step's manifest lives in the coordinator's memory
+          Status st = WriteFileAtomically(
+              fs, JoinPath(StepDir(root, job, step), NodeManifestFileName(node_id)),
+              EncodeNodeManifest(*node));
+          if (!st.ok()) return {st, nullptr};
+        }
         auto manifest = std::make_shared<const ckptd::v1::NodeManifest>(std::move(node).value());
         ckptd::v1::ReportRanksRequest req;
         req.set_job(job);
         req.set_step(step);
         req.set_world_size(world_size);
         req.set_state(ckptd::v1::STEP_STATE_PERSISTED);
+        req.set_memory_only(memory_only);
         for (const auto& r : manifest->ranks()) req.add_ranks(r.rank());
         *req.mutable_node_manifest() = NodeManifestForReport(*manifest);
         link->ReportRanks(std::move(req));
@@ -833,6 +896,7 @@ void NodeState::ReportPersisted(const Step& s) {
   req.set_step(s.step);
   req.set_world_size(s.world_size);
   req.set_state(ckptd::v1::STEP_STATE_PERSISTED);
+  req.set_memory_only(s.memory_only);
   for (const auto& r : s.node_manifest->ranks()) req.add_ranks(r.rank());
   *req.mutable_node_manifest() = NodeManifestForReport(*s.node_manifest);
   link_->ReportRanks(std::move(req));
@@ -935,10 +999,10 @@ void NodeState::OnCoordinatorEvent(const ckptd::v1::CoordinatorEvent& event) {
     case ckptd::v1::STEP_STATE_REPLICATED:
       if (d.not_replicated()) {
         s->not_replicated = d.reason();
+        ResolveWaiters(*s);
       } else {
-        s->replicated = true;
+        OnReplicated(*s);  // may erase *s
       }
-      ResolveWaiters(*s);
       break;
     case ckptd::v1::STEP_STATE_ABORTED:
     case ckptd::v1::STEP_STATE_FAILED:

@@ -42,6 +42,13 @@
 //     holders, a holder full or dead, the bytes gone). With `replicas` 0 a persisted rank counts as
 //     replicated at once. The coordinator decides the step REPLICATED (or not, with that reason),
 //     and waits for the REPLICATED state end there;
+//   * a memory-only step (Save.memory_only, Python persist=False) runs the same pipeline with no
+//     storage in it: no directory, no data file, no write, no node manifest file — the slots are
+//     checksummed and adopted by the hot cache, and the node manifest goes to the coordinator in
+//     the report only. It is replicated like a persisted rank, never committed, and ends
+//     REPLICATED (a terminal state for such a step) or FAILED; waits for PERSISTED or COMMITTED
+//     fail at once. Its bytes stay in the hot cache under a keep until a newer step of the job is
+//     replicated (pool pressure still wins). Every rank of a step must save it the same way;
 //   * the writer plan pushed by the coordinator makes a rank skip replicas another rank writes,
 //     for the registration it was computed from only (writer_plan_filter.h). Without a plan a
 //     rank writes everything; the merge keeps one copy.
@@ -113,6 +120,7 @@ class NodeState : public CoordinatorPort::Handler {
     std::shared_ptr<const CapturePlan> plan;
     std::string extra;
     ckptd::v1::FullPolicy on_full = ckptd::v1::FULL_POLICY_WAIT;
+    bool memory_only = false;  // Save.memory_only: captured and replicated, never written
     // Called on the loop when the rank's capture finished, before it counts as captured: the
     // session reads what its trainer already sent (an Abandon may be among it), then calls
     // `caught_up` exactly once, on the loop — at once, or later when that input waits behind a
@@ -225,6 +233,10 @@ class NodeState : public CoordinatorPort::Handler {
     // The coordinator's REPLICATED decision: replicated, or not (with the reason).
     bool replicated = false;
     std::optional<std::string> not_replicated;
+    // A memory-only step: no files; it ends REPLICATED (or FAILED). Its bytes stay in the hot
+    // cache under a keep until a newer step of the job is replicated (pool pressure still wins).
+    bool memory_only = false;
+    std::shared_ptr<void> memory_keep;
     std::chrono::steady_clock::time_point accepted = std::chrono::steady_clock::now();
   };
   struct Job {
@@ -272,6 +284,11 @@ class NodeState : public CoordinatorPort::Handler {
   static std::string LostSaveReason(uint32_t rank, uint64_t step);
   std::string RestoreSession(uint64_t session_id) const;  // RestoreQuery::session
   void SetState(Step& s, ckptd::v1::StepState state);
+  // The coordinator decided `s` replicated: a memory-only step ends, and older memory-only steps
+  // of the job may leave memory.
+  void OnReplicated(Step& s);
+  // Waiters for a state a memory-only step never reaches (PERSISTED, COMMITTED).
+  static bool NeverReached(const Step& s, const Waiter& w);
   void FailStep(Step& s, ckptd::v1::StepState state, const std::string& reason);
   void ResolveWaiters(Step& s);
   void MaybeCleanup(Step& s);

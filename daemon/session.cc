@@ -432,6 +432,7 @@ void Session::HandleSave(uint64_t id, const ckptd::v1::Save& save) {
   req.plan = plan_;
   req.extra = save.extra();
   req.on_full = save.on_full();
+  req.memory_only = save.memory_only();
   // Before this rank's capture counts as complete, everything the trainer sent until then is
   // read: an Abandon written before the trainer touched the memory is seen in time.
   req.sync_input = [weak = weak_from_this()](std::function<void()> caught_up) {

@@ -318,7 +318,8 @@ int main(int argc, char** argv) {
   auto* status = app.add_subcommand("status", "node, pool, clients, steps in flight, failures");
   auto* list = app.add_subcommand("list", "committed checkpoints of a job");
   list->add_option("JOB", job, "job name")->required();
-  auto* describe = app.add_subcommand("describe", "a committed checkpoint's manifest");
+  auto* describe = app.add_subcommand(
+      "describe", "a committed checkpoint's manifest (a memory-only step's, from the coordinator)");
   describe->add_option("JOB", job, "job name")->required();
   describe->add_option("STEP", step, "step")->required();
   WatchOptions watch_options;

@@ -306,7 +306,8 @@ int RunDescribe(const AdminTarget& target, const std::string& job, uint64_t step
   const auto& m = reply.manifest();
   uint64_t shards = 0;
   for (const auto& t : m.tensors()) shards += static_cast<uint64_t>(t.shards_size());
-  std::cout << "job '" << m.job() << "' step " << m.step() << "  (" << reply.path() << ")\n"
+  std::cout << "job '" << m.job() << "' step " << m.step() << "  ("
+            << (reply.memory_only() ? "memory-only: not on storage" : reply.path()) << ")\n"
             << "world size " << m.world_size() << ", " << m.tensors_size() << " tensors, " << shards
             << " stored shards, " << m.ranks_size() << " ranks\n";
   for (const auto& t : m.tensors()) {
@@ -315,6 +316,16 @@ int RunDescribe(const AdminTarget& target, const std::string& job, uint64_t step
       std::cout << (i ? ", " : "") << t.global_shape(i);
     }
     std::cout << "]  " << t.shards_size() << " shard" << (t.shards_size() == 1 ? "" : "s") << "\n";
+  }
+  if (reply.memory_only()) {
+    // Where each rank's bytes are held now.
+    for (const auto& c : reply.copies()) {
+      std::cout << "  rank " << c.rank() << " in memory on ";
+      if (c.nodes().empty()) std::cout << "no live daemon (not restorable)";
+      for (int i = 0; i < c.nodes_size(); ++i) std::cout << (i ? ", " : "") << c.nodes(i);
+      std::cout << "\n";
+    }
+    return kExitOk;
   }
   std::cout << "(ckptctl verify " << reply.path() << " re-reads and checks every byte)\n";
   return kExitOk;

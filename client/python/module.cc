@@ -183,14 +183,14 @@ class PyClient {
     ThrowIfError(st);
   }
 
-  void Save(uint64_t step, const py::bytes& extra, const std::string& on_full,
-            uint64_t cuda_stream) {
+  void Save(uint64_t step, const py::bytes& extra, const std::string& on_full, uint64_t cuda_stream,
+            bool persist) {
     const ckpt::OnFull policy = ParseOnFull(on_full);
     std::string blob = extra;  // copied with the GIL held
     ckpt::Status st;
     {
       py::gil_scoped_release release;
-      st = client_->Save(step, blob, policy, ToStream(cuda_stream));
+      st = client_->Save(step, ckpt::SaveOptions{blob, policy, ToStream(cuda_stream), persist});
     }
     ThrowIfError(st);
   }
@@ -339,9 +339,10 @@ PYBIND11_MODULE(_ckptd, m) {
            "flat_offset, numel, fd, fd_offset, nbytes, device_ptr, partial). The fds stay the "
            "caller's; device_ptr != 0 marks CUDA memory; partial: saved in part on purpose.")
       .def("save", &PyClient::Save, py::arg("step"), py::arg("extra"), py::arg("on_full"),
-           py::arg("cuda_stream") = 0,
+           py::arg("cuda_stream") = 0, py::arg("persist") = true,
            "cuda_stream: the trainer's current stream (int handle) when CUDA tensors are "
-           "registered; an event is recorded on it before the request is sent.")
+           "registered; an event is recorded on it before the request is sent. persist=False: "
+           "a memory-only step (replicated to peers' memory, never written to storage).")
       .def("wait_snapshot", &PyClient::WaitSnapshot, py::arg("timeout"))
       .def("wait", &PyClient::Wait, py::arg("step"), py::arg("state"), py::arg("timeout"))
       .def("latest", &PyClient::Latest, py::arg("restore_point") = false)

@@ -310,7 +310,7 @@ class Client::Impl {
   // The first connection (retrying for connect_timeout while nothing listens).
   Status Connect();
   Status Register(std::span<const HostTensor> tensors, std::span<const CudaTensor> cuda);
-  Status Save(uint64_t step, std::string_view extra, OnFull on_full, CudaStream stream);
+  Status Save(uint64_t step, const SaveOptions& options);
   Status WaitSnapshot(std::optional<milliseconds> timeout);
   Status Wait(uint64_t step, WaitState state, std::optional<milliseconds> timeout);
   Result<std::optional<uint64_t>> Latest(bool restore_point);
@@ -1090,8 +1090,8 @@ Status Client::Impl::RegisterLocked(const ConnectionPtr& conn, std::span<const H
   return Status::Ok();
 }
 
-Status Client::Impl::Save(uint64_t step, std::string_view extra, OnFull on_full,
-                          CudaStream stream) {
+Status Client::Impl::Save(uint64_t step, const SaveOptions& options) {
+  const CudaStream stream = options.stream;
   const auto deadline = PromptDeadline();
   const std::string what = "save of step " + std::to_string(step);
   RETURN_IF_ERROR(Attached(deadline).status(), what);  // re-registers after a re-attach
@@ -1114,8 +1114,9 @@ Status Client::Impl::Save(uint64_t step, std::string_view extra, OnFull on_full,
       e->set_ipc_event_handle(std::move(handle));
     }
   }
-  save->set_extra(std::string(extra));
-  save->set_on_full(on_full == OnFull::kSkip ? pb::FULL_POLICY_SKIP : pb::FULL_POLICY_WAIT);
+  save->set_extra(std::string(options.extra));
+  save->set_on_full(options.on_full == OnFull::kSkip ? pb::FULL_POLICY_SKIP : pb::FULL_POLICY_WAIT);
+  save->set_memory_only(!options.persist);
   {
     // From here on, what is known of this step number comes from this save (WaitSnapshot
     // trusts the step's events); an older save's record would be stale.
@@ -1400,10 +1401,13 @@ Status Client::Register(std::span<const HostTensor> host, std::span<const CudaTe
   return impl_->Register(host, cuda);
 }
 Status Client::Save(uint64_t step, std::string_view extra, OnFull on_full) {
-  return impl_->Save(step, extra, on_full, nullptr);
+  return impl_->Save(step, SaveOptions{extra, on_full, nullptr, true});
 }
 Status Client::Save(uint64_t step, std::string_view extra, OnFull on_full, CudaStream stream) {
-  return impl_->Save(step, extra, on_full, stream);
+  return impl_->Save(step, SaveOptions{extra, on_full, stream, true});
+}
+Status Client::Save(uint64_t step, const SaveOptions& options) {
+  return impl_->Save(step, options);
 }
 Status Client::WaitSnapshot(std::optional<milliseconds> timeout) {
   return impl_->WaitSnapshot(timeout);

@@ -133,7 +133,22 @@ void CoordinatorAdminProvider::DescribeCheckpoint(
     const std::string& job, uint64_t step, Reply<ckptd::v1::DescribeCheckpointResponse> reply) {
   auto shared = std::make_shared<decltype(reply)>(std::move(reply));
   if (!Post([this, job, step, shared] {
-        (*shared)(DescribeCommittedCheckpoint(sources_.fs, sources_.storage_root, job, step));
+        auto committed = DescribeCommittedCheckpoint(sources_.fs, sources_.storage_root, job, step);
+        if (!committed.ok() && committed.status().code() == StatusCode::kNotFound) {
+          // Perhaps a memory-only step: only this coordinator knows it.
+          if (auto in_memory = core_->DescribeMemoryOnly(job, step); in_memory.ok()) {
+            ckptd::v1::DescribeCheckpointResponse out;
+            *out.mutable_manifest() = *in_memory->manifest;
+            out.set_memory_only(true);
+            for (size_t r = 0; r < in_memory->copies.size(); ++r) {
+              auto* copies = out.add_copies();
+              copies->set_rank(static_cast<uint32_t>(r));
+              for (const auto& node : in_memory->copies[r]) copies->add_nodes(node);
+            }
+            committed = std::move(out);
+          }
+        }
+        (*shared)(std::move(committed));
       })) {
     (*shared)(ShuttingDown());
   }

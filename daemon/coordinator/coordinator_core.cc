@@ -45,8 +45,9 @@ CoordinatorCore::CoordinatorCore(Config config, FileSystem* fs, CommitEngine* sh
 CoordinatorCore::~CoordinatorCore() { Stop(); }
 
 bool CoordinatorCore::Terminal(StepState s) {
+  // REPLICATED is a state only for memory-only steps, whose end it is.
   return s == ckptd::v1::STEP_STATE_COMMITTED || s == ckptd::v1::STEP_STATE_ABORTED ||
-         s == ckptd::v1::STEP_STATE_FAILED;
+         s == ckptd::v1::STEP_STATE_FAILED || s == ckptd::v1::STEP_STATE_REPLICATED;
 }
 
 Result<std::vector<std::string>> CoordinatorCore::Start() {
@@ -197,8 +198,13 @@ Result<ckptd::v1::LoadPlanResponse> CoordinatorCore::PlanLoad(
 }
 
 LoadPlanner::MemoryHolders CoordinatorCore::HeldInMemory(const std::string& job, uint64_t step) {
-  LoadPlanner::MemoryHolders held;
   MutexLock lock(mu_);
+  return HeldInMemoryLocked(job, step, /*reachable=*/true);
+}
+
+LoadPlanner::MemoryHolders CoordinatorCore::HeldInMemoryLocked(const std::string& job,
+                                                               uint64_t step, bool reachable) {
+  LoadPlanner::MemoryHolders held;
   auto j = jobs_.find(job);
   if (j == jobs_.end()) return held;
   auto s = j->second.steps.find(step);
@@ -207,12 +213,21 @@ LoadPlanner::MemoryHolders CoordinatorCore::HeldInMemory(const std::string& job,
     return held;
   }
   // A daemon's hot cache holds its newest step of a job only: the node that saved a rank counts
-  // as holding the rank's file for the newest step this coordinator knows of the job.
-  const bool newest = s == std::prev(j->second.steps.end());
+  // as holding the rank's file for the newest step this coordinator knows of the job — and for a
+  // memory-only step until a newer step of the job is replicated (the node keeps it until then).
+  bool newest = s == std::prev(j->second.steps.end());
+  if (s->second.memory_only) {
+    newest = std::none_of(std::next(s), j->second.steps.end(), [](const auto& later) {
+      return later.second.replication_decided && !later.second.replication.not_replicated();
+    });
+  }
   for (const auto& [rank, holders] : s->second.replica_holders) {
     std::vector<std::string> candidates;  // the writer first (newest step only), then holders
     auto saved = s->second.saved.find(rank);
-    if (newest && saved != s->second.saved.end()) candidates.push_back(saved->second);
+    if (newest && saved != s->second.saved.end() &&
+        s->second.lost_savers.count(saved->second) == 0) {
+      candidates.push_back(saved->second);
+    }
     candidates.insert(candidates.end(), holders.begin(), holders.end());
     auto& list = held[DataFileName(rank)];
     for (const std::string& node : candidates) {
@@ -221,7 +236,7 @@ LoadPlanner::MemoryHolders CoordinatorCore::HeldInMemory(const std::string& job,
       const std::string address = holders_.AddressOf(node);
       const bool listed =
           std::any_of(list.begin(), list.end(), [&node](const auto& h) { return h.first == node; });
-      if (!address.empty() && !listed) list.emplace_back(node, address);
+      if ((!reachable || !address.empty()) && !listed) list.emplace_back(node, address);
     }
     if (list.empty()) held.erase(DataFileName(rank));
   }
@@ -255,6 +270,7 @@ void CoordinatorCore::LoseNode(const std::string& node_id, const std::string& wh
   for (auto& [name, j] : jobs_) {
     for (auto& [n, s] : j.steps) {
       for (auto& [rank, holders] : s.replica_holders) std::erase(holders, node_id);
+      if (j.nodes.count(node_id) != 0) s.lost_savers.insert(node_id);
     }
   }
   for (auto& [name, j] : jobs_) {
@@ -267,7 +283,20 @@ void CoordinatorCore::LoseNode(const std::string& node_id, const std::string& wh
     for (uint32_t rank : gone) WithdrawRank(j, rank);
     MaybePlan(name, j);
     for (auto& [n, s] : j.steps) {
-      if (Terminal(s.state) || s.committing || s.persisted.size() == s.world_size) continue;
+      if (Terminal(s.state) || s.committing) continue;
+      if (s.memory_only && s.persisted.size() == s.world_size) {
+        // In memory everywhere, but the lost node's ranks that were not replicated yet are gone.
+        std::vector<uint32_t> unreplicated;
+        for (const auto& [rank, node] : s.saved) {
+          if (node == node_id && s.replicated.count(rank) == 0) unreplicated.push_back(rank);
+        }
+        if (unreplicated.empty()) continue;
+        const std::string reason = "rank(s) " + RankList(unreplicated) + " on node '" + node_id +
+                                   "' not replicated: the node was lost (" + why + ")";
+        FailMemoryOnly(name, n, s, reason);
+        continue;
+      }
+      if (s.persisted.size() == s.world_size) continue;
       Decide(name, n, s, ckptd::v1::STEP_STATE_ABORTED,
              "node '" + node_id + "' was lost (" + why + "); " + MissingRanks(s));
     }
@@ -417,6 +446,7 @@ Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
     restore_points_.OnStepStarted(req.job(), req.step());
     StepRecord fresh;
     fresh.world_size = req.world_size();
+    fresh.memory_only = req.memory_only();
     fresh.first_report = Clock::now();
     fresh.deadline = fresh.first_report + config_.step_timeout;
     it = j.steps.emplace(req.step(), std::move(fresh)).first;
@@ -442,6 +472,29 @@ Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
   if (s.world_size != req.world_size()) {
     return InvalidArgument(ctx + ": world size " + std::to_string(req.world_size()) +
                            " differs from the step's " + std::to_string(s.world_size));
+  }
+  if (req.memory_only() != s.memory_only &&
+      (s.committing || (!s.memory_only && s.persisted.size() == s.world_size))) {
+    // Every rank is durable and the commit is under way: a stray report changes nothing.
+    return InvalidArgument(ctx + ": reports the step " +
+                           (req.memory_only() ? "memory-only" : "saved to storage") +
+                           ", which it is not; ignored (its commit is under way)");
+  }
+  if (req.memory_only() != s.memory_only) {
+    // Some ranks write the step and others keep it in memory only: it can neither commit nor
+    // restore from memory alone.
+    std::vector<uint32_t> ranks(req.ranks().begin(), req.ranks().end());
+    Decide(req.job(), req.step(), s, ckptd::v1::STEP_STATE_FAILED,
+           "rank(s) " + RankList(ranks) + " on node '" + EscapeForLog(req.node_id()) +
+               "' saved the step " + (req.memory_only() ? "memory-only" : "to storage") +
+               ", other ranks " + (s.memory_only ? "memory-only" : "to storage") +
+               ": every rank must save a step the same way (persist=)");
+    auto* d = resp.mutable_decision();
+    d->set_job(req.job());
+    d->set_step(req.step());
+    d->set_state(s.state);
+    d->set_reason(s.reason);
+    return resp;
   }
   for (uint32_t r : req.ranks()) {
     auto [at, inserted] = s.saved.try_emplace(r, req.node_id());
@@ -493,14 +546,18 @@ Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
         for (const auto& under : m.skipped_under()) named += under.shards();
         config_.on_skips(static_cast<size_t>(m.skipped_size()), named);
       }
-      if (!s.committing) {  // else a late copy of a report the commit under way has
+      if (!s.committing && !s.finishing_in_memory) {  // else a late copy the commit has
         NoteSkippedLayouts(j, s, m);
         MergeAsReported(s, std::make_shared<const ckptd::v1::NodeManifest>(m));
       }
       if (s.captured.size() == s.world_size && s.state < ckptd::v1::STEP_STATE_CAPTURED) {
         Decide(req.job(), req.step(), s, ckptd::v1::STEP_STATE_CAPTURED, "");
       }
-      if (s.persisted.size() == s.world_size && s.state < ckptd::v1::STEP_STATE_PERSISTED) {
+      if (s.memory_only) {
+        // In memory on every node: never persisted nor committed (no PERSISTED decision, so
+        // waiters for it fail instead of hearing of a durability that is not there).
+        if (s.persisted.size() == s.world_size) FinishMemoryOnly(req.job(), req.step(), s);
+      } else if (s.persisted.size() == s.world_size && s.state < ckptd::v1::STEP_STATE_PERSISTED) {
         Decide(req.job(), req.step(), s, ckptd::v1::STEP_STATE_PERSISTED, "");
         TryCommit(req.job());
       }
@@ -817,7 +874,7 @@ void CoordinatorCore::TryCommit(const std::string& job) {
   auto j = jobs_.find(job);
   if (j == jobs_.end()) return;
   for (auto& [n, s] : j->second.steps) {
-    if (Terminal(s.state)) continue;
+    if (Terminal(s.state) || s.memory_only) continue;  // memory-only steps never commit
     // The oldest step in flight decides: later ones wait for it.
     if (s.state != ckptd::v1::STEP_STATE_PERSISTED || s.committing) return;
     s.committing = true;
@@ -992,6 +1049,14 @@ Status CoordinatorCore::NoteReplicated(const ckptd::v1::ReportRanksRequest& req,
     s.replicated.insert(req.ranks().begin(), req.ranks().end());
     if (s.replicated.size() < s.world_size) return Status::Ok();
   }
+  if (s.memory_only) {
+    if (d->not_replicated()) {
+      FailMemoryOnly(req.job(), req.step(), s, d->reason());
+    } else {
+      MaybeEndMemoryOnly(req.job(), req.step(), s);
+    }
+    return Status::Ok();
+  }
   DecideReplication(req.job(), s, e);
   return Status::Ok();
 }
@@ -1007,6 +1072,150 @@ void CoordinatorCore::DecideReplication(const std::string& job, StepRecord& s,
     }
   }
   Broadcast(job, e);
+}
+
+void CoordinatorCore::FinishMemoryOnly(const std::string& job, uint64_t step, StepRecord& s) {
+  if (s.finishing_in_memory || s.memory_manifest || Terminal(s.state)) return;
+  s.finishing_in_memory = true;
+  CommitInputs in;
+  in.merge = s.merge_stale ? nullptr : std::move(s.merge);
+  if (!in.merge) {
+    for (auto& [node, m] : s.manifests) in.nodes.push_back(std::move(m));
+  }
+  for (auto& [key, skipped] : s.skipped_layouts) in.skipped_layouts.push_back(std::move(skipped));
+  in.skips_unresolved = std::move(s.skips_unresolved);
+  s.skips_unresolved.clear();
+  s.manifests.clear();
+  s.merged_ranks.clear();
+  s.merge.reset();
+  s.skipped_layouts.clear();
+  ++commits_in_flight_;
+  if (!commit_thread_.Post(
+          [this, job, step, in = std::move(in)]() mutable { FinishInMemory(job, step, in); })) {
+    --commits_in_flight_;  // stopping: the step dies with this process
+    cv_.NotifyAll();
+  }
+}
+
+void CoordinatorCore::FinishInMemory(const std::string& job, uint64_t step, CommitInputs& in) {
+  if (!in.merge) {
+    in.merge = std::make_shared<MergeOnArena>(kCommitMergeOptions);
+    for (const auto& m : in.nodes) {
+      if (!in.merge->merger().Add(*m).ok()) break;  // Finish returns the error
+    }
+  }
+  Status st = in.merge->merger().Finish();
+  if (st.ok()) st = CheckSkippedLayoutsWritten(in.merge->merger(), in.skipped_layouts);
+  if (st.ok() && !in.skips_unresolved.empty()) {
+    // Their lists are in node manifest files, which a memory-only step does not write.
+    st = FailedPrecondition(
+        "ranks skipped shards under a writer plan this coordinator no longer holds; the next "
+        "step uses one plan");
+  }
+  std::shared_ptr<ckptd::v1::Manifest> manifest;
+  if (st.ok()) {
+    manifest = std::make_shared<ckptd::v1::Manifest>(in.merge->manifest());
+    manifest->set_writer(config_.writer);
+    if (static_cast<uint32_t>(manifest->ranks_size()) != manifest->world_size()) {
+      st = FailedPrecondition(std::to_string(manifest->ranks_size()) + " of " +
+                              std::to_string(manifest->world_size()) + " ranks reported");
+    }
+    if (st.ok()) st = ValidateManifestForCommit(*manifest);
+  }
+  MutexLock lock(mu_);
+  --commits_in_flight_;
+  cv_.NotifyAll();
+  auto j = jobs_.find(job);
+  if (j == jobs_.end()) return;
+  auto it = j->second.steps.find(step);
+  if (it == j->second.steps.end()) return;
+  StepRecord& s = it->second;
+  s.finishing_in_memory = false;
+  if (Terminal(s.state)) return;
+  if (!st.ok()) {
+    FailMemoryOnly(job, step, s, "its manifest: " + st.message());
+    return;
+  }
+  s.memory_manifest = std::move(manifest);
+  MaybeEndMemoryOnly(job, step, s);
+}
+
+void CoordinatorCore::MaybeEndMemoryOnly(const std::string& job, uint64_t step, StepRecord& s) {
+  if (!s.memory_only || Terminal(s.state) || !s.memory_manifest ||
+      s.replicated.size() < s.world_size) {
+    return;
+  }
+  s.state = ckptd::v1::STEP_STATE_REPLICATED;
+  s.reason.clear();
+  spdlog::info(
+      "{}: replicated (memory-only: every rank is held in memory by its node and its "
+      "holders)",
+      StepName(job, step));
+  if (config_.on_step_state) config_.on_step_state(job, step, s.state, "");
+  ckptd::v1::CoordinatorEvent e;
+  auto* d = e.mutable_step();
+  d->set_job(job);
+  d->set_step(step);
+  d->set_state(ckptd::v1::STEP_STATE_REPLICATED);
+  DecideReplication(job, s, e);
+  if (auto j = jobs_.find(job); j != jobs_.end()) Prune(j->second);
+}
+
+void CoordinatorCore::FailMemoryOnly(const std::string& job, uint64_t step, StepRecord& s,
+                                     const std::string& reason) {
+  if (Terminal(s.state)) return;
+  // Waiters for REPLICATED hear why first (FAILED_PRECONDITION, as for a persisted step), then
+  // the step fails: without its copies it restores from nowhere.
+  ckptd::v1::CoordinatorEvent e;
+  auto* d = e.mutable_step();
+  d->set_job(job);
+  d->set_step(step);
+  d->set_state(ckptd::v1::STEP_STATE_REPLICATED);
+  d->set_not_replicated(true);
+  d->set_reason(reason);
+  if (!s.replication_decided) DecideReplication(job, s, e);
+  s.memory_manifest.reset();
+  Decide(job, step, s, ckptd::v1::STEP_STATE_FAILED, "memory-only step not replicated: " + reason);
+}
+
+std::optional<uint64_t> CoordinatorCore::RestorableNow(const std::string& job,
+                                                       std::optional<uint64_t> committed) {
+  auto j = jobs_.find(job);
+  if (j == jobs_.end()) return committed;
+  // A holder keeps the newest two steps of a file that reached it whole (replicator.h): only
+  // the newest two replicated steps of the job are candidates.
+  int candidates = 0;
+  for (auto it = j->second.steps.rbegin(); it != j->second.steps.rend() && candidates < 2; ++it) {
+    const StepRecord& s = it->second;
+    if (!s.replication_decided || s.replication.not_replicated()) continue;
+    ++candidates;
+    if (committed && it->first <= *committed) break;
+    if (s.state != ckptd::v1::STEP_STATE_REPLICATED) continue;  // memory-only steps only
+    const auto held = HeldInMemoryLocked(job, it->first, /*reachable=*/false);
+    bool every_rank = true;
+    for (uint32_t r = 0; r < s.world_size && every_rank; ++r) {
+      every_rank = held.count(DataFileName(r)) != 0;
+    }
+    if (every_rank) return it->first;
+  }
+  return committed;
+}
+
+Result<std::shared_ptr<const ckptd::v1::Manifest>> CoordinatorCore::StepManifest(
+    const std::string& job, uint64_t step) {
+  RETURN_IF_ERROR(ValidateJobName(job));
+  MutexLock lock(mu_);
+  auto j = jobs_.find(job);
+  if (j != jobs_.end()) {
+    auto s = j->second.steps.find(step);
+    if (s != j->second.steps.end() && s->second.memory_manifest &&
+        s->second.state == ckptd::v1::STEP_STATE_REPLICATED) {
+      return s->second.memory_manifest;
+    }
+  }
+  return NotFound(StepName(job, step) +
+                  " is not a replicated memory-only step this coordinator holds (never saved "
+                  "with persist=False, failed, too old, or the coordinator restarted)");
 }
 
 void CoordinatorCore::TimerLoop() {
@@ -1062,13 +1271,18 @@ void CoordinatorCore::TimerLoop() {
             d->set_not_replicated(true);
             d->set_reason("rank(s) " + RankList(missing) + " not replicated within " +
                           std::to_string(config_.step_timeout.count()) + " ms");
-            DecideReplication(job, s, e);
+            if (s.memory_only) {
+              FailMemoryOnly(job, step, s, d->reason());
+            } else {
+              DecideReplication(job, s, e);
+            }
           } else {
             next = std::min(next, replication_deadline);
           }
         }
-        if (Terminal(s.state) || s.committing || s.state == ckptd::v1::STEP_STATE_PERSISTED) {
-          continue;
+        if (Terminal(s.state) || s.committing || s.state == ckptd::v1::STEP_STATE_PERSISTED ||
+            (s.memory_only && s.persisted.size() == s.world_size)) {
+          continue;  // ends at its commit, or (memory-only) at its replication's deadline above
         }
         if (s.deadline <= now) {
           Decide(job, step, s, ckptd::v1::STEP_STATE_ABORTED,
@@ -1081,6 +1295,21 @@ void CoordinatorCore::TimerLoop() {
     }
     cv_.WaitUntil(mu_, next);
   }
+}
+
+Result<CoordinatorCore::MemoryStepView> CoordinatorCore::DescribeMemoryOnly(const std::string& job,
+                                                                            uint64_t step) {
+  MemoryStepView out;
+  ASSIGN_OR_RETURN(out.manifest, StepManifest(job, step));
+  MutexLock lock(mu_);
+  const auto held = HeldInMemoryLocked(job, step, /*reachable=*/false);
+  out.copies.resize(out.manifest->world_size());
+  for (uint32_t r = 0; r < out.manifest->world_size(); ++r) {
+    if (auto it = held.find(DataFileName(r)); it != held.end()) {
+      for (const auto& [node, address] : it->second) out.copies[r].push_back(node);
+    }
+  }
+  return out;
 }
 
 CoordinatorCore::Snapshot CoordinatorCore::TakeSnapshot() {
@@ -1126,7 +1355,9 @@ CoordinatorCore::Snapshot CoordinatorCore::TakeSnapshot() {
 
 Result<std::optional<uint64_t>> CoordinatorCore::Latest(const std::string& job) {
   RETURN_IF_ERROR(ValidateJobName(job));
-  return commit_->Latest(job);
+  ASSIGN_OR_RETURN(auto committed, commit_->Latest(job));
+  MutexLock lock(mu_);
+  return RestorableNow(job, committed);
 }
 
 Result<std::optional<uint64_t>> CoordinatorCore::RestorePoint(const std::string& job, uint32_t rank,
@@ -1148,7 +1379,8 @@ Result<std::optional<uint64_t>> CoordinatorCore::RestorePoint(const std::string&
   if (auto j = jobs_.find(job); j != jobs_.end()) {
     for (const auto& [n, s] : j->second.steps) known.insert(n);
   }
-  return restore_points_.Pin(job, rank, world_size, session, latest, std::move(known));
+  return restore_points_.Pin(job, rank, world_size, session, RestorableNow(job, latest),
+                             std::move(known));
 }
 
 Result<std::vector<uint64_t>> CoordinatorCore::List(const std::string& job) {

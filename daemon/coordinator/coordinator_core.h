@@ -33,6 +33,15 @@
 //     every rank of a step is replicated the step is decided REPLICATED — beside its state,
 //     before or after its commit — and a rank that could not be replicated decides it not
 //     replicated, with the reason, so nobody waits for it in vain.
+//   * a memory-only step (ReportRanksRequest.memory_only) is never committed and never holds up
+//     a commit: once every rank is in memory its manifest is finished on the commit thread (the
+//     merge and a commit's checks, no write) and kept here, the only copy — loads of the step ask
+//     for it (StepManifest). The step ends REPLICATED when every rank is replicated too, or FAILED
+//     when one is not (a holder full or dead, the node lost before it sent, the deadline). Latest
+//     and RestorePoint count such a step while each of its ranks has a live copy (a holder from
+//     its report, or its own node until a newer step is replicated), among the job's two newest
+//     replicated steps (the holders keep two, replicator.h). A coordinator restart forgets them:
+//     restores fall back to the newest committed step.
 //   * registrations of all ranks of a job give the writer plan (writer_plan.h); it is recomputed
 //     only when a registration changes, off the request threads (the plan thread), and pushed
 //     to each node of the job, each rank's writes tagged with the registration they were
@@ -212,6 +221,16 @@ class CoordinatorCore {
   Result<std::optional<uint64_t>> RestorePoint(const std::string& job, uint32_t rank,
                                                uint32_t world_size, const std::string& session);
   Result<std::vector<uint64_t>> List(const std::string& job);
+  // The manifest of a memory-only step (it is nowhere else): NOT_FOUND when this coordinator
+  // holds none for it.
+  Result<std::shared_ptr<const ckptd::v1::Manifest>> StepManifest(const std::string& job,
+                                                                  uint64_t step);
+  // The same, with the live daemons holding each rank's copies now (the Admin API's describe).
+  struct MemoryStepView {
+    std::shared_ptr<const ckptd::v1::Manifest> manifest;
+    std::vector<std::vector<std::string>> copies;  // by rank: node ids
+  };
+  Result<MemoryStepView> DescribeMemoryOnly(const std::string& job, uint64_t step);
   // A rank about to load a step from storage: who reads what (load_planner.h), the step's data
   // files that live daemons hold in memory fetched from them. Plans without the core's mutex.
   Result<ckptd::v1::LoadPlanResponse> PlanLoad(const ckptd::v1::LoadPlanRequest& req);
@@ -239,6 +258,8 @@ class CoordinatorCore {
     // and whether the step's REPLICATED decision went out (replicated, or not with a reason).
     std::set<uint32_t> replicated;
     std::map<uint32_t, std::vector<std::string>> replica_holders;  // rank → holders (node ids)
+    // Nodes of `saved` lost since (their memory went with them, even if they came back).
+    std::set<std::string> lost_savers;
     bool replication_decided = false;
     // That decision, and the nodes it was sent to: a node reporting the step for the first time
     // afterwards (one rank could not be replicated before another node's first report) hears it
@@ -263,6 +284,13 @@ class CoordinatorCore {
     std::chrono::steady_clock::time_point last_report;  // the commit latency counts from it
     std::chrono::steady_clock::time_point deadline;
     bool committing = false;
+    // A memory-only step (Save.memory_only): never committed and never in the way of a commit.
+    // Once every rank is in memory its manifest is finished on the commit thread and kept here
+    // (loads of it ask for it: StepManifest); it ends REPLICATED (terminal) when every rank is
+    // replicated too, or FAILED.
+    bool memory_only = false;
+    bool finishing_in_memory = false;
+    std::shared_ptr<const ckptd::v1::Manifest> memory_manifest;
   };
   // One rank's registration: O(1), its layout shared with every rank of the same layout.
   struct RankRecord {
@@ -333,6 +361,24 @@ class CoordinatorCore {
   void MergeAsReported(StepRecord& s, std::shared_ptr<const ckptd::v1::NodeManifest> m)
       REQUIRES(mu_);
   void TryCommit(const std::string& job) REQUIRES(mu_);
+  // A memory-only step whose ranks are all in memory: its manifest is finished on the commit
+  // thread (FinishInMemory) — the merge, the skipped layouts' check and a commit's validation,
+  // without a write.
+  void FinishMemoryOnly(const std::string& job, uint64_t step, StepRecord& s) REQUIRES(mu_);
+  void FinishInMemory(const std::string& job, uint64_t step, CommitInputs& in) EXCLUDES(mu_);
+  // Ends a memory-only step REPLICATED once its manifest is finished and every rank replicated.
+  void MaybeEndMemoryOnly(const std::string& job, uint64_t step, StepRecord& s) REQUIRES(mu_);
+  // Decides a memory-only step not replicated (`reason`), which fails it.
+  void FailMemoryOnly(const std::string& job, uint64_t step, StepRecord& s,
+                      const std::string& reason) REQUIRES(mu_);
+  // The newest step of `job` that restores now: `committed`, or a newer memory-only step whose
+  // every rank is held by a live daemon (HeldInMemory), among the newest two replicated ones
+  // (older copies are dropped by their holders: replicator.h).
+  std::optional<uint64_t> RestorableNow(const std::string& job, std::optional<uint64_t> committed)
+      REQUIRES(mu_);
+  // `reachable`: only nodes with a data plane (for fetches); else every live node holding a copy.
+  LoadPlanner::MemoryHolders HeldInMemoryLocked(const std::string& job, uint64_t step,
+                                                bool reachable) REQUIRES(mu_);
   // A REPLICATED report: counts its ranks, or (with a reason) decides the step not replicated.
   Status NoteReplicated(const ckptd::v1::ReportRanksRequest& req, StepRecord& s) REQUIRES(mu_);
   // Records the step's REPLICATED decision `e` and sends it to the job's nodes.

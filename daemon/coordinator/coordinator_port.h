@@ -9,10 +9,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "ckptd/v1/coordinator.pb.h"
+#include "ckptd/v1/manifest.pb.h"
 #include "common/status.h"
 
 namespace ckpt {
@@ -49,6 +51,10 @@ class CoordinatorPort {
   virtual void PlanLoad(ckptd::v1::LoadPlanRequest /*request*/, PlanLoadDone done) {
     done(Unimplemented("no coordinator plans loads across nodes here"));
   }
+  // The manifest of a memory-only step (CoordinatorCore::StepManifest): it is nowhere else.
+  // `done` runs on the loop.
+  using StepManifestDone = std::function<void(Result<std::shared_ptr<const ckptd::v1::Manifest>>)>;
+  virtual void StepManifest(const std::string& job, uint64_t step, StepManifestDone done) = 0;
 };
 
 }  // namespace ckpt

@@ -114,4 +114,19 @@ void InProcessCoordinator::Latest(const std::string& job, std::optional<RestoreQ
       io_, [done = std::move(done), job] { done(DaemonStopping("LATEST of job '" + job + "'")); });
 }
 
+void InProcessCoordinator::StepManifest(const std::string& job, uint64_t step,
+                                        StepManifestDone done) {
+  if (worker_.Post([this, job, step, done]() mutable {
+        auto manifest = core_.StepManifest(job, step);
+        PostToLoop([done = std::move(done), manifest = std::move(manifest)]() mutable {
+          done(std::move(manifest));
+        });
+      })) {
+    return;
+  }
+  boost::asio::post(io_, [done = std::move(done), job, step] {
+    done(DaemonStopping("the manifest of job '" + job + "' step " + std::to_string(step)));
+  });
+}
+
 }  // namespace ckpt

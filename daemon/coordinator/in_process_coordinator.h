@@ -41,6 +41,7 @@ class InProcessCoordinator final : public CoordinatorPort {
   void ReportRegistration(ckptd::v1::ReportRegistrationRequest request) override;
   void Latest(const std::string& job, std::optional<RestoreQuery> restore_point,
               LatestDone done) override;
+  void StepManifest(const std::string& job, uint64_t step, StepManifestDone done) override;
 
  private:
   class LoopSink;

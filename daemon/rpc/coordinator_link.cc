@@ -298,6 +298,33 @@ void CoordinatorLink::Latest(const std::string& job, std::optional<RestoreQuery>
   }
 }
 
+void CoordinatorLink::StepManifest(const std::string& job, uint64_t step, StepManifestDone done) {
+  auto answer = std::make_shared<StepManifestDone>(std::move(done));
+  const std::string what = "coordinator " + config_.address + ": the manifest of job '" + job +
+                           "' step " + std::to_string(step);
+  const bool queued = Enqueue([this, job, step, answer, what] {
+    grpc::ClientContext ctx;
+    Deadline(ctx);
+    ckptd::v1::StepManifestRequest req;
+    req.set_job(job);
+    req.set_step(step);
+    auto manifest = std::make_shared<ckptd::v1::Manifest>();
+    grpc::Status st = stub_->StepManifest(&ctx, req, manifest.get());
+    Result<std::shared_ptr<const ckptd::v1::Manifest>> out =
+        st.ok() ? Result<std::shared_ptr<const ckptd::v1::Manifest>>(std::move(manifest))
+        : st.error_code() == grpc::StatusCode::NOT_FOUND
+            ? Result<std::shared_ptr<const ckptd::v1::Manifest>>(NotFound(st.error_message()))
+            : Result<std::shared_ptr<const ckptd::v1::Manifest>>(
+                  Unavailable(what + ": " + st.error_message()));
+    PostToLoop([answer, out = std::move(out)]() mutable { (*answer)(std::move(out)); });
+  });
+  if (!queued) {
+    PostToLoop([answer, what] {
+      (*answer)(Unavailable(what + ": the link is stopping or its queue is full"));
+    });
+  }
+}
+
 void CoordinatorLink::PlanLoad(ckptd::v1::LoadPlanRequest request, PlanLoadDone done) {
   auto answer = std::make_shared<PlanLoadDone>(std::move(done));
   const std::string what = "coordinator " + config_.address + ": load plan of job '" +

@@ -71,6 +71,7 @@ class CoordinatorLink final : public CoordinatorPort {
   void Latest(const std::string& job, std::optional<RestoreQuery> restore_point,
               LatestDone done) override;
   void PlanLoad(ckptd::v1::LoadPlanRequest request, PlanLoadDone done) override;
+  void StepManifest(const std::string& job, uint64_t step, StepManifestDone done) override;
 
   const Config& config() const { return config_; }
   // The data plane's advertised address (host:port); before Start.

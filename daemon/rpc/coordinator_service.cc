@@ -175,4 +175,14 @@ grpc::ServerUnaryReactor* CoordinatorService::PlanLoad(grpc::CallbackServerConte
   return FinishWith(ctx, core_->PlanLoad(*req), resp);
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::StepManifest(
+    grpc::CallbackServerContext* ctx, const ckptd::v1::StepManifestRequest* req,
+    ckptd::v1::Manifest* resp) {
+  auto manifest = core_->StepManifest(req->job(), req->step());
+  auto* reactor = ctx->DefaultReactor();
+  if (manifest.ok()) *resp = **manifest;
+  reactor->Finish(ToGrpcStatus(manifest.status()));
+  return reactor;
+}
+
 }  // namespace ckpt

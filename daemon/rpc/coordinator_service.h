@@ -40,6 +40,9 @@ class CoordinatorService final : public ckptd::v1::Coordinator::CallbackService 
   grpc::ServerUnaryReactor* PlanLoad(grpc::CallbackServerContext* ctx,
                                      const ckptd::v1::LoadPlanRequest* req,
                                      ckptd::v1::LoadPlanResponse* resp) override;
+  grpc::ServerUnaryReactor* StepManifest(grpc::CallbackServerContext* ctx,
+                                         const ckptd::v1::StepManifestRequest* req,
+                                         ckptd::v1::Manifest* resp) override;
 
  private:
   CoordinatorCore* core_;

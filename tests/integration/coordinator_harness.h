@@ -135,10 +135,12 @@ class ModelRank {
     ::close(fd_);
   }
   Client& client() { return *client_; }
-  // Fill, Save, WaitSnapshot.
-  Status SaveStep(uint64_t step) {
+  // Fill, Save, WaitSnapshot (`persist` false: a memory-only step).
+  Status SaveStep(uint64_t step, bool persist = true) {
     model_.Fill(base_, step);
-    Status s = client_->Save(step);
+    SaveOptions options;
+    options.persist = persist;
+    Status s = client_->Save(step, options);
     return s.ok() ? client_->WaitSnapshot(std::chrono::seconds(60)) : s;
   }
   Status WaitCommitted(uint64_t step) {

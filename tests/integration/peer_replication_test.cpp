@@ -229,5 +229,93 @@ TEST_CASE("peer tier: a replacement node restores a lost node's ranks from memor
   CHECK(Metric(*replacement, "ckptd_peer_bytes_total{direction=\"received\"}") > 0);
 }
 
+TEST_CASE(
+    "peer tier: a memory-only step is never written, restores on a replacement node from peers' "
+    "memory, and latest() falls back to the persisted step once its copies are gone",
+    "[peer_tier]") {
+  constexpr int kFour = 4;
+  Tier t(kFour, "1", 1);
+  auto& nodes = t.nodes;
+  auto& ranks = t.ranks;
+  // Step 1 persisted, step 2 memory-only.
+  for (auto& r : ranks) REQUIRE_OK(r->SaveStep(1));
+  for (auto& r : ranks) REQUIRE_OK(r->WaitCommitted(1));
+  for (auto& r : ranks) REQUIRE_OK(r->SaveStep(2, /*persist=*/false));
+  for (auto& r : ranks) {
+    REQUIRE_OK(r->client().Wait(2, WaitState::kReplicated, std::chrono::seconds(60)));
+    const Status committed = r->client().Wait(2, WaitState::kCommitted, std::chrono::seconds(5));
+    CHECK(committed.code() == StatusCode::kFailedPrecondition);
+    CHECK_THAT(committed.message(), Catch::Contains("memory-only"));
+  }
+  // Nothing of step 2 on storage: no directory, no MANIFEST, no data file.
+  CHECK_FALSE(std::filesystem::exists(StepDir(t.root, kJob, 2)));
+  {
+    // The coordinator describes it, with where each rank's copies live: its node and holder.
+    auto [rc, out] = RunCkptctl(t.dir, {"--admin", t.coordinator.address(), "describe", kJob, "2"});
+    CHECK(rc == 0);
+    INFO(out);
+    CHECK_THAT(out, Catch::Contains("memory-only: not on storage"));
+    for (int r = 0; r < kFour; ++r) {
+      CHECK_THAT(out, Catch::Contains("rank " + std::to_string(r) + " in memory on n" +
+                                      std::to_string(r) + ", n"));
+    }
+  }
+  {
+    auto latest = ranks[1]->client().Latest();
+    REQUIRE_OK(latest);
+    CHECK(*latest == std::optional<uint64_t>(2));
+  }
+
+  // Node n0 dies with its memory; a fresh daemon with another node id takes its rank, and the
+  // whole job restarts from its restore point: step 2, from the survivors' memory and n0's
+  // holder, with nothing read from storage.
+  ranks[0].reset();
+  nodes[0]->Kill(SIGKILL);
+  DaemonProcess::Options o;
+  o.socket = t.dir / "n4.sock";
+  o.storage_root = t.root;
+  o.log_path = t.dir / "n4.log";
+  o.flags = {"--node-id", "n4", "--coordinator", t.coordinator.address()};
+  for (const auto& f : TierFlags("1")) o.flags.push_back(f);
+  auto replacement = std::make_unique<DaemonProcess>(o);
+  ranks[0] = std::make_unique<ModelRank>(replacement->socket(), kJob, 0, kFour, 1, kTensors);
+  {
+    // The lost node's copies go when the coordinator sees its stream end; its rank stays
+    // restorable from its holder.
+    auto point = ranks[0]->client().RestorePoint();
+    REQUIRE_OK(point);
+    CHECK(*point == std::optional<uint64_t>(2));
+  }
+  std::vector<std::future<Result<uint64_t>>> loads;
+  for (auto& r : ranks) {
+    loads.push_back(std::async(std::launch::async, [&r] { return r->LoadAndCheck(2); }));
+  }
+  for (auto& l : loads) {
+    auto mismatches = l.get();
+    REQUIRE_OK(mismatches);
+    CHECK(*mismatches == 0);
+  }
+  double from_storage = Metric(*replacement, "ckptd_read_bytes_total{source=\"storage\"}");
+  for (int i = 1; i < kFour; ++i) {
+    from_storage += Metric(*nodes[i], "ckptd_read_bytes_total{source=\"storage\"}");
+  }
+  CHECK(from_storage == 0);
+  CHECK(Metric(*replacement, "ckptd_peer_bytes_total{direction=\"received\"}") > 0);
+
+  // Every original daemon dies: no live daemon holds step 2 any more (the replacement only
+  // loaded it), so the job's newest restorable step is the persisted one, and it loads.
+  for (int i = 1; i < kFour; ++i) {
+    ranks[static_cast<size_t>(i)].reset();
+    nodes[static_cast<size_t>(i)]->Kill(SIGKILL);
+  }
+  REQUIRE(PollUntil([&] {
+    auto latest = ranks[0]->client().Latest();
+    return latest.ok() && *latest == std::optional<uint64_t>(1);
+  }));
+  auto mismatches = ranks[0]->LoadAndCheck(1);
+  REQUIRE_OK(mismatches);
+  CHECK(*mismatches == 0);
+}
+
 }  // namespace
 }  // namespace ckpt::itest

@@ -157,6 +157,18 @@ struct LoadResult {
   std::vector<std::string> missing;  // non-strict loads: registered tensors not in the step
 };
 
+// Everything a save can be asked for; Save(step, extra, on_full[, stream]) is the common case.
+struct SaveOptions {
+  std::string_view extra;  // this rank's opaque blob, given back by Load
+  OnFull on_full = OnFull::kWait;
+  CudaStream stream = nullptr;  // as in Save(step, extra, on_full, stream)
+  // false: a memory-only step — captured and replicated into other daemons' memory (the
+  // daemon's --replicas), never written to storage. It ends kReplicated (Wait(step,
+  // kReplicated)), or fails when it could not be replicated; waits for kPersisted or
+  // kCommitted fail with kFailedPrecondition. Every rank must save a step the same way.
+  bool persist = true;
+};
+
 // Everything a load can be asked for; Load(step, strict[, stream]) is the common case.
 struct LoadOptions {
   std::optional<uint64_t> step;  // nullopt: the newest committed step
@@ -211,6 +223,8 @@ class Client {
   // stream) before sending the request, so the daemon's copies run after every write already
   // enqueued there — no host synchronize. Without CUDA tensors, `stream` is ignored.
   Status Save(uint64_t step, std::string_view extra, OnFull on_full, CudaStream stream);
+  // The general form (a memory-only step, see SaveOptions).
+  Status Save(uint64_t step, const SaveOptions& options);
 
   // Waits until this rank's most recent Save is captured: after OK the saved memory may be
   // modified again. Errors: the step's failure reason from the daemon (e.g. kAborted,
@@ -226,7 +240,9 @@ class Client {
   Status Wait(uint64_t step, WaitState state,
               std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 
-  // The newest committed step of this job, or nullopt when there is none.
+  // The newest step of this job that restores now, or nullopt when there is none: the newest
+  // committed step, or a newer memory-only step whose every rank is held in memory by a live
+  // daemon (with a coordinator that follows replication).
   Result<std::optional<uint64_t>> Latest();
 
   // The step this job restores from after a restart, or nullopt when none is committed: the

@@ -448,19 +448,24 @@ class Client:
         return (check is not None and isinstance(tensors, dict) and self._c.registered
                 and check.matches(tensors))
 
-    def _save_registered(self, step, extra, on_full):
+    def _save_registered(self, step, extra, on_full, persist=True):
         """save() of the registered tensors, for a caller that has just checked
         :meth:`_registered_as` (ckptd.torch.Checkpointer): the same request without a second
         layout check."""
-        self._c.save(_as_uint(step, "step"), bytes(extra), on_full, _cuda_stream(self._cuda))
+        self._c.save(_as_uint(step, "step"), bytes(extra), on_full, _cuda_stream(self._cuda),
+                     bool(persist))
 
-    def save(self, step, tensors, extra=b"", on_full="wait"):
+    def save(self, step, tensors, extra=b"", on_full="wait", persist=True):
         """Checkpoint ``tensors`` ({name: torch.Tensor | Shard | FlatShard}) as ``step``.
 
         Returns once the daemon accepted the request (it copies in the background). The tensors
         must not change until the next :meth:`wait_snapshot` returns. ``extra`` (bytes) is this
         rank's opaque blob, given back by :meth:`load`. ``on_full="skip"``: when the daemon's
         pool has no room the step is skipped and ckptd.Error RESOURCE_EXHAUSTED is raised.
+        ``persist=False``: a memory-only step, captured and replicated into other daemons'
+        memory (``ckptd --replicas``) but never written to storage; wait for it with
+        ``wait(step, "replicated")`` (a wait for "persisted" or "committed" raises
+        FAILED_PRECONDITION). Every rank must save a step the same way.
         """
         step = _as_uint(step, "step")
         if isinstance(extra, str):
@@ -468,8 +473,10 @@ class Client:
         extra = bytes(extra)
         if on_full not in ("wait", "skip"):
             raise _error('on_full must be "wait" or "skip", not %r' % (on_full,))
+        if not isinstance(persist, bool):
+            raise _error("persist must be True or False, not %r" % (persist,))
         self._register(tensors)
-        self._c.save(step, extra, on_full, _cuda_stream(self._cuda))
+        self._c.save(step, extra, on_full, _cuda_stream(self._cuda), persist)
 
     def wait_snapshot(self, timeout=None):
         """Block until the last save's bytes are captured; afterwards the tensors may change.
@@ -482,21 +489,25 @@ class Client:
     def wait(self, step, state="committed", timeout=None):
         """Block until ``step`` reaches ``state``: "captured" (this rank's bytes), "persisted"
         (this node's data durable), "committed" (the global checkpoint) or "replicated" (every
-        rank's bytes also held in other nodes' memory, ``ckptd --replicas``). ckptd.Error
-        ABORTED when the step failed, FAILED_PRECONDITION when it will not be replicated (the
-        message says why), DEADLINE_EXCEEDED when ``timeout`` seconds pass first."""
+        rank's bytes also held in other nodes' memory, ``ckptd --replicas``; the end of a
+        memory-only step). ckptd.Error ABORTED when the step failed, FAILED_PRECONDITION when it
+        will not be replicated (the message says why) or when a memory-only step is waited for
+        "persisted" or "committed", DEADLINE_EXCEEDED when ``timeout`` seconds pass first."""
         if state not in ("captured", "persisted", "committed", "replicated"):
             raise _error('state must be "captured", "persisted", "committed" or "replicated", '
                          'not %r' % (state,))
         self._c.wait(_as_uint(step, "step"), state, _as_timeout(timeout))
 
     def latest(self):
-        """The newest committed step of this job, or None."""
+        """The newest step of this job that restores now, or None: the newest committed step,
+        or a newer memory-only step (``save(..., persist=False)``) whose every rank is held in
+        memory by a live daemon."""
         return self._c.latest(False)
 
     def restore_point(self):
-        """The step this job restores from after a restart, or None when none is committed: the
-        newest committed step, resolved once for the whole job. Every rank (of the same world
+        """The step this job restores from after a restart, or None when there is none:
+        :meth:`latest` (a committed step, or a memory-only step still held in memory), resolved
+        once for the whole job. Every rank (of the same world
         size) that asks gets the same answer, once, even when a step of the previous incarnation
         commits between two ranks' calls — that step is then restored by no rank (number the
         next saves after it: a committed step is never saved again). ``load(step=None)`` and

@@ -270,8 +270,14 @@ class Checkpointer:
     ``save`` and the next optimizer step must call ``checkpointer.fence()`` first. ``optimizer``
     may be None (model only; nothing is fenced automatically then).
 
-    ``load(step=None)`` restores the newest committed step (or ``step``) into the model and the
-    optimizer — creating the optimizer's state tensors when the optimizer is fresh — and returns
+    ``persist_every=N`` checkpoints every step but writes only every N-th to storage: the other
+    saves are memory-only (``client.save(..., persist=False)``: replicated into other daemons'
+    memory, ``ckptd --replicas``), so losing a node costs neither storage writes nor the steps
+    since the last persisted one. ``save(step, persist=...)`` decides for one step. Every rank
+    must decide alike (the rule depends on the step only).
+
+    ``load(step=None)`` restores the job's restore point (the newest committed step, or a newer
+    memory-only step still held in memory; or ``step``) into the model and the optimizer — creating the optimizer's state tensors when the optimizer is fresh — and returns
     the step, or None when the job has no committed checkpoint. It works with any sharding the
     checkpoint was written with (each rank describes its own shards through ``shard_fn``).
 
@@ -315,9 +321,15 @@ class Checkpointer:
     """
 
     def __init__(self, client, model, optimizer, extra_state=None, shard_fn=None,
-                 copy_buffers=True, on_error="warn", fence_timeout=None):
+                 copy_buffers=True, on_error="warn", fence_timeout=None, persist_every=None):
         if on_error not in ("warn", "raise"):
             raise ValueError('on_error must be "warn" or "raise", not %r' % (on_error,))
+        if persist_every is not None and (isinstance(persist_every, bool)
+                                          or not isinstance(persist_every, int)
+                                          or persist_every < 1):
+            raise ValueError("persist_every must be a positive int or None, not %r"
+                             % (persist_every,))
+        self.persist_every = persist_every
         if fence_timeout is not None:
             fence_timeout = float(fence_timeout)
             if not fence_timeout > 0:
@@ -488,11 +500,17 @@ class Checkpointer:
 
     # -- save ------------------------------------------------------------------------------
 
-    def save(self, step, on_full="wait"):
+    def save(self, step, on_full="wait", persist=None):
         """Checkpoint model, optimizer and extra state as ``step``; returns once the daemon
         accepted it. Call it right after ``optimizer.step()``. A save the daemon refuses or does
         not answer within the client's ``call_timeout`` is handled by ``on_error`` (see
-        :meth:`fence`); with "warn" it returns without raising."""
+        :meth:`fence`); with "warn" it returns without raising. ``persist``: write the step to
+        storage (True) or keep it in peers' memory only (False); None follows ``persist_every``
+        (every step is written without it)."""
+        if persist is None:
+            persist = self.persist_every is None or step % self.persist_every == 0
+        elif not isinstance(persist, bool):
+            raise ValueError("persist must be True, False or None, not %r" % (persist,))
         self._install_hook()
         self.fence()  # a previous save still capturing (no optimizer step since) reads staging
         gave_up, self._fence_gave_up_at = self._fence_gave_up_at, None
@@ -521,9 +539,9 @@ class Checkpointer:
                                          self._user_state())
         try:
             if layout.checked:
-                self.client._save_registered(step, extra, on_full)
+                self.client._save_registered(step, extra, on_full, persist)
             else:
-                self.client.save(step, layout.sharded, extra, on_full)
+                self.client.save(step, layout.sharded, extra, on_full, persist)
         except ckptd.Error as e:
             self._failed("save", step, e)
             return

@@ -101,11 +101,11 @@ TEST_CASE("JsonWriter::Proto writes the proto3 mapping with the .proto field nam
         R"("file":"rank-00000.data","offset":"0","length":"24","chunk_size":"0",)"
         R"("chunk_xxh3":["18364758544493064720"],"writer_rank":0}],"partial":false}],)"
         R"("ranks":[{"rank":0,"extra":"AP9hYg==","node_id":"n"}],"created_unix_ms":"0",)"
-        R"("writer":""},"path":"/ckpt/j/step-0000000042"})");
+        R"("writer":""},"path":"/ckpt/j/step-0000000042","memory_only":false,"copies":[]})");
 
   // An unset message field is left out.
   ckptd::v1::DescribeCheckpointResponse empty;
-  CHECK(JsonWriter().Proto(empty).str() == R"({"path":""})");
+  CHECK(JsonWriter().Proto(empty).str() == R"({"path":"","memory_only":false,"copies":[]})");
 }
 
 TEST_CASE("JsonWriter::Proto: optional fields, enums, doubles and signed 64-bit integers",

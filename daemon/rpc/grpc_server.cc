@@ -17,7 +17,10 @@ Result<std::unique_ptr<GrpcServer>> GrpcServer::Start(Options options,
   grpc::ServerBuilder builder;
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   if (options.keepalive) {
-    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
+    // A peer that stops answering (frozen, or cut off without a reset) is noticed within about
+    // 3 s: a ping a second, 2 s for its answer. The coordinator's node streams rely on it
+    // (proto/README.md §4.2: a node that no longer answers stops counting as a copy).
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 1000);
     builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
     builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
     builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);

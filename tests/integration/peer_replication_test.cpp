@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <future>
 #include <set>
+#include <thread>
 
 namespace ckpt::itest {
 namespace {
@@ -48,8 +49,14 @@ void WaitForHolders(const std::vector<std::unique_ptr<DaemonProcess>>& nodes, in
 // A coordinator and `count` daemons with --replicas `replicas`, each having heard `holders`
 // holders, and one rank of the model per daemon (tensor parallel `tp`).
 struct Tier {
-  Tier(int count, const std::string& replicas, int holders, uint32_t tp = 1)
-      : nodes(StartNodes(dir, root, coordinator.address(), count, TierFlags(replicas))) {
+  Tier(int count, const std::string& replicas, int holders, uint32_t tp = 1,
+       std::vector<std::string> coordinator_flags = {})
+      : coordinator({dir / "coordinator.sock",
+                     root,
+                     dir / "coordinator.log",
+                     std::move(coordinator_flags),
+                     {}}),
+        nodes(StartNodes(dir, root, coordinator.address(), count, TierFlags(replicas))) {
     WaitForHolders(nodes, holders);
     for (int i = 0; i < count; ++i) {
       ranks.push_back(std::make_unique<ModelRank>(nodes[i]->socket(), kJob, i,
@@ -58,7 +65,7 @@ struct Tier {
   }
   testing::TempDir dir;
   std::string root = dir / "root";
-  CoordinatorProcess coordinator{{dir / "coordinator.sock", root, dir / "coordinator.log", {}, {}}};
+  CoordinatorProcess coordinator;
   std::vector<std::unique_ptr<DaemonProcess>> nodes;
   std::vector<std::unique_ptr<ModelRank>> ranks;
 };
@@ -315,6 +322,109 @@ TEST_CASE(
   auto mismatches = ranks[0]->LoadAndCheck(1);
   REQUIRE_OK(mismatches);
   CHECK(*mismatches == 0);
+}
+
+// The nodes the coordinator counts as holding rank `rank` of a memory-only step in memory now.
+std::vector<std::string> CopiesOf(const CoordinatorProcess& coordinator, uint64_t step,
+                                  uint32_t rank) {
+  auto admin = ckptd::v1::Admin::NewStub(
+      grpc::CreateChannel(coordinator.address(), grpc::InsecureChannelCredentials()));
+  ckptd::v1::DescribeCheckpointRequest request;
+  request.set_job(kJob);
+  request.set_step(step);
+  ckptd::v1::DescribeCheckpointResponse reply;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  if (!admin->DescribeCheckpoint(&ctx, request, &reply).ok()) return {};
+  for (const auto& c : reply.copies()) {
+    if (c.rank() == rank) return {c.nodes().begin(), c.nodes().end()};
+  }
+  return {};
+}
+
+// Whether the coordinator has node `id`'s event stream open.
+bool Connected(const CoordinatorProcess& coordinator, const std::string& id) {
+  auto admin = ckptd::v1::Admin::NewStub(
+      grpc::CreateChannel(coordinator.address(), grpc::InsecureChannelCredentials()));
+  const auto status = GetStatus(*admin);
+  for (const auto& n : status.nodes()) {
+    if (n.node_id() == id) return n.connected();
+  }
+  return false;
+}
+
+bool Has(const std::vector<std::string>& v, const std::string& x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+TEST_CASE(
+    "peer tier: a daemon frozen for 10 s stops counting as a copy within 5 s, and when it wakes "
+    "it either rejoins (within the lease) or stays fenced from what it held (after it)",
+    "[peer_tier]") {
+  // Within the lease (30 s) the woken node is the same node again; after it (3 s) the coordinator
+  // declared it lost, and what it held before no longer counts, though its process kept it.
+  const bool fenced = GENERATE(false, true);
+  Tier t(3, "1", 1, 1, {"--lease", fenced ? "3s" : "30s"});
+  auto& nodes = t.nodes;
+  auto& ranks = t.ranks;
+  for (auto& r : ranks) REQUIRE_OK(r->SaveStep(1));
+  for (auto& r : ranks) REQUIRE_OK(r->WaitCommitted(1));
+  for (auto& r : ranks) REQUIRE_OK(r->SaveStep(2, /*persist=*/false));
+  for (auto& r : ranks) {
+    REQUIRE_OK(r->client().Wait(2, WaitState::kReplicated, std::chrono::seconds(60)));
+  }
+  const auto before = CopiesOf(t.coordinator, 2, 1);
+  REQUIRE(Has(before, "n1"));
+  REQUIRE(before.size() == 2);  // its node and its holder
+
+  // SIGSTOP: the process lives and holds its memory, but answers nothing (not even the
+  // coordinator's keepalive pings). The coordinator stops counting it within 5 s.
+  const auto frozen_at = std::chrono::steady_clock::now();
+  nodes[1]->Kill(SIGSTOP);
+  REQUIRE(PollUntil([&] { return !Has(CopiesOf(t.coordinator, 2, 1), "n1"); },
+                    std::chrono::seconds(20)));
+  const auto noticed = std::chrono::steady_clock::now() - frozen_at;
+  INFO("noticed after " << std::chrono::duration<double>(noticed).count() << " s");
+  CHECK(noticed < std::chrono::seconds(5));
+  {
+    // Every rank still has a live copy (rank 1 on its holder): step 2 stays restorable.
+    auto latest = ranks[0]->client().Latest();
+    REQUIRE_OK(latest);
+    CHECK(*latest == std::optional<uint64_t>(2));
+  }
+
+  // Woken up late: after 10 s frozen (the scenario's length, not a synchronisation).
+  std::this_thread::sleep_until(frozen_at + std::chrono::seconds(10));
+  nodes[1]->Kill(SIGCONT);
+
+  // It reconnects by itself. Within its lease it is the same node again, holding what it held;
+  // after it, the coordinator declared it lost (its steps in flight ended, its copies forgotten)
+  // and what it held before does not count again, though its process kept it: fenced.
+  REQUIRE(PollUntil([&] { return Connected(t.coordinator, "n1"); }, std::chrono::seconds(60)));
+  const auto after = CopiesOf(t.coordinator, 2, 1);
+  const bool lost = t.coordinator.Log().find("node 'n1' lost") != std::string::npos;
+  CHECK(lost == fenced);
+  CHECK(Has(after, "n1") == !fenced);
+  CHECK(after.size() == (fenced ? 1u : 2u));
+
+  // Its rank trains on: once every node has its holder again (a node that was lost is planned
+  // afresh), a persisted step 3 on every rank commits and is replicated, and restores
+  // bit-exactly on every rank.
+  WaitForHolders(nodes, 1);
+  for (auto& r : ranks) REQUIRE_OK(r->SaveStep(3));
+  for (auto& r : ranks) {
+    REQUIRE_OK(r->WaitCommitted(3));
+    REQUIRE_OK(r->client().Wait(3, WaitState::kReplicated, std::chrono::seconds(60)));
+  }
+  std::vector<std::future<Result<uint64_t>>> loads;
+  for (auto& r : ranks) {
+    loads.push_back(std::async(std::launch::async, [&r] { return r->LoadAndCheck(3); }));
+  }
+  for (auto& l : loads) {
+    auto mismatches = l.get();
+    REQUIRE_OK(mismatches);
+    CHECK(*mismatches == 0);
+  }
 }
 
 }  // namespace

@@ -259,6 +259,9 @@ void CoordinatorCore::DetachNode(const std::string& node_id, const NodeSink* sin
   it->second.lost_at = Clock::now() + config_.lease;
   spdlog::warn("node '{}': event stream ended; lost unless it returns within {} ms", node_id,
                config_.lease.count());
+  // Until it registers again (every reconnect does), it neither holds nor replicates: the nodes
+  // it held for get other holders at once, rather than failing to replicate for a lease.
+  holders_.Remove(node_id, Clock::now());
   cv_.NotifyAll();
 }
 

@@ -28,7 +28,8 @@
 //     writers have let go of them). Training is never blocked: only events are sent.
 //   * the peer-memory tier: every node says at registration whether it can hold other nodes'
 //     steps in memory and how many holders it wants; the holder plan (holder_registry.h) is
-//     kept current as nodes come and go and each node hears its holders (HolderAssignment). A
+//     kept current as nodes come and go (a node whose event stream ended neither holds nor
+//     replicates until it registers again) and each node hears its holders (HolderAssignment). A
 //     node replicates each rank it persisted to them and reports REPLICATED (or why not); when
 //     every rank of a step is replicated the step is decided REPLICATED — beside its state,
 //     before or after its commit — and a rank that could not be replicated decides it not

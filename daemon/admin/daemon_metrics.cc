@@ -131,12 +131,18 @@ DaemonMetrics::DaemonMetrics(std::string version, std::string node_id, const Hos
                         .Add({}, DurationBuckets())),
       steps_in_flight_(BuildGauge()
                            .Name("ckptd_steps_in_flight")
-                           .Help("Steps neither committed, aborted nor failed")
+                           .Help("Steps neither committed, aborted nor failed (nor, memory-only, "
+                                 "replicated)")
                            .Register(*registry_)
                            .Add({})),
       steps_committed_(BuildCounter()
                            .Name("ckptd_steps_committed_total")
                            .Help("Steps committed")
+                           .Register(*registry_)
+                           .Add({})),
+      steps_in_memory_(BuildCounter()
+                           .Name("ckptd_steps_replicated_in_memory_total")
+                           .Help("Memory-only steps that ended replicated (never written)")
                            .Register(*registry_)
                            .Add({})),
       failures_(BuildCounter()
@@ -325,6 +331,10 @@ void DaemonMetrics::OnStepState(const std::string& job, uint64_t step, ckptd::v1
         j.steps_in_flight -= in_flight_.erase(key);
         break;
       }
+      case ckptd::v1::STEP_STATE_REPLICATED:  // a memory-only step's end
+        steps_in_memory_.Increment();
+        j.steps_in_flight -= in_flight_.erase(key);
+        break;
       case ckptd::v1::STEP_STATE_ABORTED:
       case ckptd::v1::STEP_STATE_FAILED: {
         const std::string label = FailureReasonLabel(reason);

@@ -14,7 +14,9 @@
 //   ckptd_load_duration_seconds                       histogram
 //   ckptd_pool_bytes{state="free"|"cached"|"in_use"}  sampled at scrape time
 //   ckptd_steps_in_flight                             steps neither committed, aborted nor failed
+//                                                     (nor, memory-only, replicated)
 //   ckptd_steps_committed_total
+//   ckptd_steps_replicated_in_memory_total            memory-only steps that ended replicated
 //   ckptd_step_failures_total{reason=...}             reasons from FailureReasonLabel
 //   ckptd_last_commit_timestamp_seconds               Unix time of the newest commit
 //   ckptd_connected_clients
@@ -186,6 +188,7 @@ class DaemonMetrics final : public DaemonObserver, public peer::PeerObserver {
   prometheus::Histogram& load_seconds_;
   prometheus::Gauge& steps_in_flight_;
   prometheus::Counter& steps_committed_;
+  prometheus::Counter& steps_in_memory_;
   prometheus::Family<prometheus::Counter>& failures_;
   prometheus::Gauge& last_commit_;
   prometheus::Gauge& clients_;

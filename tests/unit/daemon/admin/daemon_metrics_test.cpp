@@ -60,6 +60,9 @@ TEST_CASE("metrics: observer events move the series, no per-step labels", "[admi
   m.OnStepState("job", 51, ckptd::v1::STEP_STATE_CAPTURING, "");
   m.OnStepState("job", 52, ckptd::v1::STEP_STATE_CAPTURING, "");
   m.OnStepState("job", 52, ckptd::v1::STEP_STATE_ABORTED, "ranks [1] did not save step 52");
+  // A memory-only step ends replicated: no longer in flight, not committed.
+  m.OnStepState("job", 53, ckptd::v1::STEP_STATE_CAPTURING, "");
+  m.OnStepState("job", 53, ckptd::v1::STEP_STATE_REPLICATED, "");
   m.OnLoad("job", 50, 300, 700, 0.5);
   m.OnClientConnected({7, "job", 0, 1, 123, 1000});
 
@@ -67,7 +70,8 @@ TEST_CASE("metrics: observer events move the series, no per-step labels", "[admi
   CHECK(Sample(page, "ckptd_captured_bytes_total") == 50000);
   CHECK(Sample(page, "ckptd_persisted_bytes_total") == 50000);
   CHECK(Sample(page, "ckptd_steps_committed_total") == 50);
-  CHECK(Sample(page, "ckptd_steps_in_flight") == 1);  // step 51
+  CHECK(Sample(page, "ckptd_steps_in_flight") == 1);                   // step 51
+  CHECK(Sample(page, "ckptd_steps_replicated_in_memory_total") == 1);  // step 53
   CHECK(Sample(page, "ckptd_step_failures_total{reason=\"timeout\"}") == 1);
   CHECK(Sample(page, "ckptd_capture_duration_seconds_count") == 50);
   CHECK(Sample(page, "ckptd_flush_duration_seconds_sum") == Approx(10.0));

@@ -883,19 +883,8 @@ void CoordinatorCore::TryCommit(const std::string& job) {
     s.committing = true;
     // The merge of the reports so far, queued before this task on the same thread; afresh
     // from every node's last report when one dropped a rank.
-    CommitInputs in;
-    in.merge = s.merge_stale ? nullptr : std::move(s.merge);
-    if (!in.merge) {
-      ++commits_merged_afresh_;
-      for (auto& [node, m] : s.manifests) in.nodes.push_back(std::move(m));
-    }
-    for (auto& [key, skipped] : s.skipped_layouts) in.skipped_layouts.push_back(std::move(skipped));
-    in.skips_unresolved = std::move(s.skips_unresolved);
-    s.skips_unresolved.clear();
-    s.manifests.clear();
-    s.merged_ranks.clear();
-    s.merge.reset();
-    s.skipped_layouts.clear();
+    CommitInputs in = TakeCommitInputs(s);
+    if (!in.merge) ++commits_merged_afresh_;
     ++commits_in_flight_;
     const bool posted = commit_thread_.Post(
         [this, job, step = n, in = std::move(in)]() mutable { CommitStep(job, step, in); });
@@ -911,16 +900,36 @@ void CoordinatorCore::TryCommit(const std::string& job) {
   }
 }
 
-void CoordinatorCore::CommitStep(const std::string& job, uint64_t step, CommitInputs& in) {
-  const std::string step_dir = StepDir(config_.storage_root, job, step);
+CoordinatorCore::CommitInputs CoordinatorCore::TakeCommitInputs(StepRecord& s) {
+  CommitInputs in;
+  in.merge = s.merge_stale ? nullptr : std::move(s.merge);
+  if (!in.merge) {
+    for (auto& [node, m] : s.manifests) in.nodes.push_back(std::move(m));
+  }
+  for (auto& [key, skipped] : s.skipped_layouts) in.skipped_layouts.push_back(std::move(skipped));
+  in.skips_unresolved = std::move(s.skips_unresolved);
+  s.skips_unresolved.clear();
+  s.manifests.clear();
+  s.merged_ranks.clear();
+  s.merge.reset();
+  s.skipped_layouts.clear();
+  return in;
+}
+
+Status CoordinatorCore::FinishMerge(CommitInputs& in) {
   if (!in.merge) {
     in.merge = std::make_shared<MergeOnArena>(kCommitMergeOptions);
     for (const auto& m : in.nodes) {
       if (!in.merge->merger().Add(*m).ok()) break;  // Finish returns the error
     }
   }
-  Status st = in.merge->merger().Finish();
-  if (st.ok()) st = CheckSkippedLayoutsWritten(in.merge->merger(), in.skipped_layouts);
+  RETURN_IF_ERROR(in.merge->merger().Finish());
+  return CheckSkippedLayoutsWritten(in.merge->merger(), in.skipped_layouts);
+}
+
+void CoordinatorCore::CommitStep(const std::string& job, uint64_t step, CommitInputs& in) {
+  const std::string step_dir = StepDir(config_.storage_root, job, step);
+  Status st = FinishMerge(in);
   if (st.ok()) st = CheckSkippedFromFiles(step_dir, in.skips_unresolved, in.merge->merger());
   if (st.ok()) st = commit_->CommitMerged(in.merge->manifest());
   if (!st.ok()) {
@@ -1080,18 +1089,7 @@ void CoordinatorCore::DecideReplication(const std::string& job, StepRecord& s,
 void CoordinatorCore::FinishMemoryOnly(const std::string& job, uint64_t step, StepRecord& s) {
   if (s.finishing_in_memory || s.memory_manifest || Terminal(s.state)) return;
   s.finishing_in_memory = true;
-  CommitInputs in;
-  in.merge = s.merge_stale ? nullptr : std::move(s.merge);
-  if (!in.merge) {
-    for (auto& [node, m] : s.manifests) in.nodes.push_back(std::move(m));
-  }
-  for (auto& [key, skipped] : s.skipped_layouts) in.skipped_layouts.push_back(std::move(skipped));
-  in.skips_unresolved = std::move(s.skips_unresolved);
-  s.skips_unresolved.clear();
-  s.manifests.clear();
-  s.merged_ranks.clear();
-  s.merge.reset();
-  s.skipped_layouts.clear();
+  CommitInputs in = TakeCommitInputs(s);
   ++commits_in_flight_;
   if (!commit_thread_.Post(
           [this, job, step, in = std::move(in)]() mutable { FinishInMemory(job, step, in); })) {
@@ -1101,14 +1099,7 @@ void CoordinatorCore::FinishMemoryOnly(const std::string& job, uint64_t step, St
 }
 
 void CoordinatorCore::FinishInMemory(const std::string& job, uint64_t step, CommitInputs& in) {
-  if (!in.merge) {
-    in.merge = std::make_shared<MergeOnArena>(kCommitMergeOptions);
-    for (const auto& m : in.nodes) {
-      if (!in.merge->merger().Add(*m).ok()) break;  // Finish returns the error
-    }
-  }
-  Status st = in.merge->merger().Finish();
-  if (st.ok()) st = CheckSkippedLayoutsWritten(in.merge->merger(), in.skipped_layouts);
+  Status st = FinishMerge(in);
   if (st.ok() && !in.skips_unresolved.empty()) {
     // Their lists are in node manifest files, which a memory-only step does not write.
     st = FailedPrecondition(

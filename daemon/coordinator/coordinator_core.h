@@ -347,6 +347,11 @@ class CoordinatorCore {
     std::vector<SkippedLayout> skipped_layouts;
     std::map<std::string, std::set<uint32_t>> skips_unresolved;
   };
+  // Moves what a commit (or a memory-only step's finish) needs out of the step record.
+  static CommitInputs TakeCommitInputs(StepRecord& s);
+  // On the commit thread: finishes the merge (afresh when `in.merge` is null) and checks that
+  // every shard the skipped layouts left to others was written.
+  static Status FinishMerge(CommitInputs& in);
   // On the commit thread: finishes the step's merge, checks the skipped layouts, commits.
   void CommitStep(const std::string& job, uint64_t step, CommitInputs& in) EXCLUDES(mu_);
   // The skipped shards of `unresolved` ranks (by node), from their node manifest files in

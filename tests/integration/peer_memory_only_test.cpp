@@ -6,7 +6,6 @@
 #include "tests/integration/peer_tier_harness.h"  // first: it configures Catch
 
 #include <filesystem>
-#include <future>
 #include <thread>
 
 namespace ckpt::itest {
@@ -63,15 +62,7 @@ TEST_CASE(
     REQUIRE_OK(point);
     CHECK(*point == std::optional<uint64_t>(2));
   }
-  std::vector<std::future<Result<uint64_t>>> loads;
-  for (auto& r : ranks) {
-    loads.push_back(std::async(std::launch::async, [&r] { return r->LoadAndCheck(2); }));
-  }
-  for (auto& l : loads) {
-    auto mismatches = l.get();
-    REQUIRE_OK(mismatches);
-    CHECK(*mismatches == 0);
-  }
+  LoadEveryRankAndCheck(ranks, 2);
   double from_storage = Metric(*replacement, "ckptd_read_bytes_total{source=\"storage\"}");
   for (int i = 1; i < kFour; ++i) {
     from_storage += Metric(*nodes[i], "ckptd_read_bytes_total{source=\"storage\"}");
@@ -153,15 +144,7 @@ TEST_CASE(
     REQUIRE_OK(r->WaitCommitted(3));
     REQUIRE_OK(r->client().Wait(3, WaitState::kReplicated, std::chrono::seconds(60)));
   }
-  std::vector<std::future<Result<uint64_t>>> loads;
-  for (auto& r : ranks) {
-    loads.push_back(std::async(std::launch::async, [&r] { return r->LoadAndCheck(3); }));
-  }
-  for (auto& l : loads) {
-    auto mismatches = l.get();
-    REQUIRE_OK(mismatches);
-    CHECK(*mismatches == 0);
-  }
+  LoadEveryRankAndCheck(ranks, 3);
 }
 
 }  // namespace

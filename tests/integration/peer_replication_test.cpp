@@ -8,7 +8,6 @@
 #include "tests/integration/peer_tier_harness.h"  // first: it configures Catch
 
 #include <filesystem>
-#include <future>
 #include <set>
 
 #include "daemon/peer/peer_client.h"
@@ -157,15 +156,7 @@ TEST_CASE("peer tier: a replacement node restores a lost node's ranks from memor
 
   // The whole job restarts from step 2: the survivors hold their own files, n0's file is on
   // its holder, and what each rank lacks is fetched from those daemons.
-  std::vector<std::future<Result<uint64_t>>> loads;
-  for (auto& r : ranks) {
-    loads.push_back(std::async(std::launch::async, [&r] { return r->LoadAndCheck(2); }));
-  }
-  for (auto& l : loads) {
-    auto mismatches = l.get();
-    REQUIRE_OK(mismatches);
-    CHECK(*mismatches == 0);
-  }
+  LoadEveryRankAndCheck(ranks, 2);
   const std::vector<const DaemonProcess*> live = {replacement.get(), nodes[1].get(),
                                                   nodes[2].get()};
   double from_storage = 0;

@@ -7,6 +7,7 @@
 #include "tests/integration/coordinator_harness.h"  // first: it configures Catch
 
 #include <algorithm>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -97,6 +98,20 @@ inline bool Connected(const CoordinatorProcess& coordinator, const std::string& 
 
 inline bool Has(const std::vector<std::string>& v, const std::string& x) {
   return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+// Every rank loads `step` at once (a restart of the whole job: one load round) and must get it
+// bit-exactly.
+inline void LoadEveryRankAndCheck(std::vector<std::unique_ptr<ModelRank>>& ranks, uint64_t step) {
+  std::vector<std::future<Result<uint64_t>>> loads;
+  for (auto& r : ranks) {
+    loads.push_back(std::async(std::launch::async, [&r, step] { return r->LoadAndCheck(step); }));
+  }
+  for (auto& l : loads) {
+    auto mismatches = l.get();
+    REQUIRE_OK(mismatches);
+    CHECK(*mismatches == 0);
+  }
 }
 
 // A fresh daemon (node id `id`, nothing in memory) joining the tier of `t`: a lost node's

@@ -889,6 +889,29 @@ void NodeState::ReportReplicationAgain(const Step& s) {
   }
 }
 
+void NodeState::ReportMemoryStepsAgain(const Job& j) {
+  // A restarted coordinator knows nothing of memory-only steps (their manifests lived in its
+  // memory): the newest two this node still holds are reported again, whole — saved, captured,
+  // in memory with the node manifest, replicated with the holders — so that once every node of
+  // such a step has reported it, the coordinator ends it replicated again and restores can use
+  // it. A coordinator that still knows the step answers with its decision; one whose nodes did
+  // not all come back never ends it (not restorable: the safe side).
+  int reported = 0;
+  for (auto it = j.steps.rbegin(); it != j.steps.rend() && reported < 2; ++it) {
+    const Step& s = it->second;
+    if (!s.memory_only || s.state != ckptd::v1::STEP_STATE_REPLICATED || !s.memory_keep) continue;
+    ++reported;
+    std::vector<uint32_t> ranks;
+    for (const auto& [r, rs] : s.ranks) ranks.push_back(r);
+    Report(s, ckptd::v1::STEP_STATE_PENDING, ranks);
+    Report(s, ckptd::v1::STEP_STATE_CAPTURED, ranks);
+    ReportPersisted(s);
+    for (const auto& [r, rs] : s.ranks) {
+      if (rs.replicated) ReportReplicated(s, r, rs.replica_holders, "");
+    }
+  }
+}
+
 void NodeState::ReportPersisted(const Step& s) {
   if (!s.node_manifest) return;
   ckptd::v1::ReportRanksRequest req;
@@ -908,6 +931,7 @@ void NodeState::OnCoordinatorConnected() {
     // Until the coordinator's plan arrives (at once, on attach, when it has one), every rank
     // writes everything.
     for (auto& report : j.writers.OnReconnect()) link_->ReportRegistration(std::move(report));
+    ReportMemoryStepsAgain(j);
     for (auto& [n, s] : j.steps) {
       if (s.state == ckptd::v1::STEP_STATE_COMMITTED) ReportReplicationAgain(s);
       if (Terminal(s.state)) {

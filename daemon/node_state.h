@@ -48,7 +48,9 @@
 //     the report only. It is replicated like a persisted rank, never committed, and ends
 //     REPLICATED (a terminal state for such a step) or FAILED; waits for PERSISTED or COMMITTED
 //     fail at once. Its bytes stay in the hot cache under a keep until a newer step of the job is
-//     replicated (pool pressure still wins). Every rank of a step must save it the same way;
+//     replicated (pool pressure still wins), and reported again, whole, after a reconnect (a
+//     restarted coordinator knew it only in memory). Every rank of a step must save it the same
+//     way;
 //   * the writer plan pushed by the coordinator makes a rank skip replicas another rank writes,
 //     for the registration it was computed from only (writer_plan_filter.h). Without a plan a
 //     rank writes everything; the merge keeps one copy.
@@ -264,6 +266,8 @@ class NodeState : public CoordinatorPort::Handler {
   void ReportPersisted(const Step& s);
   // The ranks' replication outcomes, again, unless the step's REPLICATED was decided.
   void ReportReplicationAgain(const Step& s);
+  // The job's newest replicated memory-only steps still held here, again (after a reconnect).
+  void ReportMemoryStepsAgain(const Job& j);
   void FailLocally(Step& s, ckptd::v1::StepState state, const std::string& reason);
   static size_t ActiveSteps(const Job& job);
   void StartDeferred(const std::string& job);

@@ -41,8 +41,8 @@
 //     when one is not (a holder full or dead, the node lost before it sent, the deadline). Latest
 //     and RestorePoint count such a step while each of its ranks has a live copy (a holder from
 //     its report, or its own node until a newer step is replicated), among the job's two newest
-//     replicated steps (the holders keep two, replicator.h). A coordinator restart forgets them:
-//     restores fall back to the newest committed step.
+//     replicated steps (the holders keep two, replicator.h). A coordinator restart forgets them
+//     until their nodes, reconnecting, report them again (NodeState::ReportMemoryStepsAgain).
 //   * registrations of all ranks of a job give the writer plan (writer_plan.h); it is recomputed
 //     only when a registration changes, off the request threads (the plan thread), and pushed
 //     to each node of the job, each rank's writes tagged with the registration they were

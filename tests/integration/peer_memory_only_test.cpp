@@ -86,6 +86,41 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "peer tier: a restarted coordinator learns a memory-only step again from its nodes, and a "
+    "lost node's ranks of it still restore from memory",
+    "[peer_tier]") {
+  Tier t(3, "1", 1);
+  auto& nodes = t.nodes;
+  auto& ranks = t.ranks;
+  for (auto& r : ranks) REQUIRE_OK(r->SaveStep(1));
+  for (auto& r : ranks) REQUIRE_OK(r->WaitCommitted(1));
+  for (auto& r : ranks) REQUIRE_OK(r->SaveStep(2, /*persist=*/false));
+  for (auto& r : ranks) {
+    REQUIRE_OK(r->client().Wait(2, WaitState::kReplicated, std::chrono::seconds(60)));
+  }
+  // The step's manifest lived in the coordinator's memory only; the daemons report the step
+  // again when they reconnect, and once all three did it is restorable again.
+  t.coordinator.Restart();
+  REQUIRE(PollUntil([&] {
+    auto latest = ranks[1]->client().Latest();
+    return latest.ok() && *latest == std::optional<uint64_t>(2);
+  }));
+  CHECK(CopiesOf(t.coordinator, 2, 0).size() == 2);  // n0 and its holder
+
+  // n0 dies; its rank of step 2 comes from its holder, the others from their own nodes.
+  ranks[0].reset();
+  nodes[0]->Kill(SIGKILL);
+  auto replacement = JoinTier(t, "n3");
+  ranks[0] = std::make_unique<ModelRank>(replacement->socket(), kJob, 0, 3, 1, kTensors);
+  LoadEveryRankAndCheck(ranks, 2);
+  double from_storage = Metric(*replacement, "ckptd_read_bytes_total{source=\"storage\"}");
+  for (int i = 1; i < 3; ++i) {
+    from_storage += Metric(*nodes[i], "ckptd_read_bytes_total{source=\"storage\"}");
+  }
+  CHECK(from_storage == 0);
+}
+
+TEST_CASE(
     "peer tier: a daemon frozen for 10 s stops counting as a copy within 5 s, and when it wakes "
     "it either rejoins (within the lease) or stays fenced from what it held (after it)",
     "[peer_tier]") {

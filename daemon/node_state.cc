@@ -13,6 +13,24 @@ namespace ckpt {
 
 using ckptd::v1::StepState;
 
+namespace {
+
+// The PERSISTED report of a node manifest: every rank in it, and the manifest as reported.
+ckptd::v1::ReportRanksRequest PersistedReport(const ckptd::v1::NodeManifest& m,
+                                              uint32_t world_size, bool memory_only) {
+  ckptd::v1::ReportRanksRequest req;
+  req.set_job(m.job());
+  req.set_step(m.step());
+  req.set_world_size(world_size);
+  req.set_state(ckptd::v1::STEP_STATE_PERSISTED);
+  req.set_memory_only(memory_only);
+  for (const auto& r : m.ranks()) req.add_ranks(r.rank());
+  *req.mutable_node_manifest() = NodeManifestForReport(m);
+  return req;
+}
+
+}  // namespace
+
 std::string_view StepStateName(StepState s) {
   switch (s) {
     case ckptd::v1::STEP_STATE_PENDING:
@@ -838,15 +856,7 @@ void NodeState::ReportNodeManifest(Step& s) {
           if (!st.ok()) return {st, nullptr};
         }
         auto manifest = std::make_shared<const ckptd::v1::NodeManifest>(std::move(node).value());
-        ckptd::v1::ReportRanksRequest req;
-        req.set_job(job);
-        req.set_step(step);
-        req.set_world_size(world_size);
-        req.set_state(ckptd::v1::STEP_STATE_PERSISTED);
-        req.set_memory_only(memory_only);
-        for (const auto& r : manifest->ranks()) req.add_ranks(r.rank());
-        *req.mutable_node_manifest() = NodeManifestForReport(*manifest);
-        link->ReportRanks(std::move(req));
+        link->ReportRanks(PersistedReport(*manifest, world_size, memory_only));
         return {Status::Ok(), manifest};
       },
       [this, job = s.job, step = s.step, connection = connections_](Written written) {
@@ -914,15 +924,7 @@ void NodeState::ReportMemoryStepsAgain(const Job& j) {
 
 void NodeState::ReportPersisted(const Step& s) {
   if (!s.node_manifest) return;
-  ckptd::v1::ReportRanksRequest req;
-  req.set_job(s.job);
-  req.set_step(s.step);
-  req.set_world_size(s.world_size);
-  req.set_state(ckptd::v1::STEP_STATE_PERSISTED);
-  req.set_memory_only(s.memory_only);
-  for (const auto& r : s.node_manifest->ranks()) req.add_ranks(r.rank());
-  *req.mutable_node_manifest() = NodeManifestForReport(*s.node_manifest);
-  link_->ReportRanks(std::move(req));
+  link_->ReportRanks(PersistedReport(*s.node_manifest, s.world_size, s.memory_only));
 }
 
 void NodeState::OnCoordinatorConnected() {

@@ -47,20 +47,24 @@ Status CommitEngine::Commit(std::span<const ckptd::v1::NodeManifest> nodes,
   return CommitMerged(merge.manifest(), check);
 }
 
+Status CommitEngine::CheckCommittable(const ckptd::v1::Manifest& merged) {
+  if (static_cast<uint32_t>(merged.ranks_size()) != merged.world_size()) {
+    return FailedPrecondition(std::to_string(merged.ranks_size()) + " of " +
+                              std::to_string(merged.world_size()) + " ranks reported");
+  }
+  return ValidateManifestForCommit(merged);
+}
+
 Status CommitEngine::CommitMerged(ckptd::v1::Manifest& manifest, const ManifestCheck& check) {
   const std::string job = manifest.job();
   const uint64_t step = manifest.step();
   const std::string ctx = "committing job '" + job + "' step " + std::to_string(step);
-  if (static_cast<uint32_t>(manifest.ranks_size()) != manifest.world_size()) {
-    return FailedPrecondition(ctx + ": " + std::to_string(manifest.ranks_size()) + " of " +
-                              std::to_string(manifest.world_size()) + " ranks reported");
-  }
   manifest.set_created_unix_ms(
       static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                 std::chrono::system_clock::now().time_since_epoch())
                                 .count()));
   manifest.set_writer(config_.writer);
-  RETURN_IF_ERROR(ValidateManifestForCommit(manifest), ctx);
+  RETURN_IF_ERROR(CheckCommittable(manifest), ctx);
   if (check) RETURN_IF_ERROR(check(manifest), ctx);
 
   const std::string job_dir = JobDir(config_.storage_root, job);

@@ -85,6 +85,9 @@ class CommitEngine {
   // the coordinator merges each node's report as it arrives. Sets `merged`'s creation time and
   // writer, validates it and checks its coverage, then writes it as above.
   Status CommitMerged(ckptd::v1::Manifest& merged, const ManifestCheck& check = nullptr);
+  // What a merged manifest must be to commit (or to stand for a memory-only step): every rank
+  // reported, and valid (ValidateManifestForCommit).
+  static Status CheckCommittable(const ckptd::v1::Manifest& merged);
 
   // Deletes an uncommitted (aborted or failed) step's directory.
   Status RemoveStep(const std::string& job, uint64_t step);

@@ -28,6 +28,27 @@ std::string RankList(const std::vector<uint32_t>& ranks) {
   return out + "]";
 }
 
+// A step's decision as a report's answer hears it.
+ckptd::v1::StepDecision Decision(const std::string& job, uint64_t step, StepState state,
+                                 const std::string& reason, bool skipped = false) {
+  ckptd::v1::StepDecision d;
+  d.set_job(job);
+  d.set_step(step);
+  d.set_state(state);
+  d.set_reason(reason);
+  d.set_skipped(skipped);
+  return d;
+}
+
+// The step's REPLICATED decision: replicated, or — with a reason — not.
+ckptd::v1::CoordinatorEvent ReplicationEvent(const std::string& job, uint64_t step,
+                                             const std::string& not_replicated_reason = {}) {
+  ckptd::v1::CoordinatorEvent e;
+  *e.mutable_step() = Decision(job, step, ckptd::v1::STEP_STATE_REPLICATED, not_replicated_reason);
+  e.mutable_step()->set_not_replicated(!not_replicated_reason.empty());
+  return e;
+}
+
 }  // namespace
 
 CoordinatorCore::CoordinatorCore(Config config, FileSystem* fs, CommitEngine* shared_commit)
@@ -355,12 +376,7 @@ void CoordinatorCore::Decide(const std::string& job, uint64_t step, StepRecord& 
         reason.empty() ? "" : ": " + reason);
   }
   ckptd::v1::CoordinatorEvent e;
-  auto* d = e.mutable_step();
-  d->set_job(job);
-  d->set_step(step);
-  d->set_state(state);
-  d->set_reason(reason);
-  d->set_skipped(s.skipped);
+  *e.mutable_step() = Decision(job, step, state, reason, s.skipped);
   // Counted before it is announced: whoever hears of the decision finds it in the metrics.
   if (config_.on_step_state) config_.on_step_state(job, step, state, reason);
   if (state == ckptd::v1::STEP_STATE_COMMITTED && config_.on_commit) {
@@ -418,14 +434,11 @@ Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
     if (req.state() == ckptd::v1::STEP_STATE_REPLICATED) {
       // Nothing here follows that step's replication (this coordinator restarted, or the step
       // is older than the ones it keeps): its waiters hear so instead of waiting forever.
-      auto* d = resp.mutable_decision();
-      d->set_job(req.job());
-      d->set_step(req.step());
-      d->set_state(ckptd::v1::STEP_STATE_REPLICATED);
-      d->set_not_replicated(true);
-      d->set_reason(
-          "the coordinator has no record of the step (it restarted, or the step is "
-          "older than the steps it keeps): its replication is not followed");
+      *resp.mutable_decision() =
+          ReplicationEvent(req.job(), req.step(),
+                           "the coordinator has no record of the step (it restarted, or the step "
+                           "is older than the steps it keeps): its replication is not followed")
+              .step();
       return resp;
     }
     StepState ended = ckptd::v1::STEP_STATE_PENDING;
@@ -439,11 +452,7 @@ Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
       if (committed.ok() && *committed) ended = ckptd::v1::STEP_STATE_COMMITTED;
     }
     if (ended != ckptd::v1::STEP_STATE_PENDING) {
-      auto* d = resp.mutable_decision();
-      d->set_job(req.job());
-      d->set_step(req.step());
-      d->set_state(ended);
-      d->set_reason(why);
+      *resp.mutable_decision() = Decision(req.job(), req.step(), ended, why);
       return resp;
     }
     restore_points_.OnStepStarted(req.job(), req.step());
@@ -463,12 +472,7 @@ Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
     return resp;
   }
   if (Terminal(s.state)) {
-    auto* d = resp.mutable_decision();
-    d->set_job(req.job());
-    d->set_step(req.step());
-    d->set_state(s.state);
-    d->set_reason(s.reason);
-    d->set_skipped(s.skipped);
+    *resp.mutable_decision() = Decision(req.job(), req.step(), s.state, s.reason, s.skipped);
     return resp;
   }
   s.last_report = Clock::now();
@@ -492,11 +496,7 @@ Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
                "' saved the step " + (req.memory_only() ? "memory-only" : "to storage") +
                ", other ranks " + (s.memory_only ? "memory-only" : "to storage") +
                ": every rank must save a step the same way (persist=)");
-    auto* d = resp.mutable_decision();
-    d->set_job(req.job());
-    d->set_step(req.step());
-    d->set_state(s.state);
-    d->set_reason(s.reason);
+    *resp.mutable_decision() = Decision(req.job(), req.step(), s.state, s.reason, s.skipped);
     return resp;
   }
   for (uint32_t r : req.ranks()) {
@@ -969,22 +969,27 @@ Status CoordinatorCore::CheckSkippedFromFiles(
   return Status::Ok();
 }
 
-void CoordinatorCore::OnCommitted(const std::string& job, uint64_t step, Status st) {
-  MutexLock lock(mu_);
+CoordinatorCore::StepRecord* CoordinatorCore::CommitTaskDone(const std::string& job,
+                                                             uint64_t step) {
   --commits_in_flight_;
   cv_.NotifyAll();
   auto j = jobs_.find(job);
-  if (j == jobs_.end()) return;
+  if (j == jobs_.end()) return nullptr;
   auto it = j->second.steps.find(step);
-  if (it == j->second.steps.end()) return;
-  StepRecord& s = it->second;
-  s.committing = false;
+  return it == j->second.steps.end() ? nullptr : &it->second;
+}
+
+void CoordinatorCore::OnCommitted(const std::string& job, uint64_t step, Status st) {
+  MutexLock lock(mu_);
+  StepRecord* s = CommitTaskDone(job, step);
+  if (s == nullptr) return;
+  s->committing = false;
   if (st.ok()) {
-    Decide(job, step, s, ckptd::v1::STEP_STATE_COMMITTED, "");
+    Decide(job, step, *s, ckptd::v1::STEP_STATE_COMMITTED, "");
   } else {
-    Decide(job, step, s, ckptd::v1::STEP_STATE_FAILED, "commit failed: " + st.message());
+    Decide(job, step, *s, ckptd::v1::STEP_STATE_FAILED, "commit failed: " + st.message());
   }
-  Prune(j->second);
+  Prune(jobs_[job]);
   TryCommit(job);
 }
 
@@ -1046,31 +1051,31 @@ Status CoordinatorCore::NoteReplicated(const ckptd::v1::ReportRanksRequest& req,
     }
   }
   if (s.replication_decided) return Status::Ok();
-  ckptd::v1::CoordinatorEvent e;
-  auto* d = e.mutable_step();
-  d->set_job(req.job());
-  d->set_step(req.step());
-  d->set_state(ckptd::v1::STEP_STATE_REPLICATED);
   if (!req.reason().empty()) {
     std::vector<uint32_t> ranks(req.ranks().begin(), req.ranks().end());
-    d->set_not_replicated(true);
-    d->set_reason("rank(s) " + RankList(ranks) + " on node '" + EscapeForLog(req.node_id()) +
-                  "' not replicated: " + req.reason());
-    spdlog::info("{}: not replicated: {}", StepName(req.job(), req.step()), d->reason());
-  } else {
-    s.replicated.insert(req.ranks().begin(), req.ranks().end());
-    if (s.replicated.size() < s.world_size) return Status::Ok();
-  }
-  if (s.memory_only) {
-    if (d->not_replicated()) {
-      FailMemoryOnly(req.job(), req.step(), s, d->reason());
-    } else {
-      MaybeEndMemoryOnly(req.job(), req.step(), s);
-    }
+    const std::string reason = "rank(s) " + RankList(ranks) + " on node '" +
+                               EscapeForLog(req.node_id()) + "' not replicated: " + req.reason();
+    spdlog::info("{}: not replicated: {}", StepName(req.job(), req.step()), reason);
+    DecideNotReplicated(req.job(), req.step(), s, reason);
     return Status::Ok();
   }
-  DecideReplication(req.job(), s, e);
+  s.replicated.insert(req.ranks().begin(), req.ranks().end());
+  if (s.replicated.size() < s.world_size) return Status::Ok();
+  if (s.memory_only) {
+    MaybeEndMemoryOnly(req.job(), req.step(), s);
+  } else {
+    DecideReplication(req.job(), s, ReplicationEvent(req.job(), req.step()));
+  }
   return Status::Ok();
+}
+
+void CoordinatorCore::DecideNotReplicated(const std::string& job, uint64_t step, StepRecord& s,
+                                          const std::string& reason) {
+  if (s.memory_only) {
+    FailMemoryOnly(job, step, s, reason);
+  } else {
+    DecideReplication(job, s, ReplicationEvent(job, step, reason));
+  }
 }
 
 void CoordinatorCore::DecideReplication(const std::string& job, StepRecord& s,
@@ -1110,28 +1115,19 @@ void CoordinatorCore::FinishInMemory(const std::string& job, uint64_t step, Comm
   if (st.ok()) {
     manifest = std::make_shared<ckptd::v1::Manifest>(in.merge->manifest());
     manifest->set_writer(config_.writer);
-    if (static_cast<uint32_t>(manifest->ranks_size()) != manifest->world_size()) {
-      st = FailedPrecondition(std::to_string(manifest->ranks_size()) + " of " +
-                              std::to_string(manifest->world_size()) + " ranks reported");
-    }
-    if (st.ok()) st = ValidateManifestForCommit(*manifest);
+    st = CommitEngine::CheckCommittable(*manifest);
   }
   MutexLock lock(mu_);
-  --commits_in_flight_;
-  cv_.NotifyAll();
-  auto j = jobs_.find(job);
-  if (j == jobs_.end()) return;
-  auto it = j->second.steps.find(step);
-  if (it == j->second.steps.end()) return;
-  StepRecord& s = it->second;
-  s.finishing_in_memory = false;
-  if (Terminal(s.state)) return;
+  StepRecord* s = CommitTaskDone(job, step);
+  if (s == nullptr) return;
+  s->finishing_in_memory = false;
+  if (Terminal(s->state)) return;
   if (!st.ok()) {
-    FailMemoryOnly(job, step, s, "its manifest: " + st.message());
+    FailMemoryOnly(job, step, *s, "its manifest: " + st.message());
     return;
   }
-  s.memory_manifest = std::move(manifest);
-  MaybeEndMemoryOnly(job, step, s);
+  s->memory_manifest = std::move(manifest);
+  MaybeEndMemoryOnly(job, step, *s);
 }
 
 void CoordinatorCore::MaybeEndMemoryOnly(const std::string& job, uint64_t step, StepRecord& s) {
@@ -1146,12 +1142,7 @@ void CoordinatorCore::MaybeEndMemoryOnly(const std::string& job, uint64_t step, 
       "holders)",
       StepName(job, step));
   if (config_.on_step_state) config_.on_step_state(job, step, s.state, "");
-  ckptd::v1::CoordinatorEvent e;
-  auto* d = e.mutable_step();
-  d->set_job(job);
-  d->set_step(step);
-  d->set_state(ckptd::v1::STEP_STATE_REPLICATED);
-  DecideReplication(job, s, e);
+  DecideReplication(job, s, ReplicationEvent(job, step));
   if (auto j = jobs_.find(job); j != jobs_.end()) Prune(j->second);
 }
 
@@ -1160,14 +1151,7 @@ void CoordinatorCore::FailMemoryOnly(const std::string& job, uint64_t step, Step
   if (Terminal(s.state)) return;
   // Waiters for REPLICATED hear why first (FAILED_PRECONDITION, as for a persisted step), then
   // the step fails: without its copies it restores from nowhere.
-  ckptd::v1::CoordinatorEvent e;
-  auto* d = e.mutable_step();
-  d->set_job(job);
-  d->set_step(step);
-  d->set_state(ckptd::v1::STEP_STATE_REPLICATED);
-  d->set_not_replicated(true);
-  d->set_reason(reason);
-  if (!s.replication_decided) DecideReplication(job, s, e);
+  if (!s.replication_decided) DecideReplication(job, s, ReplicationEvent(job, step, reason));
   s.memory_manifest.reset();
   Decide(job, step, s, ckptd::v1::STEP_STATE_FAILED, "memory-only step not replicated: " + reason);
 }
@@ -1257,19 +1241,9 @@ void CoordinatorCore::TimerLoop() {
             for (uint32_t r = 0; r < s.world_size; ++r) {
               if (s.replicated.count(r) == 0) missing.push_back(r);
             }
-            ckptd::v1::CoordinatorEvent e;
-            auto* d = e.mutable_step();
-            d->set_job(job);
-            d->set_step(step);
-            d->set_state(ckptd::v1::STEP_STATE_REPLICATED);
-            d->set_not_replicated(true);
-            d->set_reason("rank(s) " + RankList(missing) + " not replicated within " +
-                          std::to_string(config_.step_timeout.count()) + " ms");
-            if (s.memory_only) {
-              FailMemoryOnly(job, step, s, d->reason());
-            } else {
-              DecideReplication(job, s, e);
-            }
+            DecideNotReplicated(job, step, s,
+                                "rank(s) " + RankList(missing) + " not replicated within " +
+                                    std::to_string(config_.step_timeout.count()) + " ms");
           } else {
             next = std::min(next, replication_deadline);
           }

@@ -387,6 +387,9 @@ class CoordinatorCore {
                                                 bool reachable) REQUIRES(mu_);
   // A REPLICATED report: counts its ranks, or (with a reason) decides the step not replicated.
   Status NoteReplicated(const ckptd::v1::ReportRanksRequest& req, StepRecord& s) REQUIRES(mu_);
+  // Decides the step not replicated (`reason`): for a memory-only step, which it fails.
+  void DecideNotReplicated(const std::string& job, uint64_t step, StepRecord& s,
+                           const std::string& reason) REQUIRES(mu_);
   // Records the step's REPLICATED decision `e` and sends it to the job's nodes.
   void DecideReplication(const std::string& job, StepRecord& s,
                          const ckptd::v1::CoordinatorEvent& e) REQUIRES(mu_);
@@ -394,6 +397,8 @@ class CoordinatorCore {
   // The step's data files live daemons hold in memory: each rank's own node while it is attached
   // (its hot cache), then the holders its REPLICATED report named, attached ones only.
   LoadPlanner::MemoryHolders HeldInMemory(const std::string& job, uint64_t step) EXCLUDES(mu_);
+  // A task of the commit thread ended: counted down; the step's record, if it is still here.
+  StepRecord* CommitTaskDone(const std::string& job, uint64_t step) REQUIRES(mu_);
   void OnCommitted(const std::string& job, uint64_t step, Status st);
   void LoseNode(const std::string& node_id, const std::string& why) REQUIRES(mu_);
   std::string MissingRanks(const StepRecord& s) const REQUIRES(mu_);

@@ -16,8 +16,8 @@ using ckptd::v1::StepState;
 namespace {
 
 // The PERSISTED report of a node manifest: every rank in it, and the manifest as reported.
-ckptd::v1::ReportRanksRequest PersistedReport(const ckptd::v1::NodeManifest& m,
-                                              uint32_t world_size, bool memory_only) {
+ckptd::v1::ReportRanksRequest PersistedReport(const ckptd::v1::NodeManifest& m, uint32_t world_size,
+                                              bool memory_only) {
   ckptd::v1::ReportRanksRequest req;
   req.set_job(m.job());
   req.set_step(m.step());

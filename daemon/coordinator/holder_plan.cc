@@ -13,6 +13,50 @@ std::string DomainKey(const HolderNode& n) {
   return n.failure_domain.empty() ? std::string(1, '\0') + n.node_id : n.failure_domain;
 }
 
+// Keeping previous holders can leave the loads uneven: nodes that registered one by one (the
+// first two hold for each other, and the third must pile onto one of them). While the most
+// loaded holder holds for two or more nodes more than the least loaded one, one of its copies
+// moves to a less loaded candidate that is acceptable for that node (not the node itself, not
+// one of its holders already, and outside its domain if the copy was). Each move narrows the
+// spread, and a copy moves only to narrow it; when no acceptable move is left, the plan stays.
+void Rebalance(std::vector<std::vector<uint32_t>>& chosen, std::vector<uint32_t>& load,
+               std::set<std::pair<uint32_t, uint32_t>>& by_load,
+               const std::vector<std::string>& domain) {
+  std::vector<std::vector<uint32_t>> held_by(chosen.size());  // holder → the nodes it holds for
+  for (uint32_t node = 0; node < chosen.size(); ++node) {
+    for (uint32_t h : chosen[node]) held_by[h].push_back(node);
+  }
+  auto move = [&](uint32_t node, uint32_t from, uint32_t to) {
+    *std::find(chosen[node].begin(), chosen[node].end(), from) = to;
+    std::erase(held_by[from], node);
+    held_by[to].push_back(node);
+    by_load.erase({load[from], from});
+    by_load.emplace(--load[from], from);
+    by_load.erase({load[to], to});
+    by_load.emplace(++load[to], to);
+  };
+  // One acceptable move from the most loaded holders to the least loaded; false: none is left.
+  auto move_one = [&]() {
+    const uint32_t least = by_load.begin()->first;
+    for (auto hi = by_load.rbegin(); hi != by_load.rend() && hi->first > least + 1; ++hi) {
+      const uint32_t from = hi->second;
+      for (auto lo = by_load.begin(); lo != by_load.end() && lo->first + 1 < hi->first; ++lo) {
+        const uint32_t to = lo->second;
+        for (uint32_t node : held_by[from]) {
+          const auto& has = chosen[node];
+          if (to == node || std::find(has.begin(), has.end(), to) != has.end()) continue;
+          if (domain[from] != domain[node] && domain[to] == domain[node]) continue;
+          move(node, from, to);
+          return true;
+        }
+      }
+    }
+    return false;
+  };
+  while (!by_load.empty() && move_one()) {
+  }
+}
+
 }  // namespace
 
 HolderPlan PlanHolders(std::vector<HolderNode> nodes, uint32_t replicas,
@@ -94,6 +138,8 @@ HolderPlan PlanHolders(std::vector<HolderNode> nodes, uint32_t replicas,
       add(i, static_cast<uint32_t>(holder));
     }
   }
+
+  Rebalance(chosen, load, by_load, domain);
 
   for (uint32_t i = 0; i < count; ++i) {
     if (!nodes[i].wants_holders) {

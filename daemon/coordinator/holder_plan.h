@@ -17,7 +17,11 @@
 // Stability: given the previous plan, a node keeps each previous holder that is still a
 // candidate (alive, with an address, outside its domain when the previous one was) while that
 // holder is not over the balanced load, so a node joining or leaving re-replicates only the
-// copies that must move: the steps already held stay where they are.
+// copies that must move: the steps already held stay where they are. Kept holders can leave
+// the loads uneven (nodes registering one by one: the first two hold for each other, the third
+// piles onto one of them); a last pass then moves single copies from the most loaded holders to
+// the least loaded ones, where the node and its domain allow, until loads are within 1 — so a
+// late joiner takes its share of holding, at the cost of the few copies moved to it.
 //
 // Cost: O(N·K·log N) with one ordered set of candidates by load, plus the candidates a pick
 // skips (its own domain, holders it already has): with many small domains a few, with two

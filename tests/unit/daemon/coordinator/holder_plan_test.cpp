@@ -1,6 +1,6 @@
 // PlanHolders (daemon/coordinator/holder_plan.h): each node gets K holders, never itself, outside
-// its failure domain where possible, with the load balanced; the plan is deterministic, and a
-// node leaving moves only the copies it held.
+// its failure domain where possible, with the load balanced; the plan is deterministic, a node
+// leaving moves only the copies it held, and nodes joining one by one still end balanced.
 #include "daemon/coordinator/holder_plan.h"
 
 #include <algorithm>
@@ -126,6 +126,52 @@ TEST_CASE("PlanHolders: a node leaving moves only the copies it held", "[holder_
     }
   }
   CHECK(moved == before.held_for.at(gone));  // one new copy for each node `gone` held for
+}
+
+TEST_CASE("PlanHolders: nodes joining one by one end balanced, moving few copies",
+          "[holder_plan]") {
+  // Each plan from the previous one, as the coordinator makes them while daemons register.
+  for (uint32_t k : {1u, 2u}) {
+    for (uint32_t domains : {0u, 2u}) {
+      INFO("K " << k << ", " << domains << " domains");
+      const auto all = Nodes(9, domains);
+      std::vector<HolderNode> nodes;
+      HolderPlan plan;
+      for (const auto& joining : all) {
+        nodes.push_back(joining);
+        const HolderPlan before = plan;
+        plan = PlanHolders(nodes, k, &before);
+        INFO(nodes.size() << " nodes");
+        // With fewer than K + 1 nodes (or domains too small) not everyone can have K holders,
+        // and with unequal domains the loads cannot all be within 1; the plan is then as even
+        // as one made from scratch.
+        const size_t per_domain = domains == 0 ? 1 : (nodes.size() + domains - 1) / domains;
+        const bool equal_domains = domains == 0 || nodes.size() % domains == 0;
+        if (equal_domains && nodes.size() >= k + per_domain) CheckSpread(nodes, plan, k);
+        auto spread = [](const HolderPlan& p) {
+          uint32_t lo = UINT32_MAX, hi = 0;
+          for (const auto& [node, n] : p.held_for) {
+            lo = std::min(lo, n);
+            hi = std::max(hi, n);
+          }
+          return hi - lo;
+        };
+        CHECK(spread(plan) <= spread(PlanHolders(nodes, k)));
+        CHECK(plan.short_of.size() <= PlanHolders(nodes, k).short_of.size());
+        // The nodes already there keep all but a few holders: the joiner takes its share of
+        // holding from the most loaded (at most K copies move per join, plus K when the
+        // previous plan was short).
+        size_t moved = 0;
+        for (const auto& [node, was] : before.holders) {
+          const auto& now = plan.holders.at(node);
+          for (const auto& h : was) {
+            if (std::find(now.begin(), now.end(), h) == now.end()) ++moved;
+          }
+        }
+        CHECK(moved <= 2 * k);
+      }
+    }
+  }
 }
 
 }  // namespace

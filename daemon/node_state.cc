@@ -17,8 +17,9 @@ namespace {
 
 // The PERSISTED report of a node manifest: every rank in it, and the manifest as reported.
 ckptd::v1::ReportRanksRequest PersistedReport(const ckptd::v1::NodeManifest& m, uint32_t world_size,
-                                              bool memory_only) {
+                                              bool memory_only, uint64_t epoch) {
   ckptd::v1::ReportRanksRequest req;
+  req.set_epoch(epoch);
   req.set_job(m.job());
   req.set_step(m.step());
   req.set_world_size(world_size);
@@ -394,6 +395,7 @@ void NodeState::OnRankReplicated(const std::string& job, uint64_t step, uint32_t
 void NodeState::ReportReplicated(const Step& s, uint32_t rank,
                                  const std::vector<std::string>& holders, std::string reason) {
   if (s.state == ckptd::v1::STEP_STATE_ABORTED || s.state == ckptd::v1::STEP_STATE_FAILED) return;
+  if (s.fenced) return;
   // Decided not replicated already: another failure adds nothing (a success still tells where
   // the rank's copies are, for restores).
   if (!reason.empty() && s.not_replicated) return;
@@ -403,6 +405,7 @@ void NodeState::ReportReplicated(const Step& s, uint32_t rank,
   req.set_world_size(s.world_size);
   req.set_state(ckptd::v1::STEP_STATE_REPLICATED);
   req.set_memory_only(s.memory_only);
+  req.set_epoch(epoch_);
   req.add_ranks(rank);
   for (const auto& h : holders) req.add_holders(h);
   req.set_reason(std::move(reason));
@@ -823,6 +826,10 @@ void NodeState::FailLocally(Step& s, StepState state, const std::string& reason)
 
 void NodeState::Report(const Step& s, StepState state, std::vector<uint32_t> ranks,
                        std::string reason) {
+  // A fenced step's progress is from the epoch that ended: only its end is reported.
+  if (s.fenced && state != ckptd::v1::STEP_STATE_ABORTED && state != ckptd::v1::STEP_STATE_FAILED) {
+    return;
+  }
   ckptd::v1::ReportRanksRequest req;
   req.set_job(s.job);
   req.set_step(s.step);
@@ -832,6 +839,7 @@ void NodeState::Report(const Step& s, StepState state, std::vector<uint32_t> ran
   req.set_reason(std::move(reason));
   req.set_skipped(s.skipped);
   req.set_memory_only(s.memory_only);
+  req.set_epoch(epoch_);
   link_->ReportRanks(std::move(req));
 }
 
@@ -845,8 +853,8 @@ void NodeState::ReportNodeManifest(Step& s) {
   using Written = std::pair<Status, std::shared_ptr<const ckptd::v1::NodeManifest>>;
   tasks_.Run(
       [fs = fs_, link = link_, root = config_.storage_root, node_id = config_.node_id, job = s.job,
-       step = s.step, world_size = s.world_size, memory_only = s.memory_only,
-       ranks = std::move(ranks)]() -> Written {
+       step = s.step, world_size = s.world_size, memory_only = s.memory_only, epoch = epoch_,
+       report = !s.fenced, ranks = std::move(ranks)]() -> Written {
         auto node = BuildNodeManifest(job, step, world_size, node_id, ranks);
         if (!node.ok()) return {node.status(), nullptr};
         if (!memory_only) {  // a memory-only step's manifest lives in the coordinator's memory
@@ -856,7 +864,7 @@ void NodeState::ReportNodeManifest(Step& s) {
           if (!st.ok()) return {st, nullptr};
         }
         auto manifest = std::make_shared<const ckptd::v1::NodeManifest>(std::move(node).value());
-        link->ReportRanks(PersistedReport(*manifest, world_size, memory_only));
+        if (report) link->ReportRanks(PersistedReport(*manifest, world_size, memory_only, epoch));
         return {Status::Ok(), manifest};
       },
       [this, job = s.job, step = s.step, connection = connections_](Written written) {
@@ -923,19 +931,50 @@ void NodeState::ReportMemoryStepsAgain(const Job& j) {
 }
 
 void NodeState::ReportPersisted(const Step& s) {
-  if (!s.node_manifest) return;
-  link_->ReportRanks(PersistedReport(*s.node_manifest, s.world_size, s.memory_only));
+  if (!s.node_manifest || s.fenced) return;
+  link_->ReportRanks(PersistedReport(*s.node_manifest, s.world_size, s.memory_only, epoch_));
 }
 
-void NodeState::OnCoordinatorConnected() {
+void NodeState::FenceSteps() {
+  for (auto& [name, j] : jobs_) {
+    for (auto& [n, s] : j.steps) {
+      // Its memory-only steps no longer count as copies there: not reported again, not kept.
+      s.memory_keep.reset();
+      if (!Terminal(s.state)) s.fenced = true;
+    }
+  }
+}
+
+void NodeState::ReportFenced(const Step& s) {
+  // Not failed here: a step every rank of which was persisted before the node was lost still
+  // commits there, and the coordinator answers with its decision either way.
+  std::vector<uint32_t> ranks;
+  for (const auto& [r, rs] : s.ranks) ranks.push_back(r);
+  Report(s, ckptd::v1::STEP_STATE_ABORTED, std::move(ranks),
+         "this node was declared lost by the coordinator while it held the step (frozen or cut "
+         "off for longer than its lease): what it had in flight then is fenced; save a later "
+         "step");
+}
+
+void NodeState::OnCoordinatorConnected(const CoordinatorPort::Registration& registration) {
   ++connections_;
+  epoch_ = registration.epoch;
+  if (registration.fenced) {
+    spdlog::warn(
+        "the coordinator declared this node lost while it was unreachable: its steps "
+        "in flight are reported aborted, its memory-only steps no longer count (epoch now {})",
+        epoch_);
+    FenceSteps();  // reported below
+  }
   for (auto& [name, j] : jobs_) {
     // Until the coordinator's plan arrives (at once, on attach, when it has one), every rank
     // writes everything.
     for (auto& report : j.writers.OnReconnect()) link_->ReportRegistration(std::move(report));
-    ReportMemoryStepsAgain(j);
+    if (!registration.fenced) ReportMemoryStepsAgain(j);
     for (auto& [n, s] : j.steps) {
-      if (s.state == ckptd::v1::STEP_STATE_COMMITTED) ReportReplicationAgain(s);
+      if (s.state == ckptd::v1::STEP_STATE_COMMITTED && !registration.fenced) {
+        ReportReplicationAgain(s);
+      }
       if (Terminal(s.state)) {
         // Failed here, but the report may have died with the previous coordinator: without its
         // decision the step's files are never cleaned up (MaybeCleanup waits for it). Report
@@ -945,6 +984,10 @@ void NodeState::OnCoordinatorConnected() {
           for (const auto& [r, rs] : s.ranks) ranks.push_back(r);
           Report(s, s.state, std::move(ranks), s.reason);
         }
+        continue;
+      }
+      if (s.fenced) {
+        ReportFenced(s);  // again after every reconnect, until the decision comes
         continue;
       }
       std::vector<uint32_t> saved, captured;

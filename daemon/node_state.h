@@ -51,6 +51,13 @@
 //     replicated (pool pressure still wins), and reported again, whole, after a reconnect (a
 //     restarted coordinator knew it only in memory). Every rank of a step must save it the same
 //     way;
+//   * every report carries the node's epoch (the coordinator's answer to its last registration);
+//     a registration answered `fenced` (the coordinator declared this process lost while it was
+//     frozen or cut off) fences every step in flight here: it is reported ABORTED in the new
+//     epoch (after every reconnect, until decided), nothing else of it is reported, and the
+//     coordinator's decision ends it — ABORTED, or COMMITTED where every rank had persisted
+//     before the loss. Its memory-only steps are no longer kept or reported again: the
+//     coordinator forgot them, and refuses the reports made before (coordinator_core.h);
 //   * the writer plan pushed by the coordinator makes a rank skip replicas another rank writes,
 //     for the registration it was computed from only (writer_plan_filter.h). Without a plan a
 //     rank writes everything; the merge keeps one copy.
@@ -109,7 +116,7 @@ class NodeState : public CoordinatorPort::Handler {
   // The coordinator that owns the step-wide rules (in process or ckpt-coordinator): required,
   // before any save; it outlives this.
   void AttachCoordinator(CoordinatorPort* link) { link_ = link; }
-  void OnCoordinatorConnected() override;
+  void OnCoordinatorConnected(const CoordinatorPort::Registration& registration) override;
   void OnCoordinatorEvent(const ckptd::v1::CoordinatorEvent& event) override;
 
   struct SaveRequest {
@@ -232,6 +239,10 @@ class NodeState : public CoordinatorPort::Handler {
     // decided the step's end (only then are its files removed here).
     std::shared_ptr<const ckptd::v1::NodeManifest> node_manifest;
     bool decided_globally = false;
+    // In flight when the coordinator declared this node lost (FenceSteps): reported ABORTED,
+    // nothing else of it is reported, and the coordinator's decision ends it — ABORTED, or
+    // COMMITTED when every rank was persisted before the node was lost.
+    bool fenced = false;
     // The coordinator's REPLICATED decision: replicated, or not (with the reason).
     bool replicated = false;
     std::optional<std::string> not_replicated;
@@ -300,6 +311,11 @@ class NodeState : public CoordinatorPort::Handler {
   void ReleaseCaptures(Step& s);
   void Prune(Job& j);
   void CheckDrained();
+  // The coordinator declared this node lost (Registration.fenced): every step in flight is
+  // fenced (Step::fenced) and its memory-only steps are no longer kept for it.
+  void FenceSteps();
+  // The ABORTED report of a fenced step.
+  void ReportFenced(const Step& s);
 
   // The loop every method runs on. No code reads it now; kept, as the constructor's contract
   // names it ([[maybe_unused]]: clang's -Wunused-private-field is an error in the tsan stage).
@@ -317,6 +333,7 @@ class NodeState : public CoordinatorPort::Handler {
   uint64_t next_registration_id_;    // random start per daemon process
   DaemonObserver* observer_ = nullptr;
   uint64_t connections_ = 0;  // OnCoordinatorConnected calls so far
+  uint64_t epoch_ = 0;        // the coordinator's RegisterNodeResponse.epoch, on every report
   uint32_t replicas_ = 0;
   Replicate replicate_;
   std::vector<ReplicaHolder> holders_;  // the coordinator's HolderAssignment

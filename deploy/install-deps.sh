@@ -15,6 +15,9 @@ packages=(
   # promtool (deploy/prometheus rule tests) ships only in the prometheus package, whose
   # postinst enables a Prometheus server on :9090 where systemd runs: stop it if unwanted.
   prometheus fuse3 python3-fusepy
+  # The partition test cuts a daemon off loopback with nftables rules (tests/integration/
+  # net_partition.h); the peer benchmark's raw-TCP baseline is iperf3 (bench/peer).
+  nftables iperf3
 )
 
 missing=()

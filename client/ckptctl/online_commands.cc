@@ -113,14 +113,16 @@ void PrintStatusText(const ckptd::v1::GetStatusResponse& s) {
     std::cout << "\nnodes: " << s.nodes_size() << "\n";
     if (s.nodes_size() > 0) {
       std::cout << "  " << std::left << std::setw(24) << "NODE" << std::setw(28) << "STREAM"
+                << std::setw(20) << "EPOCH"
                 << "JOBS\n";
       for (const auto& n : s.nodes()) {
         std::string jobs;
         for (const auto& j : n.jobs()) jobs += (jobs.empty() ? "" : ",") + j;
-        std::cout << "  " << std::setw(24) << n.node_id() << std::setw(28)
-                  << (n.connected() ? std::string("connected")
-                                    : "lost in " + Duration(n.lease_left_seconds()))
-                  << jobs << "\n";
+        const std::string stream = n.connected() ? "connected"
+                                   : n.lost()    ? "lost (fenced)"
+                                                 : "lost in " + Duration(n.lease_left_seconds());
+        std::cout << "  " << std::setw(24) << n.node_id() << std::setw(28) << stream
+                  << std::setw(20) << n.epoch() << jobs << "\n";
       }
     }
     if (s.writer_plans_size() > 0) {

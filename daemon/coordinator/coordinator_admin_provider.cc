@@ -96,6 +96,8 @@ ckptd::v1::GetStatusResponse CoordinatorAdminProvider::CollectStatus() {
     auto* ns = out.add_nodes();
     ns->set_node_id(n.node_id);
     ns->set_connected(n.attached);
+    ns->set_epoch(n.epoch);
+    ns->set_lost(n.lost);
     if (!n.attached && n.lease_expires) {
       ns->set_lease_left_seconds(std::max(0.0, Seconds(*n.lease_expires - now)));
     }

@@ -174,7 +174,8 @@ Result<ckptd::v1::RegisterNodeResponse> CoordinatorCore::RegisterNode(
   }
   MutexLock lock(mu_);
   NodeRecord& n = nodes_[req.node_id()];
-  if (!n.instance.empty() && n.instance != req.instance()) {
+  const bool restarted = !n.instance.empty() && n.instance != req.instance();
+  if (restarted) {
     // The daemon restarted: whatever its previous process had in flight is gone.
     LoseNode(req.node_id(), "its daemon restarted");
   }
@@ -183,6 +184,23 @@ Result<ckptd::v1::RegisterNodeResponse> CoordinatorCore::RegisterNode(
                  req.instance(), req.admin_address(), req.version());
   }
   n.instance = req.instance();
+  // A node new here, restarted, or declared lost since its last registration starts a new
+  // epoch; a node that reconnects within its lease keeps its epoch (its reports in flight stand).
+  // The same process, woken or reconnected late — or registering again before it attached.
+  const bool fenced = !restarted && (n.lost || n.fence_pending);
+  if (n.epoch == 0 || n.lost) {
+    if (n.lost && !restarted) {
+      spdlog::warn(
+          "node '{}' registered again after it was declared lost: its reports from epoch {} are "
+          "refused (fenced); its epoch is now {}",
+          req.node_id(), n.fenced_through, next_epoch_);
+    }
+    n.epoch = next_epoch_++;
+    n.lost = false;
+  }
+  n.fence_pending = fenced;
+  // Alive now: a node whose stream is down gets a whole lease to open it again.
+  if (n.lost_at) n.lost_at = Clock::now() + config_.lease;
   holders_.Set(req.node_id(),
                {req.peer_address(), req.failure_domain(), req.peer_pool_bytes(), req.replicas()},
                Clock::now());
@@ -190,6 +208,8 @@ Result<ckptd::v1::RegisterNodeResponse> CoordinatorCore::RegisterNode(
   ckptd::v1::RegisterNodeResponse resp;
   resp.set_lease_ms(static_cast<uint64_t>(config_.lease.count()));
   resp.set_incarnation(incarnation);
+  resp.set_epoch(n.epoch);
+  resp.set_fenced(fenced);
   return resp;
 }
 
@@ -199,6 +219,13 @@ Status CoordinatorCore::AttachNode(const std::string& node_id, std::shared_ptr<N
   if (it == nodes_.end()) {
     return FailedPrecondition("node '" + EscapeForLog(node_id) + "' watches before RegisterNode");
   }
+  if (it->second.lost) {
+    // Its lease ran out between its registration and this: it must register again, and hear
+    // that it was fenced, before its reports count.
+    return FailedPrecondition("node '" + EscapeForLog(node_id) +
+                              "' was declared lost since it registered: register again");
+  }
+  it->second.fence_pending = false;
   it->second.sink = std::move(sink);
   it->second.lost_at.reset();
   for (auto& [name, j] : jobs_) {
@@ -288,6 +315,10 @@ void CoordinatorCore::DetachNode(const std::string& node_id, const NodeSink* sin
 
 void CoordinatorCore::LoseNode(const std::string& node_id, const std::string& why) {
   spdlog::warn("node '{}' lost: {}", node_id, why);
+  if (auto n = nodes_.find(node_id); n != nodes_.end()) {
+    n->second.fenced_through = std::max(n->second.fenced_through, n->second.epoch);
+    n->second.lost = true;
+  }
   holders_.Remove(node_id, Clock::now());
   cv_.NotifyAll();
   // What it held in memory went with it (a restarted daemon holds nothing).
@@ -424,8 +455,18 @@ Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
   }
   ckptd::v1::ReportRanksResponse resp;
   MutexLock lock(mu_);
-  if (nodes_.count(req.node_id()) == 0) {
+  auto node = nodes_.find(req.node_id());
+  if (node == nodes_.end()) {
     return FailedPrecondition(ctx + ": the node has not registered");
+  }
+  if (req.epoch() != 0 && req.epoch() <= node->second.fenced_through) {
+    // Made before the node was declared lost (it was frozen or cut off past its lease): what it
+    // says of its steps, copies or holders then may be stale, and nothing of it counts.
+    spdlog::warn("{}: refused, made in the node's epoch {}, which ended when it was declared lost",
+                 ctx, req.epoch());
+    return FailedPrecondition(ctx + ": made in the node's epoch " + std::to_string(req.epoch()) +
+                              ", which ended when the coordinator declared the node lost; a "
+                              "fenced node's reports from before are refused");
   }
   JobRecord& j = jobs_[req.job()];
   j.nodes.insert(req.node_id());
@@ -1313,6 +1354,8 @@ CoordinatorCore::Snapshot CoordinatorCore::TakeSnapshot() {
     v.node_id = id;
     v.attached = node.sink != nullptr;
     v.lease_expires = node.lost_at;
+    v.epoch = node.epoch;
+    v.lost = node.lost;
     for (const auto& [name, j] : jobs_) {
       if (j.nodes.count(id) != 0) v.jobs.push_back(name);
     }

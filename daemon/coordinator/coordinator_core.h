@@ -43,6 +43,15 @@
 //     its report, or its own node until a newer step is replicated), among the job's two newest
 //     replicated steps (the holders keep two, replicator.h). A coordinator restart forgets them
 //     until their nodes, reconnecting, report them again (NodeState::ReportMemoryStepsAgain).
+//   * epochs fence a node that was lost while its process lived (frozen, or cut off from the
+//     network while it still reached storage). Each registration of a node that is new here,
+//     restarted, or was declared lost since gets a new epoch (a reconnect within the lease keeps
+//     its epoch); the first epoch comes from the wall clock, so a restarted coordinator's are
+//     above its predecessor's. The node stamps its epoch on every report, and declaring it lost
+//     ends that epoch: a report made in it is refused (FAILED_PRECONDITION), so nothing the node
+//     queued while unreachable commits, replicates or counts as a copy. Its next registration
+//     says `fenced`, and the node aborts what it had in flight (node_state.h). Unstamped reports
+//     (epoch 0: an embedded coordinator, an older daemon) are not checked;
 //   * registrations of all ranks of a job give the writer plan (writer_plan.h); it is recomputed
 //     only when a registration changes, off the request threads (the plan thread), and pushed
 //     to each node of the job, each rank's writes tagged with the registration they were
@@ -174,6 +183,8 @@ class CoordinatorCore {
     bool attached = false;                                               // its event stream is open
     std::optional<std::chrono::steady_clock::time_point> lease_expires;  // while detached
     std::vector<std::string> jobs;
+    uint64_t epoch = 0;
+    bool lost = false;  // declared lost, not registered since
   };
   struct PlanView {
     std::string job;
@@ -321,6 +332,15 @@ class CoordinatorCore {
     std::string instance;
     std::shared_ptr<NodeSink> sink;
     std::optional<std::chrono::steady_clock::time_point> lost_at;  // lease expiry while detached
+    // The node's epoch (RegisterNodeResponse.epoch), and the newest of its epochs that ended
+    // with the node declared lost: its reports stamped with that epoch or an older one are
+    // refused (fencing). `lost`: declared lost since its last registration (it cannot attach
+    // until it registers again). `fence_pending`: its registrations are answered `fenced` until
+    // it attaches (an answer lost on the way must not let it skip the fence).
+    uint64_t epoch = 0;
+    uint64_t fenced_through = 0;
+    bool lost = false;
+    bool fence_pending = false;
   };
 
   static bool Terminal(ckptd::v1::StepState s);
@@ -423,6 +443,12 @@ class CoordinatorCore {
   CondVar cv_;
   std::map<std::string, JobRecord> jobs_ GUARDED_BY(mu_);
   std::map<std::string, NodeRecord> nodes_ GUARDED_BY(mu_);
+  // The next epoch to give a node: seeded from the wall clock (microseconds) at construction,
+  // so that a restarted coordinator's epochs are above its predecessor's.
+  uint64_t next_epoch_ GUARDED_BY(mu_) =
+      static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                std::chrono::system_clock::now().time_since_epoch())
+                                .count());
   RestorePoints restore_points_ GUARDED_BY(mu_);
   // Its own lock, taken before mu_: a round being planned asks HeldInMemory.
   LoadPlanner load_planner_{config_.load_plan};

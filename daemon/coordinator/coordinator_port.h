@@ -22,11 +22,17 @@ namespace ckpt {
 class CoordinatorPort {
  public:
   // Implemented by the node state; called on the daemon's loop.
+  // What the coordinator said to a registration (ckptd.v1.RegisterNodeResponse).
+  struct Registration {
+    uint64_t epoch = 0;   // stamped on every report made from now on (0: none)
+    bool fenced = false;  // this process was declared lost since its last registration
+  };
   class Handler {
    public:
     virtual ~Handler() = default;
-    // (Re)connected: re-report everything still in flight (reports are idempotent).
-    virtual void OnCoordinatorConnected() = 0;
+    // (Re)connected: re-report everything still in flight (reports are idempotent) — or, when
+    // `fenced`, end it: the coordinator ended it when it declared this node lost.
+    virtual void OnCoordinatorConnected(const Registration& registration) = 0;
     // A step decision or a writer plan.
     virtual void OnCoordinatorEvent(const ckptd::v1::CoordinatorEvent& event) = 0;
   };

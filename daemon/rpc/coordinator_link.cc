@@ -112,7 +112,9 @@ void CoordinatorLink::WatchLoop() {
       w.set_node_id(config_.node_id);
       auto reader = stub_->Watch(&ctx, w);
       // Re-report after the stream is open, so decisions about re-reported steps reach us.
-      PostToLoop([this] { handler_->OnCoordinatorConnected(); });
+      PostToLoop([this, r = Registration{resp.epoch(), resp.fenced()}] {
+        handler_->OnCoordinatorConnected(r);
+      });
       ckptd::v1::CoordinatorEvent event;
       while (reader->Read(&event)) {
         if (event.has_layout()) {

@@ -6,9 +6,10 @@
 //     id per daemon process), then holds the node's Watch stream open — that stream is the
 //     node's lease — and posts every event onto the loop (Handler::OnCoordinatorEvent). When the
 //     stream breaks it reconnects with exponential backoff (100 ms … 2 s); after every successful
-//     registration it posts Handler::OnCoordinatorConnected, on which the node state re-reports
-//     everything it still has in flight (reports are idempotent: sets of ranks and cumulative
-//     node manifests), so a restarted coordinator or a dropped connection loses nothing.
+//     registration it posts Handler::OnCoordinatorConnected with the registration's epoch (and
+//     whether this process was fenced meanwhile), on which the node state re-reports everything
+//     it still has in flight (reports are idempotent: sets of ranks and cumulative node
+//     manifests), so a restarted coordinator or a dropped connection loses nothing.
 //   * the sender thread sends reports and queries in the order they were queued, each with a
 //     deadline. A rank's registration goes by fingerprint first and with its layout only when
 //     the coordinator asks (need_layout, or later a LayoutRequest event for a registration it

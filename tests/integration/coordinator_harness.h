@@ -19,7 +19,8 @@
 
 namespace ckpt::itest {
 
-// A real ckpt-coordinator serving on unix:<socket>.
+// A real ckpt-coordinator serving on unix:<socket> — or, with `tcp`, on an ephemeral loopback
+// port (kept across restarts), for tests that cut the network (net_partition.h).
 class CoordinatorProcess {
  public:
   struct Options {
@@ -28,6 +29,7 @@ class CoordinatorProcess {
     std::string log_path;
     std::vector<std::string> flags;  // e.g. {"--step-timeout", "5s"}
     std::vector<std::string> env;    // e.g. CKPT_COORDINATOR_CRASH_AT=after-manifest
+    bool tcp = false;
   };
   explicit CoordinatorProcess(Options o) : options_(std::move(o)) { Start(); }
   ~CoordinatorProcess() {
@@ -36,7 +38,7 @@ class CoordinatorProcess {
                 << FileTail(options_.log_path, 60) << "---- end ----\n";
     }
   }
-  std::string address() const { return "unix:" + options_.socket; }
+  std::string address() const { return options_.tcp ? tcp_address_ : "unix:" + options_.socket; }
   ChildProcess& process() { return process_; }
   std::string Log() const { return ReadWholeFile(options_.log_path); }
   int Kill() {
@@ -57,10 +59,28 @@ class CoordinatorProcess {
       std::ofstream log(options_.log_path, std::ios::app);
       log << "==== harness: starting ckpt-coordinator ====\n";
     }
-    std::vector<std::string> args = {
-        "--listen", address(), "--storage-root", options_.storage_root, "--log-level", "info"};
+    const std::string listen =
+        !options_.tcp ? address() : (tcp_address_.empty() ? "127.0.0.1:0" : tcp_address_);
+    std::vector<std::string> args = {"--listen",    listen, "--storage-root", options_.storage_root,
+                                     "--log-level", "info"};
     args.insert(args.end(), options_.flags.begin(), options_.flags.end());
+    const size_t log_before = ReadWholeFile(options_.log_path).size();
     process_ = ChildProcess(binary, args, options_.log_path, options_.env);
+    if (options_.tcp) {
+      // Ready when this start's log says where it serves (polled: the log is a file).
+      const std::string ready = "ready: serving ckptd.v1.Coordinator and ckptd.v1.Admin on ";
+      std::string log;
+      REQUIRE(PollUntil([&] {
+        log = ReadWholeFile(options_.log_path).substr(log_before);
+        return log.find(ready) != std::string::npos || !process_.Alive();
+      }));
+      INFO("coordinator log:\n" << log);
+      const size_t at = log.find(ready);
+      REQUIRE(at != std::string::npos);
+      const size_t begin = at + ready.size();
+      tcp_address_ = log.substr(begin, log.find('\n', begin) - begin);
+      return;
+    }
     // Ready when the socket accepts; the retry interval grows, the deadline bounds it.
     const auto deadline = std::chrono::steady_clock::now() + kHang;
     auto pause = milliseconds(1);
@@ -82,6 +102,7 @@ class CoordinatorProcess {
 
   Options options_;
   ChildProcess process_;
+  std::string tcp_address_;  // with Options::tcp: host:port, once it served
 };
 
 // `n` daemons under `dir`, nodes "n0".."n<n-1>", pointed at `coordinator`, one shared root.

@@ -294,6 +294,9 @@ class DaemonProcess {
     std::string checksum_chunk = "1MiB";
     std::vector<std::string> flags;  // more flags, e.g. {"--keep", "2"}
     std::vector<std::string> env;    // "NAME=value", e.g. CKPTD_FAULT_INJECTION=...
+    // A command that execs the daemon, e.g. {"/usr/bin/setpriv", "--regid", "60001",
+    // "--clear-groups", "--"} (net_partition.h); empty: the daemon is started itself.
+    std::vector<std::string> launcher;
   };
 
   // Socket, root and log inside `dir`.
@@ -378,7 +381,14 @@ class DaemonProcess {
         // Tests run in parallel: no fixed TCP ports.
         "--admin", "unix:" + admin_socket(), "--metrics", "127.0.0.1:0"};
     args.insert(args.end(), options_.flags.begin(), options_.flags.end());
-    process_ = ChildProcess(binary, args, options_.log_path, options_.env);
+    if (options_.launcher.empty()) {
+      process_ = ChildProcess(binary, args, options_.log_path, options_.env);
+    } else {
+      std::vector<std::string> launched(options_.launcher.begin() + 1, options_.launcher.end());
+      launched.push_back(binary);
+      launched.insert(launched.end(), args.begin(), args.end());
+      process_ = ChildProcess(options_.launcher.front(), launched, options_.log_path, options_.env);
+    }
     {
       std::lock_guard lock(detail::Live().mu);
       detail::Live().daemons.insert(this);

@@ -173,13 +173,7 @@ TEST_CASE(
   // Its rank trains on: once every node has its holder again (a node that was lost is planned
   // afresh), a persisted step 3 on every rank commits and is replicated, and restores
   // bit-exactly on every rank.
-  WaitForHolders(nodes, 1);
-  for (auto& r : ranks) REQUIRE_OK(r->SaveStep(3));
-  for (auto& r : ranks) {
-    REQUIRE_OK(r->WaitCommitted(3));
-    REQUIRE_OK(r->client().Wait(3, WaitState::kReplicated, std::chrono::seconds(60)));
-  }
-  LoadEveryRankAndCheck(ranks, 3);
+  TrainsOn(nodes, ranks, 3);
 }
 
 }  // namespace

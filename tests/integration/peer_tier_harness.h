@@ -85,15 +85,20 @@ inline std::vector<std::string> CopiesOf(const CoordinatorProcess& coordinator, 
   return {};
 }
 
-// Whether the coordinator has node `id`'s event stream open.
-inline bool Connected(const CoordinatorProcess& coordinator, const std::string& id) {
+// What the coordinator's status says of node `id` (empty when it lists no such node).
+inline ckptd::v1::NodeStatus NodeOn(const CoordinatorProcess& coordinator, const std::string& id) {
   auto admin = ckptd::v1::Admin::NewStub(
       grpc::CreateChannel(coordinator.address(), grpc::InsecureChannelCredentials()));
   const auto status = GetStatus(*admin);
   for (const auto& n : status.nodes()) {
-    if (n.node_id() == id) return n.connected();
+    if (n.node_id() == id) return n;
   }
-  return false;
+  return {};
+}
+
+// Whether the coordinator has node `id`'s event stream open.
+inline bool Connected(const CoordinatorProcess& coordinator, const std::string& id) {
+  return NodeOn(coordinator, id).connected();
 }
 
 inline bool Has(const std::vector<std::string>& v, const std::string& x) {
@@ -112,6 +117,19 @@ inline void LoadEveryRankAndCheck(std::vector<std::unique_ptr<ModelRank>>& ranks
     REQUIRE_OK(mismatches);
     CHECK(*mismatches == 0);
   }
+}
+
+// The tier trains on after a failure: once every node has its holder again, a persisted `step` on
+// every rank commits, is replicated, and restores bit-exactly on every rank.
+inline void TrainsOn(const std::vector<std::unique_ptr<DaemonProcess>>& nodes,
+                     std::vector<std::unique_ptr<ModelRank>>& ranks, uint64_t step) {
+  WaitForHolders(nodes, 1);
+  for (auto& r : ranks) REQUIRE_OK(r->SaveStep(step));
+  for (auto& r : ranks) {
+    REQUIRE_OK(r->WaitCommitted(step));
+    REQUIRE_OK(r->client().Wait(step, WaitState::kReplicated, std::chrono::seconds(60)));
+  }
+  LoadEveryRankAndCheck(ranks, step);
 }
 
 // A fresh daemon (node id `id`, nothing in memory) joining the tier of `t`: a lost node's

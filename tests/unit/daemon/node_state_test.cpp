@@ -496,6 +496,39 @@ TEST_CASE(
   CHECK(d.LatestFile() == std::optional<std::string>("2\n"));
 }
 
+TEST_CASE(
+    "NodeState: a fenced registration ends the steps in flight as the coordinator decides: "
+    "aborted, or committed when every rank had persisted",
+    "[daemon][node_state]") {
+  TempDir dir;
+  Daemon d(dir / "root");
+  RankMemory rank0(d.mappings, 0, 2, 3);
+  RankMemory rank1(d.mappings, 1, 2, 3);
+  // Step 1: both ranks persisted, the commit under way (its MANIFEST write held).
+  d.faults.LimitFaultsTo("MANIFEST");
+  d.faults.StallWriteNumber(1);
+  REQUIRE_OK(d.Save(1, 0, 2, rank0, 31));
+  REQUIRE_OK(d.Save(1, 1, 2, rank1, 32));
+  REQUIRE(d.RunUntil([&] { return d.faults.stalled_writes() >= 1; }));
+  // Step 2: rank 0 only.
+  REQUIRE_OK(d.Save(2, 0, 2, rank0, 31));
+  REQUIRE_OK(d.WaitCaptured(2, 0));
+
+  // The coordinator declared this node lost meanwhile (frozen or cut off past its lease).
+  d.node->OnCoordinatorConnected({.epoch = 0, .fenced = true});
+  const Status two = d.Wait(2);
+  CHECK(two.code() == StatusCode::kAborted);
+  CHECK_THAT(two.message(), Contains("declared lost by the coordinator"));
+  // Step 1 was not failed here: it commits, as the coordinator decides.
+  d.faults.ReleaseStalls();
+  CHECK_OK(d.Wait(1));
+  CHECK(d.LatestFile() == std::optional<std::string>("1\n"));
+  // The next step commits as usual.
+  REQUIRE_OK(d.Save(3, 0, 2, rank0, 31));
+  REQUIRE_OK(d.Save(3, 1, 2, rank1, 32));
+  CHECK_OK(d.Wait(3));
+}
+
 TEST_CASE("NodeState: Drain refuses new saves and runs idle once no step is in flight",
           "[daemon][node_state]") {
   TempDir dir;

@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <filesystem>
 #include <mutex>
+#include <thread>
 
 #include "common/atomic_file.h"
 #include "common/manifest_io.h"
@@ -217,6 +218,122 @@ TEST_CASE("CoordinatorCore aborts the steps of a node whose lease expired", "[co
   CHECK(d->state() == pb::STEP_STATE_ABORTED);
   CHECK_THAT(d->reason(), Contains("node 'b' was lost"));
   CHECK_THAT(d->reason(), Contains("[2, 3]"));
+}
+
+TEST_CASE(
+    "CoordinatorCore fences a node declared lost: reports from its earlier epoch are refused, "
+    "and it registers into a new one",
+    "[coordinator_core]") {
+  Fixture f(std::chrono::minutes(1), std::chrono::milliseconds(20));
+  f.Start({"a", "b"});
+  auto register_b = [&](const std::string& instance) {
+    pb::RegisterNodeRequest req;
+    req.set_node_id("b");
+    req.set_instance(instance);
+    auto resp = f.core->RegisterNode(req, "test");
+    REQUIRE(resp.ok());
+    return *resp;
+  };
+  auto report_b = [&](uint64_t step, uint64_t epoch) {
+    pb::ReportRanksRequest req;
+    req.set_node_id("b");
+    req.set_job("j");
+    req.set_step(step);
+    req.set_world_size(4);
+    req.set_state(pb::STEP_STATE_PENDING);
+    req.add_ranks(2);
+    req.set_epoch(epoch);
+    return f.core->ReportRanks(req);
+  };
+  auto known = [&](uint64_t step) {
+    for (const auto& s : f.core->TakeSnapshot().steps) {
+      if (s.step == step) return true;
+    }
+    return false;
+  };
+  // Reconnecting within the lease keeps the epoch: its reports in flight stand.
+  const auto first = register_b("i-b");
+  const uint64_t e1 = first.epoch();
+  CHECK(e1 > 0);
+  CHECK_FALSE(first.fenced());
+  CHECK(register_b("i-b").epoch() == e1);
+  REQUIRE(report_b(3, e1).ok());
+  f.Saved("a", 3, 4, {0, 1});
+
+  // Its stream ends and stays down past the lease: lost, its step 3 aborted.
+  f.core->DetachNode("b", f.sinks["b"].get());
+  auto d = f.sinks["a"]->WaitTerminal("j", 3);
+  REQUIRE(d);
+  CHECK(d->state() == pb::STEP_STATE_ABORTED);
+
+  // Woken up, its queued reports from epoch e1 are refused and start nothing.
+  auto stale = report_b(4, e1);
+  REQUIRE_FALSE(stale.ok());
+  CHECK(stale.status().code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(stale.status().message(), Contains("declared the node lost"));
+  CHECK_FALSE(known(4));
+
+  // It registers again (the same process): told it was fenced, in a new epoch whose reports
+  // count; the old epoch's stay refused.
+  const auto again = register_b("i-b");
+  CHECK(again.fenced());
+  const uint64_t e2 = again.epoch();
+  CHECK(e2 > e1);
+  REQUIRE(report_b(5, e2).ok());
+  CHECK(known(5));
+  CHECK_FALSE(report_b(6, e1).ok());
+  // Until it attaches, every registration says so (the first answer may have been lost); once
+  // it attached, no more.
+  const auto repeated = register_b("i-b");
+  CHECK(repeated.fenced());
+  CHECK(repeated.epoch() == e2);
+  auto sink = std::make_shared<RecordingSink>();
+  REQUIRE(f.core->AttachNode("b", sink).ok());
+  CHECK_FALSE(register_b("i-b").fenced());
+
+  // Its lease runs out between a registration and its attach: the attach is refused, and the
+  // next registration is fenced into a new epoch.
+  f.core->DetachNode("b", sink.get());
+  const auto late = register_b("i-b");
+  CHECK_FALSE(late.fenced());
+  CHECK(late.epoch() == e2);
+  auto lost_now = [&] {
+    for (const auto& n : f.core->TakeSnapshot().nodes) {
+      if (n.node_id == "b") return n.lost;
+    }
+    return false;
+  };
+  for (int i = 0; i < 10000 && !lost_now(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // the 20 ms lease's timer
+  }
+  REQUIRE(lost_now());
+  const Status attach = f.core->AttachNode("b", std::make_shared<RecordingSink>());
+  CHECK(attach.code() == StatusCode::kFailedPrecondition);
+  const auto e3 = register_b("i-b");
+  CHECK(e3.fenced());
+  CHECK(e3.epoch() > e2);
+  CHECK_FALSE(report_b(8, e2).ok());
+
+  // A restarted daemon (a new instance) starts a new epoch too, but was not fenced: the
+  // process that held e3 is gone, and its reports are refused.
+  const auto restarted = register_b("i-b2");
+  CHECK_FALSE(restarted.fenced());
+  CHECK(restarted.epoch() > e3.epoch());
+  CHECK_FALSE(report_b(7, e3.epoch()).ok());
+  CHECK(report_b(7, restarted.epoch()).ok());
+
+  // A restarted coordinator's epochs are above its predecessor's.
+  CoordinatorCore::Config other_config = f.config;
+  other_config.storage_root = f.dir / "other-root";
+  CoordinatorCore other(other_config, PosixFileSystem());
+  REQUIRE(other.Start().ok());
+  pb::RegisterNodeRequest req;
+  req.set_node_id("b");
+  req.set_instance("i-b2");
+  auto fresh = other.RegisterNode(req, "test");
+  REQUIRE(fresh.ok());
+  CHECK(fresh->epoch() > restarted.epoch());
+  CHECK_FALSE(fresh->fenced());
 }
 
 TEST_CASE("CoordinatorCore recovery commits fully persisted steps and removes the rest",
@@ -441,7 +558,7 @@ TEST_CASE(
 
 TEST_CASE("CoordinatorCore never leaves a replication unanswered: unknown steps and the deadline",
           "[coordinator_core]") {
-  Fixture f(std::chrono::milliseconds(50));
+  Fixture f(std::chrono::milliseconds(250));  // the step timeout is the replication deadline too
   f.Start({"a", "b"});
   // A step it has no record of (e.g. it restarted): answered not replicated at once.
   const auto unknown = f.Report("a", 9, 2, {0}, pb::STEP_STATE_REPLICATED);
@@ -456,7 +573,7 @@ TEST_CASE("CoordinatorCore never leaves a replication unanswered: unknown steps 
   const auto decided = f.sinks["b"]->WaitReplication("j", 1);
   REQUIRE(decided);
   CHECK(decided->not_replicated());
-  CHECK_THAT(decided->reason(), Contains("[1] not replicated within 50 ms"));
+  CHECK_THAT(decided->reason(), Contains("[1] not replicated within 250 ms"));
   // Its late report hears the decision in the answer.
   const auto late = f.Report("b", 1, 2, {1}, pb::STEP_STATE_REPLICATED);
   CHECK(late.decision().not_replicated());

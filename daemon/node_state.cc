@@ -15,16 +15,24 @@ using ckptd::v1::StepState;
 
 namespace {
 
+// What every report of a step says: the step, its state, and the epoch it was made in.
+ckptd::v1::ReportRanksRequest StepReport(const std::string& job, uint64_t step, uint32_t world_size,
+                                         StepState state, bool memory_only, uint64_t epoch) {
+  ckptd::v1::ReportRanksRequest req;
+  req.set_job(job);
+  req.set_step(step);
+  req.set_world_size(world_size);
+  req.set_state(state);
+  req.set_memory_only(memory_only);
+  req.set_epoch(epoch);
+  return req;
+}
+
 // The PERSISTED report of a node manifest: every rank in it, and the manifest as reported.
 ckptd::v1::ReportRanksRequest PersistedReport(const ckptd::v1::NodeManifest& m, uint32_t world_size,
                                               bool memory_only, uint64_t epoch) {
-  ckptd::v1::ReportRanksRequest req;
-  req.set_epoch(epoch);
-  req.set_job(m.job());
-  req.set_step(m.step());
-  req.set_world_size(world_size);
-  req.set_state(ckptd::v1::STEP_STATE_PERSISTED);
-  req.set_memory_only(memory_only);
+  auto req = StepReport(m.job(), m.step(), world_size, ckptd::v1::STEP_STATE_PERSISTED, memory_only,
+                        epoch);
   for (const auto& r : m.ranks()) req.add_ranks(r.rank());
   *req.mutable_node_manifest() = NodeManifestForReport(m);
   return req;
@@ -399,13 +407,8 @@ void NodeState::ReportReplicated(const Step& s, uint32_t rank,
   // Decided not replicated already: another failure adds nothing (a success still tells where
   // the rank's copies are, for restores).
   if (!reason.empty() && s.not_replicated) return;
-  ckptd::v1::ReportRanksRequest req;
-  req.set_job(s.job);
-  req.set_step(s.step);
-  req.set_world_size(s.world_size);
-  req.set_state(ckptd::v1::STEP_STATE_REPLICATED);
-  req.set_memory_only(s.memory_only);
-  req.set_epoch(epoch_);
+  auto req = StepReport(s.job, s.step, s.world_size, ckptd::v1::STEP_STATE_REPLICATED,
+                        s.memory_only, epoch_);
   req.add_ranks(rank);
   for (const auto& h : holders) req.add_holders(h);
   req.set_reason(std::move(reason));
@@ -818,10 +821,14 @@ void NodeState::CheckDrained() {
 
 void NodeState::FailLocally(Step& s, StepState state, const std::string& reason) {
   if (Terminal(s.state)) return;
+  Report(s, state, RanksOf(s), reason);
+  FailStep(s, state, reason);
+}
+
+std::vector<uint32_t> NodeState::RanksOf(const Step& s) {
   std::vector<uint32_t> ranks;
   for (const auto& [r, rs] : s.ranks) ranks.push_back(r);
-  Report(s, state, std::move(ranks), reason);
-  FailStep(s, state, reason);
+  return ranks;
 }
 
 void NodeState::Report(const Step& s, StepState state, std::vector<uint32_t> ranks,
@@ -830,16 +837,10 @@ void NodeState::Report(const Step& s, StepState state, std::vector<uint32_t> ran
   if (s.fenced && state != ckptd::v1::STEP_STATE_ABORTED && state != ckptd::v1::STEP_STATE_FAILED) {
     return;
   }
-  ckptd::v1::ReportRanksRequest req;
-  req.set_job(s.job);
-  req.set_step(s.step);
-  req.set_world_size(s.world_size);
-  req.set_state(state);
+  auto req = StepReport(s.job, s.step, s.world_size, state, s.memory_only, epoch_);
   for (uint32_t r : ranks) req.add_ranks(r);
   req.set_reason(std::move(reason));
   req.set_skipped(s.skipped);
-  req.set_memory_only(s.memory_only);
-  req.set_epoch(epoch_);
   link_->ReportRanks(std::move(req));
 }
 
@@ -919,10 +920,8 @@ void NodeState::ReportMemoryStepsAgain(const Job& j) {
     const Step& s = it->second;
     if (!s.memory_only || s.state != ckptd::v1::STEP_STATE_REPLICATED || !s.memory_keep) continue;
     ++reported;
-    std::vector<uint32_t> ranks;
-    for (const auto& [r, rs] : s.ranks) ranks.push_back(r);
-    Report(s, ckptd::v1::STEP_STATE_PENDING, ranks);
-    Report(s, ckptd::v1::STEP_STATE_CAPTURED, ranks);
+    Report(s, ckptd::v1::STEP_STATE_PENDING, RanksOf(s));
+    Report(s, ckptd::v1::STEP_STATE_CAPTURED, RanksOf(s));
     ReportPersisted(s);
     for (const auto& [r, rs] : s.ranks) {
       if (rs.replicated) ReportReplicated(s, r, rs.replica_holders, "");
@@ -948,9 +947,7 @@ void NodeState::FenceSteps() {
 void NodeState::ReportFenced(const Step& s) {
   // Not failed here: a step every rank of which was persisted before the node was lost still
   // commits there, and the coordinator answers with its decision either way.
-  std::vector<uint32_t> ranks;
-  for (const auto& [r, rs] : s.ranks) ranks.push_back(r);
-  Report(s, ckptd::v1::STEP_STATE_ABORTED, std::move(ranks),
+  Report(s, ckptd::v1::STEP_STATE_ABORTED, RanksOf(s),
          "this node was declared lost by the coordinator while it held the step (frozen or cut "
          "off for longer than its lease): what it had in flight then is fenced; save a later "
          "step");
@@ -980,9 +977,7 @@ void NodeState::OnCoordinatorConnected(const CoordinatorPort::Registration& regi
         // decision the step's files are never cleaned up (MaybeCleanup waits for it). Report
         // the failure again; the answer carries the decision.
         if (s.state != ckptd::v1::STEP_STATE_COMMITTED && !s.decided_globally) {
-          std::vector<uint32_t> ranks;
-          for (const auto& [r, rs] : s.ranks) ranks.push_back(r);
-          Report(s, s.state, std::move(ranks), s.reason);
+          Report(s, s.state, RanksOf(s), s.reason);
         }
         continue;
       }

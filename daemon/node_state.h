@@ -270,6 +270,7 @@ class NodeState : public CoordinatorPort::Handler {
     std::map<uint32_t, std::pair<uint64_t, uint32_t>> restore_askers;
   };
   Job& JobNamed(const std::string& name);
+  static std::vector<uint32_t> RanksOf(const Step& s);  // every rank saved here
   void Report(const Step& s, ckptd::v1::StepState state, std::vector<uint32_t> ranks,
               std::string reason = {});
   void ReportNodeManifest(Step& s);

@@ -83,7 +83,8 @@ Result<ckptd::v1::NodeManifest> BuildNodeManifest(const std::string& job, uint64
   return m;
 }
 
-ckptd::v1::NodeManifest NodeManifestForReport(const ckptd::v1::NodeManifest& m) {
+ckptd::v1::NodeManifest NodeManifestForReport(const ckptd::v1::NodeManifest& m,
+                                              SkippedShards skips) {
   ckptd::v1::NodeManifest report;
   report.set_format_version(m.format_version());
   report.set_job(m.job());
@@ -92,6 +93,10 @@ ckptd::v1::NodeManifest NodeManifestForReport(const ckptd::v1::NodeManifest& m) 
   report.set_node_id(m.node_id());
   *report.mutable_tensors() = m.tensors();
   *report.mutable_ranks() = m.ranks();
+  if (skips == SkippedShards::kListed) {
+    *report.mutable_skipped() = m.skipped();
+    return report;
+  }
   *report.mutable_skipped_under() = m.skipped_under();
   // A rank that skipped under an older coordinator's plan names no registration: its list stays.
   std::set<uint32_t> named;

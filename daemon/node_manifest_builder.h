@@ -33,7 +33,11 @@ struct PersistedRank {
 // a coordinator that checks them so: WriterPlan.checks_skipped_under). At 16,384 nodes of 8
 // ranks × 2,000 tensors the lists would be ~32 M entries per step, sent again with each
 // growing report; the file keeps them for the coordinator's recovery scan.
-ckptd::v1::NodeManifest NodeManifestForReport(const ckptd::v1::NodeManifest& m);
+// `SkippedShards::kListed` keeps every list instead: a memory-only step has no file, and a
+// coordinator that restarted may hear the step before it holds the registrations again.
+enum class SkippedShards { kUnderRegistration, kListed };
+ckptd::v1::NodeManifest NodeManifestForReport(
+    const ckptd::v1::NodeManifest& m, SkippedShards skips = SkippedShards::kUnderRegistration);
 
 Result<ckptd::v1::NodeManifest> BuildNodeManifest(const std::string& job, uint64_t step,
                                                   uint32_t world_size, const std::string& node_id,

@@ -30,11 +30,12 @@ ckptd::v1::ReportRanksRequest StepReport(const std::string& job, uint64_t step, 
 
 // The PERSISTED report of a node manifest: every rank in it, and the manifest as reported.
 ckptd::v1::ReportRanksRequest PersistedReport(const ckptd::v1::NodeManifest& m, uint32_t world_size,
-                                              bool memory_only, uint64_t epoch) {
+                                              bool memory_only, uint64_t epoch,
+                                              SkippedShards skips) {
   auto req = StepReport(m.job(), m.step(), world_size, ckptd::v1::STEP_STATE_PERSISTED, memory_only,
                         epoch);
   for (const auto& r : m.ranks()) req.add_ranks(r.rank());
-  *req.mutable_node_manifest() = NodeManifestForReport(m);
+  *req.mutable_node_manifest() = NodeManifestForReport(m, skips);
   return req;
 }
 
@@ -865,7 +866,10 @@ void NodeState::ReportNodeManifest(Step& s) {
           if (!st.ok()) return {st, nullptr};
         }
         auto manifest = std::make_shared<const ckptd::v1::NodeManifest>(std::move(node).value());
-        if (report) link->ReportRanks(PersistedReport(*manifest, world_size, memory_only, epoch));
+        if (report) {
+          link->ReportRanks(PersistedReport(*manifest, world_size, memory_only, epoch,
+                                            SkippedShards::kUnderRegistration));
+        }
         return {Status::Ok(), manifest};
       },
       [this, job = s.job, step = s.step, connection = connections_](Written written) {
@@ -931,7 +935,12 @@ void NodeState::ReportMemoryStepsAgain(const Job& j) {
 
 void NodeState::ReportPersisted(const Step& s) {
   if (!s.node_manifest || s.fenced) return;
-  link_->ReportRanks(PersistedReport(*s.node_manifest, s.world_size, s.memory_only, epoch_));
+  // Sent after a reconnect, perhaps to a coordinator that restarted and resolves the ranks'
+  // registrations again only once their layouts arrive: a memory-only step, which has no node
+  // manifest file to fall back on, lists what its ranks skipped.
+  link_->ReportRanks(
+      PersistedReport(*s.node_manifest, s.world_size, s.memory_only, epoch_,
+                      s.memory_only ? SkippedShards::kListed : SkippedShards::kUnderRegistration));
 }
 
 void NodeState::FenceSteps() {

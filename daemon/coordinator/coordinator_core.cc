@@ -885,6 +885,15 @@ void CoordinatorCore::NoteSkippedLayouts(const JobRecord& j, StepRecord& s,
       s.skips_unresolved[m.node_id()].insert(under.rank());
     }
   }
+  // A report sent again after a reconnect lists a memory-only step's skipped shards (it has no
+  // file): ranks left unresolved by the node's earlier report are settled by the list, which
+  // only a merge of every node's last report sees (the earlier one is merged without it).
+  auto unresolved = s.skips_unresolved.find(m.node_id());
+  if (unresolved == s.skips_unresolved.end()) return;
+  for (const auto& k : m.skipped()) {
+    if (unresolved->second.erase(k.rank()) > 0) s.merge_stale = true;
+  }
+  if (unresolved->second.empty()) s.skips_unresolved.erase(unresolved);
 }
 
 void CoordinatorCore::MergeAsReported(StepRecord& s,

@@ -83,6 +83,13 @@ TEST_CASE("node manifest: every persisted rank's shards, extras and skips",
   ckptd::v1::NodeManifest without = *m;
   without.clear_skipped();
   CHECK(report.SerializeAsString() == without.SerializeAsString());
+  // Listed (a memory-only step's report after a reconnect): the lists, and no registration.
+  const ckptd::v1::NodeManifest listed = NodeManifestForReport(*m, SkippedShards::kListed);
+  CHECK(listed.skipped_under_size() == 0);
+  REQUIRE(listed.skipped_size() == 1);
+  CHECK(listed.skipped(0).name() == "bias");
+  CHECK(listed.skipped(0).rank() == 1);
+  CHECK(listed.ranks_size() == 2);
 
   // Under an older coordinator's plan a rank names no registration, and its list is reported.
   auto old_plan = std::make_shared<CapturePlan>(*cut);

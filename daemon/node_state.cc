@@ -245,11 +245,12 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
       [this, j = req.job, n = req.step, r = req.rank](Status st) { OnRankPersisted(j, n, r, st); });
   s.ranks[req.rank] = RankSave{req.session_id, req.pid, capture, std::move(req.extra)};
   s.ranks[req.rank].sync_input = std::move(req.sync_input);
-  if (replicas_ > 0 && holders_.size() >= replicas_) {
+  if (replicas_ > 0 && (holders_.size() >= replicas_ || holders_planning_)) {
     // Until its bytes reached the holders, a newer step must not push them out of memory (pool
     // pressure still may: capture wins, and the replication then fails and says so). Without
-    // enough holders nothing is sent, and the save costs nothing more. (Holders that arrive
-    // before the persist get an unkept send: safe, as each window is copied out under a pin.)
+    // enough holders, and none planned, nothing is sent, and the save costs nothing more.
+    // (Holders that arrive before the persist get an unkept send: safe, as each window is
+    // copied out under a pin.)
     hot_->Keep(req.job, req.step);
     s.ranks[req.rank].hot_keep = std::shared_ptr<void>(
         hot_, [job = req.job, step = req.step](HotCache* hot) { hot->Unkeep(job, step); });
@@ -349,6 +350,12 @@ void NodeState::OnRankPersisted(const std::string& job, uint64_t step, uint32_t 
 
 void NodeState::StartReplication(Step& s, uint32_t rank) {
   RankSave& rs = s.ranks[rank];
+  if (replicas_ > 0 && holders_.size() < replicas_ && holders_planning_) {
+    // This node (new, or back) is about to get holders: the rank waits for them, kept in memory,
+    // rather than be reported not replicated.
+    awaiting_holders_.emplace_back(s.job, s.step, rank);
+    return;
+  }
   std::shared_ptr<void> keep = std::move(rs.hot_keep);
   if (replicas_ == 0) {  // held here, as asked: nothing to send
     rs.replicated = true;
@@ -933,6 +940,23 @@ void NodeState::ReportMemoryStepsAgain(const Job& j) {
   }
 }
 
+void NodeState::ReplicateAwaiting() {
+  auto awaiting = std::move(awaiting_holders_);
+  awaiting_holders_.clear();
+  for (const auto& [job, step, rank] : awaiting) {
+    Step* s = FindStep(job, step);
+    if (s == nullptr || s->fenced || s->state == ckptd::v1::STEP_STATE_ABORTED ||
+        s->state == ckptd::v1::STEP_STATE_FAILED) {
+      continue;  // gone or failed meanwhile: its keep went with it
+    }
+    auto r = s->ranks.find(rank);
+    if (r == s->ranks.end() || r->second.replicated || !r->second.replication_error.empty()) {
+      continue;
+    }
+    StartReplication(*s, rank);
+  }
+}
+
 void NodeState::ReportPersisted(const Step& s) {
   if (!s.node_manifest || s.fenced) return;
   // Sent after a reconnect, perhaps to a coordinator that restarted and resolves the ranks'
@@ -1027,6 +1051,8 @@ void NodeState::OnCoordinatorEvent(const ckptd::v1::CoordinatorEvent& event) {
                        : "");
     }
     holders_ = std::move(holders);
+    holders_planning_ = event.holders().planning();
+    if (!holders_planning_ || holders_.size() >= replicas_) ReplicateAwaiting();
     return;
   }
   if (!event.has_step()) return;

@@ -39,9 +39,11 @@
 //     holders the coordinator assigned this node (HolderAssignment), from the hot cache, where
 //     its step is kept from its save until then (HotCache::Keep: pool pressure still wins); then it
 //     is reported REPLICATED, with its holders — or with the reason it could not be (too few
-//     holders, a holder full or dead, the bytes gone). With `replicas` 0 a persisted rank counts as
-//     replicated at once. The coordinator decides the step REPLICATED (or not, with that reason),
-//     and waits for the REPLICATED state end there;
+//     holders, a holder full or dead, the bytes gone). While the coordinator says it is still
+//     planning this node's holders (HolderAssignment.planning: the node is new or back), a
+//     rank without enough holders waits for them instead. With `replicas` 0 a persisted rank
+//     counts as replicated at once. The coordinator decides the step REPLICATED (or not, with
+//     that reason), and waits for the REPLICATED state end there;
 //   * a memory-only step (Save.memory_only, Python persist=False) runs the same pipeline with no
 //     storage in it: no directory, no data file, no write, no node manifest file — the slots are
 //     checksummed and adopted by the hot cache, and the node manifest goes to the coordinator in
@@ -71,6 +73,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "ckptd/v1/local.pb.h"
@@ -276,6 +279,9 @@ class NodeState : public CoordinatorPort::Handler {
   void ReportNodeManifest(Step& s);
   // The step's newest node manifest, again (after a reconnect).
   void ReportPersisted(const Step& s);
+  // The ranks that waited for this node's holders (HolderAssignment.planning), now that the
+  // coordinator's plan includes the node: replicated to them, or reported not replicated.
+  void ReplicateAwaiting();
   // The ranks' replication outcomes, again, unless the step's REPLICATED was decided.
   void ReportReplicationAgain(const Step& s);
   // The job's newest replicated memory-only steps still held here, again (after a reconnect).
@@ -338,6 +344,10 @@ class NodeState : public CoordinatorPort::Handler {
   uint32_t replicas_ = 0;
   Replicate replicate_;
   std::vector<ReplicaHolder> holders_;  // the coordinator's HolderAssignment
+  // HolderAssignment.planning: a plan that includes this node is due. Ranks persisted meanwhile
+  // without enough holders wait in `awaiting_holders_` (job, step, rank) for the next one.
+  bool holders_planning_ = false;
+  std::vector<std::tuple<std::string, uint64_t, uint32_t>> awaiting_holders_;
   LoopTasks tasks_;  // storage work and engine callbacks; last, so it is destroyed first
 };
 

@@ -27,6 +27,10 @@ const OptionTable<CoordinatorConfig>& Table() {
               config_keys::StepTimeout(&C::step_timeout),
               {"lease", "a node whose event stream stays closed this long is lost, e.g. 10s",
                Duration(&C::lease)},
+              {"holder-replan-delay",
+               "the peer tier's holders are planned again this long after a node joins, changes "
+               "or leaves (more changes meanwhile join the same plan), e.g. 100ms",
+               Duration(&C::holder_replan_delay)},
               config_keys::Metrics(&C::metrics),
           },
           config_keys::EndpointTls("", serves, "daemons", endpoint),
@@ -41,6 +45,9 @@ Status Validate(const CoordinatorConfig& c) {
   }
   if (c.step_timeout.count() <= 0) return InvalidArgument("step-timeout must be positive");
   if (c.lease.count() <= 0) return InvalidArgument("lease must be positive");
+  if (c.holder_replan_delay.count() < 0) {
+    return InvalidArgument("holder-replan-delay must not be negative");
+  }
   return Status::Ok();
 }
 

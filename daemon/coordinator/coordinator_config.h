@@ -23,6 +23,9 @@ struct CoordinatorConfig {
   uint32_t keep_every = 0;  // milestones: steps that are multiples of it are kept; 0 = none
   std::chrono::milliseconds step_timeout{std::chrono::minutes(10)};
   std::chrono::milliseconds lease{std::chrono::seconds(10)};  // a silent node is lost after it
+  // The peer tier's holder plan waits this long after a node joins, changes or leaves, for more
+  // changes to plan at once (holder_registry.h).
+  std::chrono::milliseconds holder_replan_delay{100};
   std::string metrics;        // Prometheus HTTP endpoint host:port; empty (the default): off
   std::string tls_cert;       // PEM chain; with tls_key: serve over TLS
   std::string tls_key;        //

@@ -291,6 +291,30 @@ LoadPlanner::MemoryHolders CoordinatorCore::HeldInMemoryLocked(const std::string
   return held;
 }
 
+void CoordinatorCore::PostHolderPlan(HolderRegistry::Replan replan) {
+  ++plans_in_flight_;
+  if (!plan_thread_.Post(
+          [this, replan = std::move(replan)]() mutable { PlanHolderTier(replan); })) {
+    --plans_in_flight_;  // stopping: the nodes keep the holders they have
+    cv_.NotifyAll();
+  }
+}
+
+void CoordinatorCore::PlanHolderTier(HolderRegistry::Replan& replan) {
+  const auto start = Clock::now();
+  HolderPlan plan = PlanHolders(std::move(replan.nodes), replan.replicas, replan.previous.get());
+  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  MutexLock lock(mu_);
+  --plans_in_flight_;
+  const auto changed = holders_.Apply(std::move(plan));
+  for (const std::string& node : changed) SendHolders(node);
+  if (!changed.empty()) {
+    spdlog::info("holder plan v{}: {} node(s) told new holders, planned in {:.1f} ms",
+                 holders_.version(), changed.size(), ms);
+  }
+  cv_.NotifyAll();  // the timer waits for the next plan, due again now
+}
+
 void CoordinatorCore::SendHolders(const std::string& node_id) {
   auto n = nodes_.find(node_id);
   if (n == nodes_.end() || !n->second.sink) return;  // it hears them when it attaches
@@ -1278,7 +1302,7 @@ void CoordinatorCore::TimerLoop() {
       n->second.sink->Send(e);
     }
     if (auto due = layouts_.NextDeadline()) next = std::min(next, *due);
-    for (const std::string& node : holders_.ReplanIfDue(now)) SendHolders(node);
+    if (auto replan = holders_.TakeDue(now)) PostHolderPlan(std::move(*replan));
     if (auto due = holders_.due()) next = std::min(next, *due);
     for (auto& [job, j] : jobs_) {
       for (auto& [step, s] : j.steps) {

@@ -29,7 +29,8 @@
 //   * the peer-memory tier: every node says at registration whether it can hold other nodes'
 //     steps in memory and how many holders it wants; the holder plan (holder_registry.h) is
 //     kept current as nodes come and go (a node whose event stream ended neither holds nor
-//     replicates until it registers again) and each node hears its holders (HolderAssignment). A
+//     replicates until it registers again), computed on the plan thread without the mutex, and
+//     each node hears its holders (HolderAssignment). A
 //     node replicates each rank it persisted to them and reports REPLICATED (or why not); when
 //     every rank of a step is replicated the step is decided REPLICATED — beside its state,
 //     before or after its commit — and a rank that could not be replicated decides it not
@@ -414,6 +415,10 @@ class CoordinatorCore {
   void DecideReplication(const std::string& job, StepRecord& s,
                          const ckptd::v1::CoordinatorEvent& e) REQUIRES(mu_);
   void SendHolders(const std::string& node_id) REQUIRES(mu_);
+  // The peer tier's holder plan, due (HolderRegistry::TakeDue): computed on the plan thread
+  // without the mutex, then applied and sent to the nodes whose holders changed.
+  void PostHolderPlan(HolderRegistry::Replan replan) REQUIRES(mu_);
+  void PlanHolderTier(HolderRegistry::Replan& replan) EXCLUDES(mu_);
   // The step's data files live daemons hold in memory: each rank's own node while it is attached
   // (its hot cache), then the holders its REPLICATED report named, attached ones only.
   LoadPlanner::MemoryHolders HeldInMemory(const std::string& job, uint64_t step) EXCLUDES(mu_);

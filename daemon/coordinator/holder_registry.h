@@ -8,18 +8,29 @@
 // once per `delay` (a cluster starting registers thousands of nodes in a burst: one plan, not
 // one per node), keeping every holder that is still fit (PlanHolders' stability rule), and
 // sends a HolderAssignment to each node whose holders changed. A node attaching gets its
-// current assignment at once.
+// current assignment at once. A node not in the plan in force yet (new, back, or changed) is
+// told so (HolderAssignment.planning), and told again once a plan includes it, whether or not
+// its holders changed: it holds back replication in between instead of reporting its steps
+// not replicated for want of holders it is about to get.
 //
 // A node's list is the plan's, cut to its own `--replicas` (the plan is computed for the
 // largest K asked). Holders are only nodes with an address and a budget; a node with
 // `--replicas 0` holds for others but replicates nothing.
 //
-// Thread safety: none; the coordinator calls it with its mutex held.
+// Planning is split so that the plan itself runs outside the coordinator's mutex (~40 ms at
+// 12,500 nodes, bench/coordinator/bench_holders.cc; reports would wait that long): TakeDue
+// hands out the input, one plan at a time, and Apply takes the result back. Nodes that changed
+// meanwhile have made the next plan due already, so Apply uses the result as it is, leaving
+// out the nodes gone since; dropping it instead would starve the plan under steady churn.
+//
+// Thread safety: none; the coordinator calls it with its mutex held (PlanHolders runs between
+// TakeDue and Apply without it).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -47,9 +58,22 @@ class HolderRegistry {
   // A node was lost: it neither holds nor replicates until it registers again.
   void Remove(const std::string& node_id, Clock::time_point now);
 
-  // When the plan is due (a change waits `delay` for more), or nullopt.
-  std::optional<Clock::time_point> due() const { return due_; }
-  // Replans when due by `now`; returns the nodes whose assignment changed.
+  // When the plan is due (a change waits `delay` for more), or nullopt: none due, or one in
+  // flight (the next is due once it is applied).
+  std::optional<Clock::time_point> due() const { return planning_ ? std::nullopt : due_; }
+  // A plan's input: the nodes now, the largest K asked, and the plan in force (kept stable).
+  struct Replan {
+    std::vector<HolderNode> nodes;
+    uint32_t replicas = 0;
+    std::shared_ptr<const HolderPlan> previous;
+  };
+  // The input when a plan is due by `now` and none is in flight; the plan is then in flight
+  // until Apply.
+  std::optional<Replan> TakeDue(Clock::time_point now);
+  // The plan computed from TakeDue's input (PlanHolders) takes force; returns the nodes whose
+  // assignment changed.
+  std::vector<std::string> Apply(HolderPlan plan);
+  // TakeDue, PlanHolders and Apply in one (with the caller's lock held throughout).
   std::vector<std::string> ReplanIfDue(Clock::time_point now);
 
   // What the node replicates to now (empty list: nothing); version() as of the last plan.
@@ -68,9 +92,14 @@ class HolderRegistry {
 
   const std::chrono::milliseconds delay_;
   std::map<std::string, Node> nodes_;
-  HolderPlan plan_;
+  std::shared_ptr<const HolderPlan> plan_ = std::make_shared<HolderPlan>();
+  bool planning_ = false;                                     // between TakeDue and Apply
   std::map<std::string, std::vector<std::string>> assigned_;  // node → holders, cut to its K
   std::set<std::string> readdressed_;  // since the last plan: lost, or a new peer address
+  // Nodes registered (new or changed) since the plan in flight, or the one in force, took its
+  // input; and those the plan in flight includes.
+  std::set<std::string> unplanned_;
+  std::set<std::string> in_flight_;
   uint64_t version_ = 0;
   std::optional<Clock::time_point> due_;
 };

@@ -7,11 +7,10 @@
 // With --metrics HOST:PORT it serves Prometheus text on /metrics (coordinator_metrics.h), bound
 // before the recovery scan so a taken port fails the start at once.
 //
-//   ckpt-coordinator --listen ADDR --storage-root DIR [--keep N] [--keep-every M] [--step-timeout
-//   10m]
-//                    [--lease 10s] [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]
-//                    [--allow-plaintext] [--admin-read-only] [--metrics HOST:PORT] [--log-level
-//                    info]
+//   ckpt-coordinator --listen ADDR --storage-root DIR [--keep N] [--keep-every M]
+//                    [--step-timeout 10m] [--lease 10s] [--holder-replan-delay 100ms]
+//                    [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]] [--allow-plaintext]
+//                    [--admin-read-only] [--metrics HOST:PORT] [--log-level info]
 //                    [--config FILE] [--print-config]
 // Every flag is also a key of the --config YAML file (coordinator_config.h).
 #include <unistd.h>
@@ -67,6 +66,7 @@ int main(int argc, char** argv) {
   config.keep = flags.keep;
   config.step_timeout = flags.step_timeout;
   config.lease = flags.lease;
+  config.holder_replan_delay = flags.holder_replan_delay;
   config.writer = std::string("ckpt-coordinator ") + ckpt::kVersion;
   ckpt::CoordinatorMetrics metrics(ckpt::kVersion);
   if (!flags.metrics.empty()) {

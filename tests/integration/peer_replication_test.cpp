@@ -4,7 +4,8 @@
 // rank persisted is copied into its holder's memory, and the step is decided replicated. What a
 // holder keeps is the rank's data file byte for byte: with the file gone from storage, the holder
 // still serves it. A daemon asking for more holders than there are other nodes hears why its
-// steps are not replicated.
+// steps are not replicated; one that saves before the coordinator planned its holders waits for
+// them instead.
 #include "tests/integration/peer_tier_harness.h"  // first: it configures Catch
 
 #include <filesystem>
@@ -132,6 +133,24 @@ TEST_CASE("peer tier: a holder keeps each node's newest two steps, not every ste
   CHECK(held_after[2] == 2 * one_step);
   CHECK(held_after[3] == 2 * one_step);
   CHECK(held_after[4] == 2 * one_step);
+}
+
+TEST_CASE(
+    "peer tier: a node that saves before the coordinator planned its holders replicates once "
+    "they come, instead of reporting the step not replicated",
+    "[peer_tier]") {
+  // A long replan delay makes the window certain: the late node registers, saves and persists
+  // well within it.
+  Tier t(kNodes, "1", 1, 1, {"--holder-replan-delay", "3s"});
+  auto late = JoinTier(t, "n3");
+  ModelRank rank(late->socket(), "late-job", 0, 1, 1, kTensors);
+  CHECK(StatusOf(*late).peer().holders_size() == 0);  // not planned yet
+  REQUIRE_OK(rank.SaveStep(1, /*persist=*/false));
+  REQUIRE_OK(rank.client().Wait(1, WaitState::kReplicated, std::chrono::seconds(60)));
+  CHECK(StatusOf(*late).peer().holders_size() == 1);
+  auto mismatches = rank.LoadAndCheck(1);
+  REQUIRE_OK(mismatches);
+  CHECK(*mismatches == 0);
 }
 
 TEST_CASE("peer tier: a replacement node restores a lost node's ranks from memory, not storage",

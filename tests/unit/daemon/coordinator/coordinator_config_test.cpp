@@ -23,10 +23,20 @@ using ckpt::testing::WriteFile;
 using std::chrono::milliseconds;
 
 // Every key ckpt-coordinator has ever accepted (deploy/ and the integration tests use them).
-const char* const kKeys[] = {
-    "listen",          "storage-root",    "keep",     "keep-every", "step-timeout",
-    "lease",           "metrics",         "tls-cert", "tls-key",    "tls-client-ca",
-    "allow-plaintext", "admin-read-only", "log-level"};
+const char* const kKeys[] = {"listen",
+                             "storage-root",
+                             "keep",
+                             "keep-every",
+                             "step-timeout",
+                             "lease",
+                             "holder-replan-delay",
+                             "metrics",
+                             "tls-cert",
+                             "tls-key",
+                             "tls-client-ca",
+                             "allow-plaintext",
+                             "admin-read-only",
+                             "log-level"};
 
 constexpr auto Load = testing::LoadConfig<CoordinatorConfig, LoadCoordinatorConfig>;
 constexpr auto LoadOk = testing::LoadConfigOk<CoordinatorConfig, LoadCoordinatorConfig>;
@@ -39,6 +49,7 @@ TEST_CASE("coordinator config: flags and their defaults", "[coordinator_config]"
   CHECK(d.keep == 0);
   CHECK(d.step_timeout == milliseconds(10 * 60 * 1000));
   CHECK(d.lease == milliseconds(10 * 1000));
+  CHECK(d.holder_replan_delay == milliseconds(100));
   CHECK(d.tls_cert.empty());
   CHECK(d.tls_key.empty());
   CHECK(d.tls_client_ca.empty());
@@ -64,6 +75,10 @@ TEST_CASE("coordinator config: flags and their defaults", "[coordinator_config]"
   // --allow-plaintext is a switch: alone it means true, and it may also be given a value.
   CHECK(LoadOk({"--storage-root", "r", "--allow-plaintext"}).allow_plaintext);
   CHECK(LoadOk({"--allow-plaintext", "--storage-root", "r"}).allow_plaintext);
+  CHECK(LoadOk({"--storage-root", "r", "--holder-replan-delay", "2s"}).holder_replan_delay ==
+        milliseconds(2000));
+  CHECK(LoadOk({"--storage-root", "r", "--holder-replan-delay", "0s"}).holder_replan_delay ==
+        milliseconds(0));
   CHECK_FALSE(LoadOk({"--storage-root", "r", "--allow-plaintext=false"}).allow_plaintext);
   // A repeated flag: the last wins.
   CHECK(LoadOk({"--storage-root", "a", "--storage-root", "b"}).storage_root == "b");

@@ -109,6 +109,53 @@ TEST_CASE("HolderRegistry: a lost holder is replaced, a holder back at a new add
   }
 }
 
+TEST_CASE("HolderRegistry: a plan computed off the lock takes force with what changed meanwhile",
+          "[holders]") {
+  HolderRegistry r(milliseconds(10));
+  const auto t = Clock::now();
+  for (const char* node : {"a", "b", "c"}) r.Set(node, Holder(std::string(node) + ":1"), t);
+  CHECK(r.AssignmentFor("a").planning());  // not in a plan yet: it holds back replication
+  auto replan = r.TakeDue(t + milliseconds(10));
+  REQUIRE(replan);
+  CHECK(replan->nodes.size() == 3);
+  CHECK(replan->replicas == 1);
+  CHECK(r.AssignmentFor("a").planning());
+  // One plan at a time: none is due while it is in flight, even after more changes.
+  r.Remove("b", t + milliseconds(11));
+  r.Set("d", Holder("d:1"), t + milliseconds(11));
+  CHECK_FALSE(r.due());
+  CHECK_FALSE(r.TakeDue(t + milliseconds(100)));
+  // The plan, computed without the registry (as the coordinator's plan thread does).
+  const auto changed =
+      r.Apply(PlanHolders(std::move(replan->nodes), replan->replicas, replan->previous.get()));
+  // 'b' left meanwhile: nobody is told it holds, nor is it given holders; 'd' waits for the next
+  // plan, due now.
+  CHECK(std::count(changed.begin(), changed.end(), "b") == 0);
+  for (const char* node : {"a", "c"}) {
+    for (const auto& h : r.HoldersOf(node)) CHECK(h != "b");
+  }
+  CHECK(r.HoldersOf("b").empty());
+  CHECK(r.HoldersOf("d").empty());
+  CHECK(std::count(changed.begin(), changed.end(), "a") == 1);
+  CHECK_FALSE(r.AssignmentFor("a").planning());
+  CHECK(r.AssignmentFor("d").planning());  // registered after the plan took its input
+  REQUIRE(r.due());
+  CHECK(*r.due() == t + milliseconds(21));
+  r.ReplanIfDue(t + milliseconds(21));
+  CHECK(r.HoldersOf("a").size() == 1);
+  CHECK(r.HoldersOf("c").size() == 1);
+  CHECK(r.HoldersOf("d").size() == 1);
+  CHECK_FALSE(r.AssignmentFor("d").planning());
+
+  // A node whose holders the plan leaves as they were (none: it replicates nothing) is still
+  // told once the plan includes it, so that it stops waiting.
+  r.Set("z", Holder("z:1", 0), t + milliseconds(30));
+  CHECK(r.AssignmentFor("z").planning());
+  const auto told = r.ReplanIfDue(t + milliseconds(40));
+  CHECK(std::count(told.begin(), told.end(), "z") == 1);
+  CHECK_FALSE(r.AssignmentFor("z").planning());
+}
+
 TEST_CASE("HolderRegistry: holders outside the failure domain, and same-domain ones named",
           "[holders]") {
   HolderRegistry r(milliseconds(0));

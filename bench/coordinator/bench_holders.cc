@@ -57,10 +57,9 @@ double LockedMs(ckpt::HolderRegistry& r) {
   const auto t0 = Clock::now();
   auto replan = r.TakeDue(Clock::now());
   const auto t1 = Clock::now();
-  HolderPlan plan =
-      ckpt::PlanHolders(std::move(replan->nodes), replan->replicas, replan->previous.get());
+  auto planned = ckpt::HolderRegistry::Plan(*replan);
   const auto t2 = Clock::now();
-  r.Apply(std::move(plan));
+  r.Apply(planned);
   const auto t3 = Clock::now();
   return std::chrono::duration<double, std::milli>((t1 - t0) + (t3 - t2)).count();
 }

@@ -293,26 +293,28 @@ LoadPlanner::MemoryHolders CoordinatorCore::HeldInMemoryLocked(const std::string
 
 void CoordinatorCore::PostHolderPlan(HolderRegistry::Replan replan) {
   ++plans_in_flight_;
-  if (!plan_thread_.Post(
-          [this, replan = std::move(replan)]() mutable { PlanHolderTier(replan); })) {
+  if (!plan_thread_.Post([this, replan = std::move(replan)] { PlanHolderTier(replan); })) {
     --plans_in_flight_;  // stopping: the nodes keep the holders they have
     cv_.NotifyAll();
   }
 }
 
-void CoordinatorCore::PlanHolderTier(HolderRegistry::Replan& replan) {
+void CoordinatorCore::PlanHolderTier(const HolderRegistry::Replan& replan) {
   const auto start = Clock::now();
-  HolderPlan plan = PlanHolders(std::move(replan.nodes), replan.replicas, replan.previous.get());
+  HolderRegistry::Planned planned = HolderRegistry::Plan(replan);
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-  MutexLock lock(mu_);
-  --plans_in_flight_;
-  const auto changed = holders_.Apply(std::move(plan));
-  for (const std::string& node : changed) SendHolders(node);
-  if (!changed.empty()) {
-    spdlog::info("holder plan v{}: {} node(s) told new holders, planned in {:.1f} ms",
-                 holders_.version(), changed.size(), ms);
+  {
+    MutexLock lock(mu_);
+    --plans_in_flight_;
+    const auto told = holders_.Apply(planned);
+    for (const std::string& node : told) SendHolders(node);
+    if (!told.empty()) {
+      spdlog::info("holder plan v{}: {} node(s) told their holders, planned in {:.1f} ms",
+                   holders_.version(), told.size(), ms);
+    }
+    cv_.NotifyAll();  // the timer waits for the next plan, due again now
   }
-  cv_.NotifyAll();  // the timer waits for the next plan, due again now
+  // What the plan replaced (`planned`, and the snapshots in `replan`) is freed here, unlocked.
 }
 
 void CoordinatorCore::SendHolders(const std::string& node_id) {

@@ -418,7 +418,7 @@ class CoordinatorCore {
   // The peer tier's holder plan, due (HolderRegistry::TakeDue): computed on the plan thread
   // without the mutex, then applied and sent to the nodes whose holders changed.
   void PostHolderPlan(HolderRegistry::Replan replan) REQUIRES(mu_);
-  void PlanHolderTier(HolderRegistry::Replan& replan) EXCLUDES(mu_);
+  void PlanHolderTier(const HolderRegistry::Replan& replan) EXCLUDES(mu_);
   // The step's data files live daemons hold in memory: each rank's own node while it is attached
   // (its hot cache), then the holders its REPLICATED report named, attached ones only.
   LoadPlanner::MemoryHolders HeldInMemory(const std::string& job, uint64_t step) EXCLUDES(mu_);

@@ -17,9 +17,10 @@
 // largest K asked). Holders are only nodes with an address and a budget; a node with
 // `--replicas 0` holds for others but replicates nothing.
 //
-// Planning is split so that the plan itself runs outside the coordinator's mutex (~40 ms at
-// 12,500 nodes, bench/coordinator/bench_holders.cc; reports would wait that long): TakeDue
-// hands out the input, one plan at a time, and Apply takes the result back. Nodes that changed
+// Planning is split so that the work runs outside the coordinator's mutex (~40 ms at 12,500
+// nodes, bench/coordinator/bench_holders.cc; reports would wait that long): TakeDue hands out
+// the input in O(1) (shared, immutable snapshots), one plan at a time; Plan computes the plan,
+// each node's list and which lists changed; Apply puts the result in force. Nodes that changed
 // meanwhile have made the next plan due already, so Apply uses the result as it is, leaving
 // out the nodes gone since; dropping it instead would starve the plan under steady churn.
 //
@@ -61,19 +62,35 @@ class HolderRegistry {
   // When the plan is due (a change waits `delay` for more), or nullopt: none due, or one in
   // flight (the next is due once it is applied).
   std::optional<Clock::time_point> due() const { return planning_ ? std::nullopt : due_; }
-  // A plan's input: the nodes now, the largest K asked, and the plan in force (kept stable).
+
+  using Nodes = std::map<std::string, Node>;
+  using Assignments = std::map<std::string, std::vector<std::string>>;  // node → its holders
+  // A plan's input, taken in O(1): the nodes now and the plan and assignments in force, shared
+  // and immutable (a change while the plan is in flight copies the nodes first).
   struct Replan {
-    std::vector<HolderNode> nodes;
-    uint32_t replicas = 0;
+    std::shared_ptr<const Nodes> nodes;
     std::shared_ptr<const HolderPlan> previous;
+    std::shared_ptr<const Assignments> assigned;
+    std::set<std::string> readdressed;  // holders whose nodes must hear them again
   };
+  // What Plan computed; after Apply it holds what Apply replaced, to be freed off the lock.
+  struct Planned {
+    HolderPlan plan;
+    Assignments assigned;
+    std::vector<std::string> changed;  // nodes whose list differs from the one in force
+    std::shared_ptr<const Assignments> replaced;
+  };
+
   // The input when a plan is due by `now` and none is in flight; the plan is then in flight
   // until Apply.
   std::optional<Replan> TakeDue(Clock::time_point now);
-  // The plan computed from TakeDue's input (PlanHolders) takes force; returns the nodes whose
-  // assignment changed.
-  std::vector<std::string> Apply(HolderPlan plan);
-  // TakeDue, PlanHolders and Apply in one (with the caller's lock held throughout).
+  // The plan (PlanHolders) and each node's list cut to its --replicas, compared with the lists
+  // in force: the expensive part, which needs no lock (a pure function of `replan`).
+  static Planned Plan(const Replan& replan);
+  // Puts a plan made from TakeDue's input in force, leaving out the nodes that left since;
+  // returns the nodes to tell their assignment. O(nodes told) when no node left meanwhile.
+  std::vector<std::string> Apply(Planned& planned);
+  // TakeDue, Plan and Apply in one (with the caller's lock held throughout).
   std::vector<std::string> ReplanIfDue(Clock::time_point now);
 
   // What the node replicates to now (empty list: nothing); version() as of the last plan.
@@ -83,23 +100,26 @@ class HolderRegistry {
   uint64_t version() const { return version_; }
   // The node's data plane as it registered it ("" when unknown or none).
   std::string AddressOf(const std::string& node_id) const {
-    auto it = nodes_.find(node_id);
-    return it == nodes_.end() ? std::string() : it->second.peer_address;
+    auto it = nodes_->find(node_id);
+    return it == nodes_->end() ? std::string() : it->second.peer_address;
   }
 
  private:
   void MarkDue(Clock::time_point now);
+  // The nodes to change: a copy first when a plan in flight still reads them.
+  Nodes& MutableNodes();
 
   const std::chrono::milliseconds delay_;
-  std::map<std::string, Node> nodes_;
+  std::shared_ptr<Nodes> nodes_ = std::make_shared<Nodes>();
   std::shared_ptr<const HolderPlan> plan_ = std::make_shared<HolderPlan>();
-  bool planning_ = false;                                     // between TakeDue and Apply
-  std::map<std::string, std::vector<std::string>> assigned_;  // node → holders, cut to its K
+  std::shared_ptr<const Assignments> assigned_ = std::make_shared<Assignments>();
+  bool planning_ = false;              // between TakeDue and Apply
   std::set<std::string> readdressed_;  // since the last plan: lost, or a new peer address
   // Nodes registered (new or changed) since the plan in flight, or the one in force, took its
-  // input; and those the plan in flight includes.
+  // input; those the plan in flight includes; and those lost while it was in flight.
   std::set<std::string> unplanned_;
   std::set<std::string> in_flight_;
+  std::set<std::string> left_in_flight_;
   uint64_t version_ = 0;
   std::optional<Clock::time_point> due_;
 };

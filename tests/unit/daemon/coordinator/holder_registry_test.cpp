@@ -117,8 +117,7 @@ TEST_CASE("HolderRegistry: a plan computed off the lock takes force with what ch
   CHECK(r.AssignmentFor("a").planning());  // not in a plan yet: it holds back replication
   auto replan = r.TakeDue(t + milliseconds(10));
   REQUIRE(replan);
-  CHECK(replan->nodes.size() == 3);
-  CHECK(replan->replicas == 1);
+  CHECK(replan->nodes->size() == 3);
   CHECK(r.AssignmentFor("a").planning());
   // One plan at a time: none is due while it is in flight, even after more changes.
   r.Remove("b", t + milliseconds(11));
@@ -126,8 +125,8 @@ TEST_CASE("HolderRegistry: a plan computed off the lock takes force with what ch
   CHECK_FALSE(r.due());
   CHECK_FALSE(r.TakeDue(t + milliseconds(100)));
   // The plan, computed without the registry (as the coordinator's plan thread does).
-  const auto changed =
-      r.Apply(PlanHolders(std::move(replan->nodes), replan->replicas, replan->previous.get()));
+  auto planned = HolderRegistry::Plan(*replan);
+  const auto changed = r.Apply(planned);
   // 'b' left meanwhile: nobody is told it holds, nor is it given holders; 'd' waits for the next
   // plan, due now.
   CHECK(std::count(changed.begin(), changed.end(), "b") == 0);

@@ -370,10 +370,12 @@ int RunDaemon(const DaemonConfig& config) {
   const uint32_t replicas = config.EffectiveReplicas();
   peer::Replicator replicator({config.peer_timeout, config.worker_nice}, &hot, &peer_bandwidth,
                               &metrics);
-  node.SetReplication(replicas,
-                      [&replicator](ReplicationRequest request, peer::Replicator::Done done) {
-                        replicator.Replicate(std::move(request), std::move(done));
-                      });
+  node.SetReplication(
+      replicas,
+      [&replicator](ReplicationRequest request, peer::Replicator::Done done) {
+        replicator.Replicate(std::move(request), std::move(done));
+      },
+      /*remote_coordinator=*/!config.coordinator.empty());
   if (replicas > 0 && config.coordinator.empty()) {
     spdlog::warn(
         "--replicas {}: without a coordinator there is no other node to hold copies; "

@@ -34,7 +34,8 @@ struct PersistedRank {
 // ranks × 2,000 tensors the lists would be ~32 M entries per step, sent again with each
 // growing report; the file keeps them for the coordinator's recovery scan.
 // `SkippedShards::kListed` keeps every list instead: a memory-only step has no file, and a
-// coordinator that restarted may hear the step before it holds the registrations again.
+// coordinator that restarted may hear the step before it holds the registrations again. (Only
+// the memory-only steps a node held at a reconnect are reported so: at most the newest two.)
 enum class SkippedShards { kUnderRegistration, kListed };
 ckptd::v1::NodeManifest NodeManifestForReport(
     const ckptd::v1::NodeManifest& m, SkippedShards skips = SkippedShards::kUnderRegistration);

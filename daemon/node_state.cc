@@ -350,24 +350,10 @@ void NodeState::OnRankPersisted(const std::string& job, uint64_t step, uint32_t 
 
 void NodeState::StartReplication(Step& s, uint32_t rank) {
   RankSave& rs = s.ranks[rank];
-  if (replicas_ > 0 && holders_.size() < replicas_ && holders_planning_) {
-    // This node (new, or back) is about to get holders: the rank waits for them, kept in memory,
-    // rather than be reported not replicated.
-    awaiting_holders_.emplace_back(s.job, s.step, rank);
-    return;
-  }
   std::shared_ptr<void> keep = std::move(rs.hot_keep);
   if (replicas_ == 0) {  // held here, as asked: nothing to send
     rs.replicated = true;
     ReportReplicated(s, rank, {}, "");
-    return;
-  }
-  if (holders_.size() < replicas_) {
-    rs.replication_error = "this node has " + std::to_string(holders_.size()) + " of the " +
-                           std::to_string(replicas_) +
-                           " holder(s) it asks for (--replicas); the coordinator assigns them "
-                           "among other daemons with --peer-listen and a --peer-pool";
-    ReportReplicated(s, rank, {}, rs.replication_error);
     return;
   }
   if (!replicate_ || !rs.capture) {
@@ -382,10 +368,30 @@ void NodeState::StartReplication(Step& s, uint32_t rank) {
   for (const Slot& slot : rs.capture->plan->layout.slots) {
     if (slot.length > 0) request.ranges.emplace_back(slot.file_offset, slot.length);
   }
-  request.holders.assign(holders_.begin(), holders_.begin() + replicas_);
   // The keep travels with the request and is released on the sender's thread: never in a
   // handler on the loop, which may outlive the hot cache at shutdown.
   request.keep = std::move(keep);
+  if (holders_.size() < replicas_ && holders_planning_) {
+    // This node (new, back or changed) is about to get holders: the rank waits for them, its
+    // request ready (a commit meanwhile releases the capture, not the request's keep), rather
+    // than be reported not replicated.
+    awaiting_holders_.emplace_back(rank, std::move(request));
+    return;
+  }
+  SendReplication(s, rank, std::move(request));
+}
+
+void NodeState::SendReplication(Step& s, uint32_t rank, ReplicationRequest request) {
+  if (holders_.size() < replicas_) {
+    RankSave& rs = s.ranks[rank];
+    rs.replication_error = "this node has " + std::to_string(holders_.size()) + " of the " +
+                           std::to_string(replicas_) +
+                           " holder(s) it asks for (--replicas); the coordinator assigns them "
+                           "among other daemons with --peer-listen and a --peer-pool";
+    ReportReplicated(s, rank, {}, rs.replication_error);
+    return;
+  }
+  request.holders.assign(holders_.begin(), holders_.begin() + replicas_);
   replicate_(std::move(request), tasks_.OnLoop([this, job = s.job, step = s.step, rank](
                                                    Status st, std::vector<std::string> holders) {
     OnRankReplicated(job, step, rank, std::move(st), std::move(holders));
@@ -863,6 +869,7 @@ void NodeState::ReportNodeManifest(Step& s) {
   tasks_.Run(
       [fs = fs_, link = link_, root = config_.storage_root, node_id = config_.node_id, job = s.job,
        step = s.step, world_size = s.world_size, memory_only = s.memory_only, epoch = epoch_,
+       skips = s.list_skips ? SkippedShards::kListed : SkippedShards::kUnderRegistration,
        report = !s.fenced, ranks = std::move(ranks)]() -> Written {
         auto node = BuildNodeManifest(job, step, world_size, node_id, ranks);
         if (!node.ok()) return {node.status(), nullptr};
@@ -874,8 +881,7 @@ void NodeState::ReportNodeManifest(Step& s) {
         }
         auto manifest = std::make_shared<const ckptd::v1::NodeManifest>(std::move(node).value());
         if (report) {
-          link->ReportRanks(PersistedReport(*manifest, world_size, memory_only, epoch,
-                                            SkippedShards::kUnderRegistration));
+          link->ReportRanks(PersistedReport(*manifest, world_size, memory_only, epoch, skips));
         }
         return {Status::Ok(), manifest};
       },
@@ -943,28 +949,21 @@ void NodeState::ReportMemoryStepsAgain(const Job& j) {
 void NodeState::ReplicateAwaiting() {
   auto awaiting = std::move(awaiting_holders_);
   awaiting_holders_.clear();
-  for (const auto& [job, step, rank] : awaiting) {
-    Step* s = FindStep(job, step);
+  for (auto& [rank, request] : awaiting) {
+    Step* s = FindStep(request.job, request.step);
     if (s == nullptr || s->fenced || s->state == ckptd::v1::STEP_STATE_ABORTED ||
         s->state == ckptd::v1::STEP_STATE_FAILED) {
-      continue;  // gone or failed meanwhile: its keep went with it
+      continue;  // gone or failed meanwhile: the request and its keep are dropped
     }
-    auto r = s->ranks.find(rank);
-    if (r == s->ranks.end() || r->second.replicated || !r->second.replication_error.empty()) {
-      continue;
-    }
-    StartReplication(*s, rank);
+    SendReplication(*s, rank, std::move(request));
   }
 }
 
 void NodeState::ReportPersisted(const Step& s) {
   if (!s.node_manifest || s.fenced) return;
-  // Sent after a reconnect, perhaps to a coordinator that restarted and resolves the ranks'
-  // registrations again only once their layouts arrive: a memory-only step, which has no node
-  // manifest file to fall back on, lists what its ranks skipped.
   link_->ReportRanks(
       PersistedReport(*s.node_manifest, s.world_size, s.memory_only, epoch_,
-                      s.memory_only ? SkippedShards::kListed : SkippedShards::kUnderRegistration));
+                      s.list_skips ? SkippedShards::kListed : SkippedShards::kUnderRegistration));
 }
 
 void NodeState::FenceSteps() {
@@ -975,6 +974,10 @@ void NodeState::FenceSteps() {
       if (!Terminal(s.state)) s.fenced = true;
     }
   }
+  std::erase_if(awaiting_holders_, [this](const auto& waiting) {
+    const Step* s = FindStep(waiting.second.job, waiting.second.step);
+    return s == nullptr || s->fenced;
+  });
 }
 
 void NodeState::ReportFenced(const Step& s) {
@@ -998,7 +1001,12 @@ void NodeState::OnCoordinatorConnected(const CoordinatorPort::Registration& regi
   }
   for (auto& [name, j] : jobs_) {
     // Until the coordinator's plan arrives (at once, on attach, when it has one), every rank
-    // writes everything.
+    // writes everything. The memory-only steps saved so far skipped under the plan before: the
+    // coordinator may hear them before it resolves those registrations again (they wait for
+    // layouts after a restart), and they have no node manifest file it could read instead.
+    for (auto& [n, s] : j.steps) {
+      if (s.memory_only) s.list_skips = true;
+    }
     for (auto& report : j.writers.OnReconnect()) link_->ReportRegistration(std::move(report));
     if (!registration.fenced) ReportMemoryStepsAgain(j);
     for (auto& [n, s] : j.steps) {

@@ -40,8 +40,9 @@
 //     its step is kept from its save until then (HotCache::Keep: pool pressure still wins); then it
 //     is reported REPLICATED, with its holders — or with the reason it could not be (too few
 //     holders, a holder full or dead, the bytes gone). While the coordinator says it is still
-//     planning this node's holders (HolderAssignment.planning: the node is new or back), a
-//     rank without enough holders waits for them instead. With `replicas` 0 a persisted rank
+//     planning this node's holders (HolderAssignment.planning: the node is new, back, or
+//     registered changed; or no assignment came yet), a rank without enough holders waits for
+//     them instead, its replication ready to send. With `replicas` 0 a persisted rank
 //     counts as replicated at once. The coordinator decides the step REPLICATED (or not, with
 //     that reason), and waits for the REPLICATED state end there;
 //   * a memory-only step (Save.memory_only, Python persist=False) runs the same pipeline with no
@@ -73,7 +74,7 @@
 #include <optional>
 #include <set>
 #include <string>
-#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "ckptd/v1/local.pb.h"
@@ -179,12 +180,14 @@ class NodeState : public CoordinatorPort::Handler {
   // ---- the peer-memory tier ----
   // `replicas` copies of each persisted rank in other nodes' memory, sent through `replicate`
   // (its `done` may run on any thread; it is brought back onto the loop here). Set before the
-  // loop runs; without it, replicas is 0.
+  // loop runs; without it, replicas is 0. `remote_coordinator`: holders come from a
+  // ckpt-coordinator, and until its first HolderAssignment persisted ranks wait for them.
   using Replicate = std::function<void(ReplicationRequest request,
                                        std::function<void(Status, std::vector<std::string>)> done)>;
-  void SetReplication(uint32_t replicas, Replicate replicate) {
+  void SetReplication(uint32_t replicas, Replicate replicate, bool remote_coordinator = false) {
     replicas_ = replicas;
     replicate_ = std::move(replicate);
+    holders_planning_ = remote_coordinator && replicas > 0;
   }
   // The holders the coordinator assigned this node (node ids and addresses), for status.
   const std::vector<ReplicaHolder>& holders() const { return holders_; }
@@ -253,6 +256,10 @@ class NodeState : public CoordinatorPort::Handler {
     // cache under a keep until a newer step of the job is replicated (pool pressure still wins).
     bool memory_only = false;
     std::shared_ptr<void> memory_keep;
+    // Its PERSISTED reports list the shards its ranks skipped (SkippedShards::kListed): a
+    // memory-only step saved under a writer plan from before a reconnect, whose registrations
+    // the coordinator (perhaps restarted) may not have resolved again when it hears the step.
+    bool list_skips = false;
     std::chrono::steady_clock::time_point accepted = std::chrono::steady_clock::now();
   };
   struct Job {
@@ -282,6 +289,8 @@ class NodeState : public CoordinatorPort::Handler {
   // The ranks that waited for this node's holders (HolderAssignment.planning), now that the
   // coordinator's plan includes the node: replicated to them, or reported not replicated.
   void ReplicateAwaiting();
+  // `request` to this node's holders, or reported not replicated when it has too few.
+  void SendReplication(Step& s, uint32_t rank, ReplicationRequest request);
   // The ranks' replication outcomes, again, unless the step's REPLICATED was decided.
   void ReportReplicationAgain(const Step& s);
   // The job's newest replicated memory-only steps still held here, again (after a reconnect).
@@ -344,10 +353,11 @@ class NodeState : public CoordinatorPort::Handler {
   uint32_t replicas_ = 0;
   Replicate replicate_;
   std::vector<ReplicaHolder> holders_;  // the coordinator's HolderAssignment
-  // HolderAssignment.planning: a plan that includes this node is due. Ranks persisted meanwhile
-  // without enough holders wait in `awaiting_holders_` (job, step, rank) for the next one.
+  // HolderAssignment.planning (or no assignment yet): a plan that includes this node is due.
+  // Ranks persisted meanwhile without enough holders wait in `awaiting_holders_`, their
+  // replication ready to send (with the hot-cache keep), for the next one.
   bool holders_planning_ = false;
-  std::vector<std::tuple<std::string, uint64_t, uint32_t>> awaiting_holders_;
+  std::vector<std::pair<uint32_t, ReplicationRequest>> awaiting_holders_;  // rank, request
   LoopTasks tasks_;  // storage work and engine callbacks; last, so it is destroyed first
 };
 

@@ -94,9 +94,12 @@ std::vector<std::string> HolderRegistry::Apply(Planned& planned) {
     // already, places their copies again).
     for (const std::string& id : left_in_flight_) planned.assigned.erase(id);
     for (auto& [id, holders] : planned.assigned) {
-      const auto kept = std::erase_if(
+      const auto dropped = std::erase_if(
           holders, [&](const std::string& h) { return left_in_flight_.count(h) != 0; });
-      if (kept != 0) told.push_back(id);
+      if (dropped != 0) {
+        told.push_back(id);
+        unplanned_.insert(id);  // told `planning`: the next plan, due already, refills it
+      }
     }
     left_in_flight_.clear();
   }

@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -219,6 +220,20 @@ class ChildProcess {
     if (pid_ > 0) ::kill(pid_, signo);
   }
 
+  // SIGSTOP, returning once every thread of the child has stopped (kill() alone returns while
+  // a running thread may still be finishing what it does). Thaw with Signal(SIGCONT).
+  void Freeze() const {
+    Signal(SIGSTOP);
+    siginfo_t info = {};
+    int rc;
+    do {
+      rc = ::waitid(P_PID, static_cast<id_t>(pid_), &info, WSTOPPED | WEXITED | WNOWAIT);
+    } while (rc != 0 && errno == EINTR);
+    REQUIRE(rc == 0);
+    INFO("the child " << pid_ << " was to stop; waitid code " << info.si_code);
+    REQUIRE(info.si_code == CLD_STOPPED);
+  }
+
   // Waits until the child exits and reaps it: its wait status, or nullopt when it is still
   // running after `timeout`.
   std::optional<int> WaitFor(milliseconds timeout) {
@@ -332,6 +347,8 @@ class DaemonProcess {
     if (signo != SIGKILL) return std::nullopt;
     return process_.Wait();
   }
+  // SIGSTOP, returning once the daemon is stopped; Kill(SIGCONT) thaws it.
+  void Freeze() const { process_.Freeze(); }
 
   // SIGTERM, then waits for the exit (the daemon drains in-flight steps first); its wait status.
   int Terminate(milliseconds timeout = kHang) {

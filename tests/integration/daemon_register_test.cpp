@@ -219,8 +219,11 @@ TEST_CASE("daemon: a session closed while its registration runs leaves nothing b
 
 TEST_CASE("daemon: an Abandon behind a registration aborts a step captured meanwhile",
           "[daemon][register]") {
-  // The capture of step 1 finishes while the registration sent after its Save runs; the Abandon
-  // sent after the registration must still be read before the capture counts (session.h).
+  // The capture of step 1 finishes while the registration sent after its Save runs (or before
+  // the daemon has read that registration); either way the Abandon sent after the registration
+  // must still be read before the capture counts (session.h). The daemon is frozen while the
+  // three frames are sent, so all of them are in its socket before the capture can finish: a
+  // trainer writes its Abandon before it touches the memory, and only that touch can tear a copy.
   TempDir dir;
   DaemonProcess daemon(DaemonProcess::InDir(dir));
   const uint64_t big = LargeRegistrationBytes() / 4;
@@ -242,9 +245,11 @@ TEST_CASE("daemon: an Abandon behind a registration aborts a step captured meanw
   abandon.set_request_id(103);
   abandon.mutable_abandon()->set_step(1);
   abandon.mutable_abandon()->set_reason("the fence gave up");
+  daemon.Freeze();
   a.Send(save);
   a.Send(reg, large_fds);
   a.Send(abandon);
+  daemon.Kill(SIGCONT);
   // Answered in the order sent.
   for (uint64_t id : {101, 102, 103}) {
     auto m = a.Next();

@@ -869,8 +869,7 @@ void NodeState::ReportNodeManifest(Step& s) {
   tasks_.Run(
       [fs = fs_, link = link_, root = config_.storage_root, node_id = config_.node_id, job = s.job,
        step = s.step, world_size = s.world_size, memory_only = s.memory_only, epoch = epoch_,
-       skips = s.list_skips ? SkippedShards::kListed : SkippedShards::kUnderRegistration,
-       report = !s.fenced, ranks = std::move(ranks)]() -> Written {
+       skips = s.skipped_shards(), report = !s.fenced, ranks = std::move(ranks)]() -> Written {
         auto node = BuildNodeManifest(job, step, world_size, node_id, ranks);
         if (!node.ok()) return {node.status(), nullptr};
         if (!memory_only) {  // a memory-only step's manifest lives in the coordinator's memory
@@ -962,8 +961,7 @@ void NodeState::ReplicateAwaiting() {
 void NodeState::ReportPersisted(const Step& s) {
   if (!s.node_manifest || s.fenced) return;
   link_->ReportRanks(
-      PersistedReport(*s.node_manifest, s.world_size, s.memory_only, epoch_,
-                      s.list_skips ? SkippedShards::kListed : SkippedShards::kUnderRegistration));
+      PersistedReport(*s.node_manifest, s.world_size, s.memory_only, epoch_, s.skipped_shards()));
 }
 
 void NodeState::FenceSteps() {

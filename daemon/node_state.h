@@ -87,6 +87,7 @@
 #include "daemon/host_pool.h"
 #include "daemon/hot_cache.h"
 #include "daemon/loop_tasks.h"
+#include "daemon/node_manifest_builder.h"
 #include "daemon/replication_request.h"
 #include "daemon/task_pool.h"
 #include "daemon/writer_plan_filter.h"
@@ -260,6 +261,9 @@ class NodeState : public CoordinatorPort::Handler {
     // memory-only step saved under a writer plan from before a reconnect, whose registrations
     // the coordinator (perhaps restarted) may not have resolved again when it hears the step.
     bool list_skips = false;
+    SkippedShards skipped_shards() const {
+      return list_skips ? SkippedShards::kListed : SkippedShards::kUnderRegistration;
+    }
     std::chrono::steady_clock::time_point accepted = std::chrono::steady_clock::now();
   };
   struct Job {

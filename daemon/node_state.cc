@@ -204,7 +204,7 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
   if (s.ranks.count(req.rank) != 0) return FailedPrecondition(ctx + ": this rank already saved it");
   // The writer plan may leave this rank only part of what it registered.
   if (auto report = job.writers.Register(req.rank, req.world_size, req.session_id, req.plan)) {
-    link_->ReportRegistration(std::move(*report));
+    ReportRegistration(std::move(*report));
   }
   ASSIGN_OR_RETURN(req.plan, job.writers.Apply(req.rank, req.plan), ctx);
 
@@ -723,7 +723,7 @@ void NodeState::OnSessionClosed(uint64_t session_id, const std::string& job, uin
     }
     if (req.world_size() != 0) {
       jr.writers.RememberWithdrawal(rank, req);
-      link_->ReportRegistration(std::move(req));
+      ReportRegistration(std::move(req));
     }
   }
   for (auto& [n, s] : j->second.steps) {
@@ -958,6 +958,11 @@ void NodeState::ReplicateAwaiting() {
   }
 }
 
+void NodeState::ReportRegistration(ckptd::v1::ReportRegistrationRequest req) {
+  req.set_epoch(epoch_);
+  link_->ReportRegistration(std::move(req));
+}
+
 void NodeState::ReportPersisted(const Step& s) {
   if (!s.node_manifest || s.fenced) return;
   link_->ReportRanks(
@@ -1005,7 +1010,7 @@ void NodeState::OnCoordinatorConnected(const CoordinatorPort::Registration& regi
     for (auto& [n, s] : j.steps) {
       if (s.memory_only) s.list_skips = true;
     }
-    for (auto& report : j.writers.OnReconnect()) link_->ReportRegistration(std::move(report));
+    for (auto& report : j.writers.OnReconnect()) ReportRegistration(std::move(report));
     if (!registration.fenced) ReportMemoryStepsAgain(j);
     for (auto& [n, s] : j.steps) {
       if (s.state == ckptd::v1::STEP_STATE_COMMITTED && !registration.fenced) {

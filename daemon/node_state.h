@@ -290,6 +290,8 @@ class NodeState : public CoordinatorPort::Handler {
   void ReportNodeManifest(Step& s);
   // The step's newest node manifest, again (after a reconnect).
   void ReportPersisted(const Step& s);
+  // A rank's registration or withdrawal, stamped with this node's epoch.
+  void ReportRegistration(ckptd::v1::ReportRegistrationRequest req);
   // The ranks that waited for this node's holders (HolderAssignment.planning), now that the
   // coordinator's plan includes the node: replicated to them, or reported not replicated.
   void ReplicateAwaiting();

@@ -49,6 +49,17 @@ ckptd::v1::CoordinatorEvent ReplicationEvent(const std::string& job, uint64_t st
   return e;
 }
 
+// Fencing: a report stamped with an epoch that ended when its node was declared lost (frozen
+// or cut off past its lease) is refused; what the node said then may be stale. 0: unstamped.
+Status RefuseFencedReport(uint64_t epoch, uint64_t fenced_through, const std::string& ctx) {
+  if (epoch == 0 || epoch > fenced_through) return Status::Ok();
+  spdlog::warn("{}: refused, made in the node's epoch {}, which ended when it was declared lost",
+               ctx, epoch);
+  return FailedPrecondition(ctx + ": made in the node's epoch " + std::to_string(epoch) +
+                            ", which ended when the coordinator declared the node lost; a "
+                            "fenced node's reports from before are refused");
+}
+
 }  // namespace
 
 CoordinatorCore::CoordinatorCore(Config config, FileSystem* fs, CommitEngine* shared_commit)
@@ -485,15 +496,8 @@ Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
   if (node == nodes_.end()) {
     return FailedPrecondition(ctx + ": the node has not registered");
   }
-  if (req.epoch() != 0 && req.epoch() <= node->second.fenced_through) {
-    // Made before the node was declared lost (it was frozen or cut off past its lease): what it
-    // says of its steps, copies or holders then may be stale, and nothing of it counts.
-    spdlog::warn("{}: refused, made in the node's epoch {}, which ended when it was declared lost",
-                 ctx, req.epoch());
-    return FailedPrecondition(ctx + ": made in the node's epoch " + std::to_string(req.epoch()) +
-                              ", which ended when the coordinator declared the node lost; a "
-                              "fenced node's reports from before are refused");
-  }
+  // What it says of its steps, copies or holders in an epoch that ended may be stale.
+  RETURN_IF_ERROR(RefuseFencedReport(req.epoch(), node->second.fenced_through, ctx));
   JobRecord& j = jobs_[req.job()];
   j.nodes.insert(req.node_id());
   auto it = j.steps.find(req.step());
@@ -666,6 +670,9 @@ Result<ckptd::v1::ReportRegistrationResponse> CoordinatorCore::ReportRegistratio
   if (req.withdrawn()) {
     if (config_.on_registration) config_.on_registration(request_bytes, 0);
     MutexLock lock(mu_);
+    if (auto node = nodes_.find(req.node_id()); node != nodes_.end()) {
+      RETURN_IF_ERROR(RefuseFencedReport(req.epoch(), node->second.fenced_through, ctx));
+    }
     if (!req.restore_session().empty()) {
       restore_points_.OnSessionEnded(req.job(), req.rank(), req.restore_session());
     }
@@ -699,7 +706,10 @@ Result<ckptd::v1::ReportRegistrationResponse> CoordinatorCore::ReportRegistratio
   }
   const LayoutFingerprint fingerprint = layout ? layout->fingerprint : claimed;
   MutexLock lock(mu_);
-  if (nodes_.count(req.node_id()) == 0) return FailedPrecondition(ctx + ": node not registered");
+  auto node = nodes_.find(req.node_id());
+  if (node == nodes_.end()) return FailedPrecondition(ctx + ": node not registered");
+  // A rank that registered on another node since keeps that registration.
+  RETURN_IF_ERROR(RefuseFencedReport(req.epoch(), node->second.fenced_through, ctx));
   if (layout) {
     layout = layouts_.Intern(std::move(layout));
   } else {

@@ -221,8 +221,8 @@ TEST_CASE("CoordinatorCore aborts the steps of a node whose lease expired", "[co
 }
 
 TEST_CASE(
-    "CoordinatorCore fences a node declared lost: reports from its earlier epoch are refused, "
-    "and it registers into a new one",
+    "CoordinatorCore fences a node declared lost: reports and registrations from its earlier "
+    "epoch are refused, and it registers into a new one",
     "[coordinator_core]") {
   Fixture f(std::chrono::minutes(1), std::chrono::milliseconds(20));
   f.Start({"a", "b"});
@@ -251,6 +251,33 @@ TEST_CASE(
     }
     return false;
   };
+  // A registration of rank `rank` on node b (or its withdrawal), stamped with `epoch`.
+  auto register_rank_b = [&](uint32_t rank, uint64_t epoch, bool withdrawn = false) {
+    pb::ReportRegistrationRequest req;
+    req.set_node_id("b");
+    req.set_job("j");
+    req.set_rank(rank);
+    req.set_world_size(4);
+    req.set_registration_id(500 + rank);
+    req.set_epoch(epoch);
+    req.set_withdrawn(withdrawn);
+    if (!withdrawn) {
+      auto* shard = req.add_shards();
+      shard->set_name("w");
+      shard->set_dtype("float32");
+      shard->add_global_shape(256);
+      shard->mutable_geometry()->mutable_box()->add_offsets(0);
+      shard->mutable_geometry()->mutable_box()->add_lengths(256);
+      shard->set_bytes(1024);
+    }
+    return f.core->ReportRegistration(req);
+  };
+  auto ranks_registered = [&] {
+    for (const auto& p : f.core->TakeSnapshot().plans) {
+      if (p.job == "j") return p.ranks_registered;
+    }
+    return 0u;
+  };
   // Reconnecting within the lease keeps the epoch: its reports in flight stand.
   const auto first = register_b("i-b");
   const uint64_t e1 = first.epoch();
@@ -258,6 +285,8 @@ TEST_CASE(
   CHECK_FALSE(first.fenced());
   CHECK(register_b("i-b").epoch() == e1);
   REQUIRE(report_b(3, e1).ok());
+  REQUIRE(register_rank_b(2, e1).ok());
+  CHECK(ranks_registered() == 1);
   f.Saved("a", 3, 4, {0, 1});
 
   // Its stream ends and stays down past the lease: lost, its step 3 aborted.
@@ -272,6 +301,16 @@ TEST_CASE(
   CHECK(stale.status().code() == StatusCode::kFailedPrecondition);
   CHECK_THAT(stale.status().message(), Contains("declared the node lost"));
   CHECK_FALSE(known(4));
+  // Its registrations ended with it; one it queued in epoch e1 does not bring a rank back (the
+  // rank may have registered on another node since), nor does a withdrawal.
+  CHECK(ranks_registered() == 0);
+  auto stale_registration = register_rank_b(3, e1);
+  REQUIRE_FALSE(stale_registration.ok());
+  CHECK(stale_registration.status().code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(stale_registration.status().message(), Contains("declared the node lost"));
+  CHECK(register_rank_b(2, e1, /*withdrawn=*/true).status().code() ==
+        StatusCode::kFailedPrecondition);
+  CHECK(ranks_registered() == 0);
 
   // It registers again (the same process): told it was fenced, in a new epoch whose reports
   // count; the old epoch's stay refused.
@@ -281,6 +320,10 @@ TEST_CASE(
   CHECK(e2 > e1);
   REQUIRE(report_b(5, e2).ok());
   CHECK(known(5));
+  REQUIRE(register_rank_b(3, e2).ok());
+  CHECK(ranks_registered() == 1);
+  CHECK_FALSE(register_rank_b(2, e1).ok());
+  CHECK(ranks_registered() == 1);
   CHECK_FALSE(report_b(6, e1).ok());
   // Until it attaches, every registration says so (the first answer may have been lost); once
   // it attached, no more.

@@ -272,7 +272,8 @@ TEST_CASE("admin: a timed-out step is a recent failure and moves the failure met
           "[admin][ops][metrics]") {
   TempDir dir;
   auto options = DaemonProcess::InDir(dir);
-  options.flags = {"--step-timeout", "1s"};
+  // Long enough for rank 0's capture on a loaded machine; rank 1 never saves.
+  options.flags = {"--step-timeout", "4s"};
   DaemonProcess daemon(options);
   auto admin = Admin::NewStub(AdminChannel(daemon));
   const std::string metrics = ConfigValue(GetStatus(*admin), "metrics-bound");
@@ -285,7 +286,7 @@ TEST_CASE("admin: a timed-out step is a recent failure and moves the failure met
 
   Rank r0(daemon, "late", 0, 2);
   r0.Save(1);
-  REQUIRE_OK(r0.client->WaitSnapshot());  // captured well before the 1 s timeout aborts it
+  REQUIRE_OK(r0.client->WaitSnapshot());  // captured well before the 4 s timeout aborts it
   const ckpt::Status waited = r0.client->Wait(1, ckpt::WaitState::kCommitted);
   REQUIRE(waited.code() == ckpt::StatusCode::kAborted);
 

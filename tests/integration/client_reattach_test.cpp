@@ -119,8 +119,9 @@ TEST_CASE(
     "[client]") {
   ckpt::testing::TempDir dir;
   FakeDaemon daemon(dir / "ckptd.sock");
-  auto client = ConnectTo(daemon, Quick(daemon.path(), milliseconds(200)));
-  CHECK(client->call_timeout() == milliseconds(200));
+  // Long enough for this thread to answer the Latest at the end on a loaded machine.
+  auto client = ConnectTo(daemon, Quick(daemon.path(), milliseconds(1000)));
+  CHECK(client->call_timeout() == milliseconds(1000));
 
   // Protocol 2: an Abandon of the step follows the unanswered Save on the same connection.
   ckpt::Status st = client->Save(5);
@@ -176,14 +177,16 @@ TEST_CASE("client: a wait goes on while the daemon answers probes and fails once
           "[client]") {
   ckpt::testing::TempDir dir;
   FakeDaemon daemon(dir / "ckptd.sock");
-  auto client = ConnectTo(daemon, Quick(daemon.path(), milliseconds(400)));
+  // Each probe is answered by this thread through the fake daemon's: a call timeout well above
+  // a loaded machine's scheduling delays, so only the daemon's silence can end the wait.
+  auto client = ConnectTo(daemon, Quick(daemon.path(), milliseconds(1500)));
   REQUIRE_OK(SaveThrough(daemon, *client, 4));
   auto snapshot = std::async(std::launch::async, [&] { return client->WaitSnapshot(); });
   auto w = daemon.Next();
   REQUIRE(w);
   REQUIRE(w->message.has_wait_snapshot());
   // A live daemon answers every probe: the wait outlasts several call timeouts.
-  constexpr int kPongs = 12;  // probes every call_timeout / 4: ~3 call timeouts
+  constexpr int kPongs = 10;  // probes every call_timeout / 4: 2.5 call timeouts
   for (int i = 0; i < kPongs; ++i) {
     auto ping = daemon.Next();
     REQUIRE(ping);
@@ -215,8 +218,15 @@ TEST_CASE("client: while the daemon is unreachable, re-attach backs off and call
     CHECK(first.code() == StatusCode::kUnavailable);
   }
   CHECK_THAT(first.message(), Catch::Contains("is not listening") && Catch::Contains("ckptd.sock"));
-  ckpt::Status second = client->Save(1);
-  CHECK(second.code() == StatusCode::kUnavailable);
+  // The next call inside the backoff fails at once. One that comes after it (this thread was
+  // descheduled for longer than the first backoff, 100 ms) tries again instead; each failed try
+  // doubles the backoff, so a few calls suffice.
+  ckpt::Status second;
+  for (int i = 0; i < 5; ++i) {
+    second = client->Save(1);
+    CHECK(second.code() == StatusCode::kUnavailable);
+    if (second.message().find("next attempt to reconnect in") != std::string::npos) break;
+  }
   CHECK_THAT(second.message(), Catch::Contains("next attempt to reconnect in"));
   CHECK(client->reattaches() == 0);
 }

@@ -581,9 +581,14 @@ TEST_CASE("daemon: bad requests get an Error, the session and other clients go o
 
 TEST_CASE("daemon: SIGTERM with a step in flight commits it, then exits 0", "[daemon]") {
   TempDir dir;
+  // Step 1's first data write stalls until the test opens the FIFO: the step is in flight,
+  // however slow the machine, when SIGTERM arrives.
+  const std::string fifo = dir / "release";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
   auto options = DaemonProcess::InDir(dir);
-  // 16 MiB at 16 MiB/s: the step is still being captured when SIGTERM arrives.
-  options.flags = {"--capture-throttle", "16MiB", "--shutdown-timeout", "60s"};
+  options.flags = {"--shutdown-timeout", "60s"};
+  options.env = {"CKPTD_FAULT_INJECTION=stall-write=1,stall-release=" + fifo +
+                 ",path=" + ckpt::StepDirName(1)};
   DaemonProcess daemon(options);
   const uint64_t seed = ckpt::testing::TestSeed() + 14;
   constexpr uint64_t kBytes = 16ull << 20;
@@ -592,9 +597,18 @@ TEST_CASE("daemon: SIGTERM with a step in flight commits it, then exits 0", "[da
   REQUIRE_OK(client->Register(rank.Specs()));
   rank.Fill(1);
   REQUIRE_OK(client->Save(1, rank.Extra(1)));
+  REQUIRE(
+      PollUntil([&] { return daemon.Log().find("stalls until released") != std::string::npos; }));
   REQUIRE(!PathExists(ManifestOf(daemon.root(), "term", 1)));
 
-  const int status = daemon.Terminate();
+  daemon.Kill(SIGTERM);
+  REQUIRE(PollUntil([&] { return daemon.Log().find("draining") != std::string::npos; }));
+  {
+    const int fd = ::open(fifo.c_str(), O_WRONLY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    ::close(fd);
+  }
+  const int status = daemon.Wait();
   INFO("daemon " << DescribeWaitStatus(status));
   REQUIRE(ckpt::itest::ExitedWith(status, 0));
   REQUIRE(PathExists(ManifestOf(daemon.root(), "term", 1)));

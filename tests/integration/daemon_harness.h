@@ -350,6 +350,9 @@ class DaemonProcess {
   // SIGSTOP, returning once the daemon is stopped; Kill(SIGCONT) thaws it.
   void Freeze() const { process_.Freeze(); }
 
+  // Waits for the exit (after a signal sent with Kill); its wait status.
+  int Wait(milliseconds timeout = kHang) { return process_.Wait(timeout); }
+
   // SIGTERM, then waits for the exit (the daemon drains in-flight steps first); its wait status.
   int Terminate(milliseconds timeout = kHang) {
     process_.Signal(SIGTERM);

@@ -148,7 +148,8 @@ TEST_CASE(
                     std::chrono::seconds(20)));
   const auto noticed = std::chrono::steady_clock::now() - frozen_at;
   INFO("noticed after " << std::chrono::duration<double>(noticed).count() << " s");
-  CHECK(noticed < std::chrono::seconds(5));
+  CHECK_TIMING(noticed < std::chrono::seconds(5), std::chrono::duration<double>(noticed).count()
+                                                      << " s");
   {
     // Every rank still has a live copy (rank 1 on its holder): step 2 stays restorable.
     auto latest = ranks[0]->client().Latest();

@@ -355,7 +355,8 @@ class ApiTest(util.DaemonTestCase):
 
         def waiter():
             try:
-                c.wait(7, "committed", timeout=1)
+                # Long enough to outlast the main thread's calls below on a loaded machine.
+                c.wait(7, "committed", timeout=5)
             except ckptd.Error as e:
                 done.append(e.code)
 
@@ -366,7 +367,7 @@ class ApiTest(util.DaemonTestCase):
         c.wait(7, "captured", timeout=30)
         counted = sum(range(10000))
         self.assertTrue(th.is_alive())
-        th.join(10)
+        th.join(30)
         self.assertFalse(th.is_alive())
         self.assertEqual(done, ["DEADLINE_EXCEEDED"])
         self.assertEqual(counted, 49995000)

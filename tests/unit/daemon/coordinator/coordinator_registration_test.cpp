@@ -179,7 +179,7 @@ TEST_CASE("coordinator: an unknown layout is asked of one registration, the othe
 
 TEST_CASE("coordinator: an ask not answered in time goes to a waiting registration",
           "[coordinator][registration]") {
-  Fixture f(std::chrono::milliseconds(50));
+  Fixture f(std::chrono::milliseconds(500));  // not over between the two calls below
   REQUIRE(f.core->ReportRegistration(Brief("n0", 0, 2))->need_layout());  // n0 never answers
   REQUIRE(f.core->ReportRegistration(Brief("n1", 1, 2))->layout_pending());
   auto ask = f.sinks["n1"]->WaitFor([](const pb::CoordinatorEvent& e) { return e.has_layout(); });

@@ -143,12 +143,23 @@ TEST_CASE(
   // a step well within it.
   Tier t(kNodes, "1", 1, 1, {"--holder-replan-delay", "4s"});
   auto late = JoinTier(t, "n3");
+  const auto joined = std::chrono::steady_clock::now();
   ModelRank rank(late->socket(), "late-job", 0, 1, 1, kTensors);
   // A persisted step commits without waiting for replication: its rank's capture is released
   // at the commit, and the replication waiting for holders must not need it.
   REQUIRE_OK(rank.SaveStep(1));
   REQUIRE_OK(rank.WaitCommitted(1));
-  CHECK(StatusOf(*late).peer().holders_size() == 0);  // not planned yet
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - joined).count();
+  if (took < 3.0) {
+    CHECK(StatusOf(*late).peer().holders_size() == 0);  // not planned yet
+  } else {
+    // A machine this slow may have reached the plan already: then the step did not wait, and
+    // the rest of the test still checks that it ends replicated and restores.
+    WARN("the step took " << took
+                          << " s to commit after the node joined; the 4 s window may "
+                             "have closed");
+  }
   REQUIRE_OK(rank.SaveStep(2, /*persist=*/false));
   for (uint64_t step : {1, 2}) {
     REQUIRE_OK(rank.client().Wait(step, WaitState::kReplicated, std::chrono::seconds(60)));

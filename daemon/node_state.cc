@@ -549,11 +549,11 @@ void NodeState::ResolveWaiters(Step& s) {
                          FailedPrecondition("job '" + s.job + "' step " + std::to_string(s.step) +
                                             " is not replicated: " + *s.not_replicated));
     } else if (failed) {
+      // ABORTED for a failed step too (the message names which), as the clients report a wait
+      // answered with either state: the step will not get there, and nothing in ckptd is broken.
       ready.emplace_back(std::move(w.done),
-                         Status(s.state == ckptd::v1::STEP_STATE_ABORTED ? StatusCode::kAborted
-                                                                         : StatusCode::kInternal,
-                                "job '" + s.job + "' step " + std::to_string(s.step) + " " +
-                                    std::string(StepStateName(s.state)) + ": " + s.reason));
+                         Aborted("job '" + s.job + "' step " + std::to_string(s.step) + " " +
+                                 std::string(StepStateName(s.state)) + ": " + s.reason));
     } else {
       keep.push_back(std::move(w));
     }

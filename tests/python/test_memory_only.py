@@ -282,13 +282,13 @@ class MemoryOnlyClientTest(util.DaemonTestCase, Checks):
 
     def check_not_committed(self, clients, step, refused):
         """No rank gets `step` committed: the mismatch fails the step at once (the wait raises
-        INTERNAL "failed", or FAILED_PRECONDITION for a memory-only step, which is never
+        ABORTED "failed", or FAILED_PRECONDITION for a memory-only step, which is never
         committed), it does not wait for the step timeout."""
         self.assertIsNotNone(refused, "the mismatched save was accepted")
         for c in clients:
             with self.assertRaises(ckptd.Error) as cm:
                 c.wait(step, "committed", timeout=TIMEOUT)
-            self.assertIn(cm.exception.code, ("INTERNAL", "FAILED_PRECONDITION"),
+            self.assertIn(cm.exception.code, ("ABORTED", "FAILED_PRECONDITION"),
                           str(cm.exception))
             self.assertNotEqual(c.latest(), step)
 

@@ -234,8 +234,9 @@ class Client {
 
   // Waits until `step` of this job reaches `state` (kCaptured: this rank's bytes; kPersisted:
   // this node's; kCommitted: the global checkpoint; kReplicated: in other nodes' memory too).
-  // Errors: the step's failure from the daemon (kFailedPrecondition with the reason when it
-  // will not be replicated: too few holders, a holder full or lost);
+  // Errors: kAborted when the step ended ABORTED or FAILED (the message says which, and why);
+  // kFailedPrecondition with the reason when it will not be replicated (too few holders, a
+  // holder full or lost) or, for a memory-only step, never reaches `state`;
   // kDeadlineExceeded naming the step and state when `timeout` passes first.
   Status Wait(uint64_t step, WaitState state,
               std::optional<std::chrono::milliseconds> timeout = std::nullopt);

@@ -48,11 +48,12 @@
 //     network while it still reached storage). Each registration of a node that is new here,
 //     restarted, or was declared lost since gets a new epoch (a reconnect within the lease keeps
 //     its epoch); the first epoch comes from the wall clock, so a restarted coordinator's are
-//     above its predecessor's. The node stamps its epoch on every report, and declaring it lost
-//     ends that epoch: a report made in it is refused (FAILED_PRECONDITION), so nothing the node
-//     queued while unreachable commits, replicates or counts as a copy. Its next registration
-//     says `fenced`, and the node aborts what it had in flight (node_state.h). Unstamped reports
-//     (epoch 0: an embedded coordinator, an older daemon) are not checked;
+//     above its predecessor's. The node stamps its epoch on every report and registration, and
+//     declaring it lost ends that epoch: a report made in it is refused (FAILED_PRECONDITION),
+//     so nothing the node queued while unreachable commits, replicates, counts as a copy or
+//     registers a rank (the ranks it still holds register again in the new epoch). Its next
+//     registration says `fenced`, and the node aborts what it had in flight (node_state.h).
+//     Unstamped reports (epoch 0: an embedded coordinator, an older daemon) are not checked;
 //   * registrations of all ranks of a job give the writer plan (writer_plan.h); it is recomputed
 //     only when a registration changes, off the request threads (the plan thread), and pushed
 //     to each node of the job, each rank's writes tagged with the registration they were

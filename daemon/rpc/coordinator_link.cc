@@ -107,6 +107,7 @@ void CoordinatorLink::WatchLoop() {
         MutexLock lock(mu_);
         if (stopping_) return;
         watch_ctx_ = &ctx;
+        epoch_ = resp.epoch();
       }
       ckptd::v1::WatchRequest w;
       w.set_node_id(config_.node_id);
@@ -250,6 +251,9 @@ void CoordinatorLink::ResendLayout(const ckptd::v1::LayoutRequest& ask) {
       return;  // a registration since replaced: the coordinator hears the new one
     }
     full = it->second;
+    // Still this node's registration of the rank: current in this epoch, whichever it was
+    // first sent in (after a fence, the old epoch's copy would be refused).
+    if (full.epoch() != 0) full.set_epoch(epoch_);
   }
   spdlog::info("coordinator: sends the layout of job '{}' rank {} again, as asked", ask.job(),
                ask.rank());

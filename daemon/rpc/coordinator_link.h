@@ -110,6 +110,9 @@ class CoordinatorLink final : public CoordinatorPort {
   std::map<std::string, ckptd::v1::ReportRegistrationRequest> pending_layouts_ GUARDED_BY(mu_);
   bool stopping_ GUARDED_BY(mu_) = false;
   grpc::ClientContext* watch_ctx_ GUARDED_BY(mu_) = nullptr;  // cancelled by Stop
+  // The epoch of the registration in force (RegisterNodeResponse.epoch): a layout sent again
+  // when the coordinator asks is stamped with it, not with the epoch it was first sent in.
+  uint64_t epoch_ GUARDED_BY(mu_) = 0;
   std::thread watch_thread_;
   std::thread send_thread_;
 };

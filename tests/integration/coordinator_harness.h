@@ -125,6 +125,33 @@ inline std::vector<std::unique_ptr<DaemonProcess>> StartNodes(
   return out;
 }
 
+// How many writer plans naming ranks of its own `daemon` has applied for `job`. The daemon logs
+// each on its event loop as it applies it (writer_plan_filter.cc), so a save made after the
+// count grew is cut by that plan. The plan is computed on the coordinator's plan thread and
+// may reach a node after a commit the same registrations allowed: a test about the step after
+// the plan waits for it, so as not to depend on which thread ran first.
+inline size_t WriterPlansApplied(const DaemonProcess& daemon, const std::string& job) {
+  const std::string log = daemon.Log();
+  const std::string prefix = "job '" + job + "': writer plan v";
+  size_t applied = 0;
+  for (size_t at = log.find(prefix); at != std::string::npos; at = log.find(prefix, at + 1)) {
+    const size_t open = log.find(" (", at);
+    if (open != std::string::npos && log.compare(open, 4, " (0 ") != 0) ++applied;
+  }
+  return applied;
+}
+
+// Waits until every node in `nodes` applied more writer plans for `job` than `before` says
+// (one count per node, from WriterPlansApplied).
+inline void WaitForWriterPlans(const std::vector<const DaemonProcess*>& nodes,
+                               const std::string& job, const std::vector<size_t>& before) {
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    INFO("node " << i << " never applied a new writer plan of job '" << job << "'; log:\n"
+                 << nodes[i]->LogTail());
+    REQUIRE(PollUntil([&] { return WriterPlansApplied(*nodes[i], job) > before[i]; }));
+  }
+}
+
 // One rank of the coordinator model living in this test process (its memory in a memfd).
 class ModelRank {
  public:

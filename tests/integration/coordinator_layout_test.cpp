@@ -23,11 +23,14 @@ namespace {
 
 using ckpt::itest::CommittedSteps;
 using ckpt::itest::CoordinatorProcess;
+using ckpt::itest::DaemonProcess;
 using ckpt::itest::DataFileBytes;
 using ckpt::itest::GetStatus;
 using ckpt::itest::ModelRank;
 using ckpt::itest::PollUntil;
 using ckpt::itest::StartNodes;
+using ckpt::itest::WaitForWriterPlans;
+using ckpt::itest::WriterPlansApplied;
 using ckpt::testing::CoordinatorModel;
 using ckpt::testing::TempDir;
 using Split = CoordinatorModel::Split;
@@ -87,6 +90,12 @@ TEST_CASE(
       const auto* plan = PlanOf(status);
       return plan == nullptr || plan->ranks_registered() == 0;
     }));
+    std::vector<const DaemonProcess*> node_list;
+    std::vector<size_t> plans_before;
+    for (const auto& n : nodes) {
+      node_list.push_back(n.get());
+      plans_before.push_back(WriterPlansApplied(*n, kJob));
+    }
 
     std::vector<uint32_t> order(kWorld);
     for (uint32_t r = 0; r < kWorld; ++r) order[r] = r;
@@ -110,6 +119,7 @@ TEST_CASE(
     }
     // The first save wrote everything each rank holds (no plan for the new layout yet)...
     CHECK(DataFileBytes(root, kJob, inc.first_step) >= unique);
+    WaitForWriterPlans(node_list, kJob, plans_before);
 
     std::shuffle(order.begin(), order.end(), rng);
     for (uint32_t r : order) REQUIRE_OK(ranks[r]->SaveStep(inc.first_step + 1));

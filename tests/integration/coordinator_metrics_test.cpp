@@ -23,6 +23,7 @@ using ckpt::itest::ModelRank;
 using ckpt::itest::PollUntil;
 using ckpt::itest::Sample;
 using ckpt::itest::StartNodes;
+using ckpt::itest::WaitForWriterPlans;
 using ckpt::testing::TempDir;
 
 // A coordinator serving /metrics on an ephemeral port, and that port (from its admin status).
@@ -119,6 +120,7 @@ TEST_CASE("coordinator metrics: N ranks of one layout send it once",
   }
   for (auto& r : ranks) REQUIRE_OK(r->SaveStep(1));
   for (auto& r : ranks) REQUIRE_OK(r->WaitCommitted(1));
+  WaitForWriterPlans({nodes[0].get(), nodes[1].get()}, "dp", {0, 0});
   std::string page;
   REQUIRE(PollUntil([&] {
     page = HttpGet(metrics, "/metrics");

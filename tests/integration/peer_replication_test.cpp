@@ -123,6 +123,7 @@ TEST_CASE("peer tier: a holder keeps each node's newest two steps, not every ste
       REQUIRE_OK(r->client().Wait(step, WaitState::kReplicated, std::chrono::seconds(60)));
     }
     held_after.push_back(held());
+    if (step == 1) WaitForWriterPlans({nodes[0].get(), nodes[1].get()}, kJob, {0, 0});
   }
   // Step 1 is written whole (before the writer plan); from step 2 on each step holds the same
   // bytes. Once three steps were replicated, the holders keep two: the total stops growing.

@@ -10,11 +10,14 @@ namespace {
 using ckpt::itest::ChildProcess;
 using ckpt::itest::CommittedSteps;
 using ckpt::itest::CoordinatorProcess;
+using ckpt::itest::DaemonProcess;
 using ckpt::itest::DataFileBytes;
 using ckpt::itest::ModelRank;
 using ckpt::itest::NodeBytes;
+using ckpt::itest::PollUntil;
 using ckpt::itest::RequireBinary;
 using ckpt::itest::StartNodes;
+using ckpt::itest::WaitForWriterPlans;
 using ckpt::testing::CoordinatorModel;
 using ckpt::testing::TempDir;
 
@@ -44,16 +47,31 @@ TEST_CASE(
   auto nodes = StartNodes(dir, dir / "root", coordinator.address(), kNodes);
   const std::string rank_bin = RequireBinary("ckpt_coordinator_rank");
 
+  // The ranks stop after step 1 until the writer plan is in force on every node: steps 2 and 3
+  // are checked for writing each replica once (the plan reaches a node on its own thread, and
+  // may come after step 1's commit).
+  const std::string resume = dir / "resume";
+  REQUIRE(::mkfifo(resume.c_str(), 0600) == 0);
   std::vector<ChildProcess> ranks;
   for (uint32_t r = 0; r < kWorld; ++r) {
     ranks.emplace_back(
         rank_bin,
-        std::vector<std::string>{"save", "--socket", nodes[NodeOf(r)]->socket(), "--job", "tpdp",
-                                 "--rank", std::to_string(r), "--world-size",
-                                 std::to_string(kWorld), "--tp", std::to_string(kTp), "--tensors",
-                                 std::to_string(kTensors), "--steps", "1,2,3"},
+        std::vector<std::string>{
+            "save", "--socket", nodes[NodeOf(r)]->socket(), "--job", "tpdp", "--rank",
+            std::to_string(r), "--world-size", std::to_string(kWorld), "--tp", std::to_string(kTp),
+            "--tensors", std::to_string(kTensors), "--steps", "1,2,3", "--resume-fifo", resume},
         dir / ("rank" + std::to_string(r) + ".log"));
   }
+  for (uint32_t r = 0; r < kWorld; ++r) {
+    INFO("rank " << r << " log:\n" << ranks[r].Log());
+    REQUIRE(PollUntil([&] { return ranks[r].Log().find("step 1 ") != std::string::npos; }));
+  }
+  std::vector<const DaemonProcess*> node_list;
+  for (const auto& n : nodes) node_list.push_back(n.get());
+  WaitForWriterPlans(node_list, "tpdp", std::vector<size_t>(node_list.size(), 0));
+  // Open for writing until the ranks exit: each one's open for reading returns, however late.
+  ckpt::UniqueFd go(::open(resume.c_str(), O_WRONLY | O_CLOEXEC));
+  REQUIRE(go);
   for (uint32_t r = 0; r < kWorld; ++r) {
     const int status = ranks[r].Wait();
     INFO("rank " << r << " log:\n" << ranks[r].Log());

@@ -11,10 +11,14 @@
 //        With --wait-replicated it also waits for persisted before committed, and for replicated
 //        after, then prints "step <s> replicated persisted_ns <t> committed_ns <t> replicated_ns
 //        <t>" (when each wait returned, on the monotonic clock) or "step <s> not replicated: ...".
+//        With --resume-fifo PATH it opens PATH for reading after the first step, which blocks
+//        until the test opens it for writing (the test's "go on": e.g. once the writer plan is
+//        in force on every node).
 //   load [--step N]: registers its layout, loads, checks every element; prints
 //        "loaded step <s> bytes <n> ... load_ns <start> <end>" (the Load call, on the monotonic
 //        clock that every process of the machine shares); exit 0 when every element matches, 3
 //        otherwise.
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -61,6 +65,8 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps_text);
   app.add_option("--step", load_step);
   app.add_flag("--wait-replicated", wait_replicated);
+  std::string resume_fifo;
+  app.add_option("--resume-fifo", resume_fifo);
   CLI11_PARSE(app, argc, argv);
 
   ckpt::testing::CoordinatorModel model(tensors, tp, rank);
@@ -116,6 +122,12 @@ int main(int argc, char** argv) {
         }
       }
       std::fflush(stdout);
+      if (!resume_fifo.empty()) {
+        const int fd = ::open(resume_fifo.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) return Fail("open", ckpt::ErrnoStatus(errno, resume_fifo));
+        ::close(fd);
+        resume_fifo.clear();
+      }
     }
     return 0;
   }

@@ -949,13 +949,18 @@ void NodeState::ReplicateAwaiting() {
   auto awaiting = std::move(awaiting_holders_);
   awaiting_holders_.clear();
   for (auto& [rank, request] : awaiting) {
-    Step* s = FindStep(request.job, request.step);
-    if (s == nullptr || s->fenced || s->state == ckptd::v1::STEP_STATE_ABORTED ||
-        s->state == ckptd::v1::STEP_STATE_FAILED) {
-      continue;  // gone or failed meanwhile: the request and its keep are dropped
-    }
-    SendReplication(*s, rank, std::move(request));
+    // Gone, fenced or failed meanwhile: the request and its keep are dropped.
+    if (Step* s = StillAwaiting(request)) SendReplication(*s, rank, std::move(request));
   }
+}
+
+NodeState::Step* NodeState::StillAwaiting(const ReplicationRequest& request) {
+  Step* s = FindStep(request.job, request.step);
+  if (s == nullptr || s->fenced || s->state == ckptd::v1::STEP_STATE_ABORTED ||
+      s->state == ckptd::v1::STEP_STATE_FAILED) {
+    return nullptr;
+  }
+  return s;
 }
 
 void NodeState::ReportRegistration(ckptd::v1::ReportRegistrationRequest req) {
@@ -977,10 +982,8 @@ void NodeState::FenceSteps() {
       if (!Terminal(s.state)) s.fenced = true;
     }
   }
-  std::erase_if(awaiting_holders_, [this](const auto& waiting) {
-    const Step* s = FindStep(waiting.second.job, waiting.second.step);
-    return s == nullptr || s->fenced;
-  });
+  std::erase_if(awaiting_holders_,
+                [this](const auto& waiting) { return StillAwaiting(waiting.second) == nullptr; });
 }
 
 void NodeState::ReportFenced(const Step& s) {

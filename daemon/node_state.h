@@ -295,6 +295,9 @@ class NodeState : public CoordinatorPort::Handler {
   // The ranks that waited for this node's holders (HolderAssignment.planning), now that the
   // coordinator's plan includes the node: replicated to them, or reported not replicated.
   void ReplicateAwaiting();
+  // The step a waiting replication is for, or null when it no longer should be sent (the step
+  // is gone, fenced, aborted or failed).
+  Step* StillAwaiting(const ReplicationRequest& request);
   // `request` to this node's holders, or reported not replicated when it has too few.
   void SendReplication(Step& s, uint32_t rank, ReplicationRequest request);
   // The ranks' replication outcomes, again, unless the step's REPLICATED was decided.

@@ -105,7 +105,7 @@ std::vector<std::string> HolderRegistry::Apply(Planned& planned) {
   }
   // Told `planning` before: told that the plan includes it now, even with the same holders.
   for (const std::string& id : in_flight_) {
-    if (nodes_->count(id) != 0 && unplanned_.count(id) == 0) told.push_back(id);
+    if (unplanned_.count(id) == 0) told.push_back(id);
   }
   in_flight_.clear();
   std::sort(told.begin(), told.end());

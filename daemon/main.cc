@@ -376,6 +376,21 @@ int RunDaemon(const DaemonConfig& config) {
         replicator.Replicate(std::move(request), std::move(done));
       },
       /*remote_coordinator=*/!config.coordinator.empty());
+  // A job the coordinator released (its trainers ended): what this node holds of it for others
+  // goes, and so does its record of what it sent to its own holders, who drop theirs.
+  node.SetJobReleased([&peer_store, &replicator](const std::string& job, uint64_t through) {
+    const uint64_t freed = peer_store.DropJob(job, through);
+    replicator.ForgetJob(job, through);
+    if (freed > 0) {
+      spdlog::info("job '{}' released: {} bytes held for other nodes dropped from the peer pool",
+                   job, freed);
+    }
+  });
+  // Each registration names the jobs this node holds copies of, so that a release it missed
+  // reaches it.
+  if (*coordinator_link) {
+    (*coordinator_link)->SetHeldJobs([&peer_store] { return peer_store.Jobs(); });
+  }
   if (replicas > 0 && config.coordinator.empty()) {
     spdlog::warn(
         "--replicas {}: without a coordinator there is no other node to hold copies; "

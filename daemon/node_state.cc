@@ -6,6 +6,7 @@
 #include "common/atomic_file.h"
 #include "common/logging.h"
 #include "common/manifest_io.h"
+#include "common/names.h"
 #include "common/step_layout.h"
 #include "daemon/node_manifest_builder.h"
 
@@ -945,6 +946,22 @@ void NodeState::ReportMemoryStepsAgain(const Job& j) {
   }
 }
 
+void NodeState::OnJobReleased(const ckptd::v1::JobReleased& released) {
+  size_t kept = 0;
+  if (auto j = jobs_.find(released.job()); j != jobs_.end()) {
+    for (auto& [n, s] : j->second.steps) {
+      if (n > released.through_step()) break;
+      if (s.memory_keep) ++kept;
+      s.memory_keep.reset();  // the hot cache may reuse its slots now
+    }
+  }
+  spdlog::info(
+      "job '{}' released by the coordinator through step {} ({}){}", EscapeForLog(released.job()),
+      released.through_step(), EscapeForLog(released.reason()),
+      kept > 0 ? ": " + std::to_string(kept) + " memory-only step(s) kept here no longer" : "");
+  if (job_released_) job_released_(released.job(), released.through_step());
+}
+
 void NodeState::ReplicateAwaiting() {
   auto awaiting = std::move(awaiting_holders_);
   awaiting_holders_.clear();
@@ -1067,6 +1084,10 @@ void NodeState::OnCoordinatorEvent(const ckptd::v1::CoordinatorEvent& event) {
     holders_ = std::move(holders);
     holders_planning_ = event.holders().planning();
     if (!holders_planning_ || holders_.size() >= replicas_) ReplicateAwaiting();
+    return;
+  }
+  if (event.has_released()) {
+    OnJobReleased(event.released());
     return;
   }
   if (!event.has_step()) return;

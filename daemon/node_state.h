@@ -51,9 +51,9 @@
 //     the report only. It is replicated like a persisted rank, never committed, and ends
 //     REPLICATED (a terminal state for such a step) or FAILED; waits for PERSISTED or COMMITTED
 //     fail at once. Its bytes stay in the hot cache under a keep until a newer step of the job is
-//     replicated (pool pressure still wins), and reported again, whole, after a reconnect (a
-//     restarted coordinator knew it only in memory). Every rank of a step must save it the same
-//     way;
+//     replicated (pool pressure still wins) or the coordinator releases the job (JobReleased: its
+//     trainers ended), and reported again, whole, after a reconnect (a restarted coordinator knew
+//     it only in memory). Every rank of a step must save it the same way;
 //   * every report carries the node's epoch (the coordinator's answer to its last registration);
 //     a registration answered `fenced` (the coordinator declared this process lost while it was
 //     frozen or cut off) fences every step in flight here: it is reported ABORTED in the new
@@ -190,6 +190,12 @@ class NodeState : public CoordinatorPort::Handler {
     replicate_ = std::move(replicate);
     holders_planning_ = remote_coordinator && replicas > 0;
   }
+  // The coordinator released a job (JobReleased: its trainers ended): besides the keeps of its
+  // memory-only steps here, `released` drops what this node holds of it for others. Set before
+  // the loop runs; called on the loop.
+  void SetJobReleased(std::function<void(const std::string& job, uint64_t through_step)> released) {
+    job_released_ = std::move(released);
+  }
   // The holders the coordinator assigned this node (node ids and addresses), for status.
   const std::vector<ReplicaHolder>& holders() const { return holders_; }
 
@@ -304,6 +310,9 @@ class NodeState : public CoordinatorPort::Handler {
   void ReportReplicationAgain(const Step& s);
   // The job's newest replicated memory-only steps still held here, again (after a reconnect).
   void ReportMemoryStepsAgain(const Job& j);
+  // JobReleased: the job's memory-only steps up to its step are kept no longer (nor reported
+  // again), and job_released_ drops what this node holds of it for others.
+  void OnJobReleased(const ckptd::v1::JobReleased& released);
   void FailLocally(Step& s, ckptd::v1::StepState state, const std::string& reason);
   static size_t ActiveSteps(const Job& job);
   void StartDeferred(const std::string& job);
@@ -361,6 +370,7 @@ class NodeState : public CoordinatorPort::Handler {
   uint64_t epoch_ = 0;        // the coordinator's RegisterNodeResponse.epoch, on every report
   uint32_t replicas_ = 0;
   Replicate replicate_;
+  std::function<void(const std::string& job, uint64_t through_step)> job_released_;
   std::vector<ReplicaHolder> holders_;  // the coordinator's HolderAssignment
   // HolderAssignment.planning (or no assignment yet): a plan that includes this node is due.
   // Ranks persisted meanwhile without enough holders wait in `awaiting_holders_`, their

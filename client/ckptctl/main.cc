@@ -3,6 +3,7 @@
 //
 //   ckptctl [--admin ADDR] [--json] status | list JOB | describe JOB STEP | watch | health
 //   ckptctl [--admin ADDR] pin JOB STEP | unpin JOB STEP | delete JOB STEP
+//   ckptctl [--admin ADDR] release-job JOB
 //
 // Offline commands work on a committed step directory (<root>/<job>/step-<step:010d>) without
 // a daemon:
@@ -289,10 +290,10 @@ int main(int argc, char** argv) {
   using namespace ckpt::ctl;
   CLI::App app{
       "ckptctl: observe ckptd daemons and inspect, verify, export and import their checkpoints.\n"
-      "Online commands (status, list, describe, watch, health, pin, unpin, delete) ask a daemon\n"
-      "or coordinator over its admin endpoint; offline commands (inspect, verify, export) work\n"
-      "on a committed step directory (<storage-root>/<job>/step-<step:010d>), import on a\n"
-      "storage root."};
+      "Online commands (status, list, describe, watch, health, pin, unpin, delete, release-job)\n"
+      "ask a daemon or coordinator over its admin endpoint; offline commands (inspect, verify,\n"
+      "export) work on a committed step directory (<storage-root>/<job>/step-<step:010d>),\n"
+      "import on a storage root."};
   app.require_subcommand(1);
   app.fallthrough();  // subcommands inherit it: `ckptctl inspect DIR --json` works too
   bool json = false;
@@ -340,6 +341,10 @@ int main(int argc, char** argv) {
       "delete", "remove a committed checkpoint (never the newest, a pinned or an in-flight one)");
   del->add_option("JOB", job, "job name")->required();
   del->add_option("STEP", step, "step")->required();
+  auto* release = app.add_subcommand(
+      "release-job",
+      "drop a finished job's copies in other nodes' memory now (coordinator; no rank registered)");
+  release->add_option("JOB", job, "job name")->required();
   std::string health_service;
   auto* health = app.add_subcommand(
       "health", "print SERVING or NOT_SERVING; exit 0 only when SERVING (for exec probes)");
@@ -363,7 +368,7 @@ int main(int argc, char** argv) {
   }
   target.json = json;
   if (status->parsed() || list->parsed() || describe->parsed() || watch->parsed() ||
-      health->parsed() || pin->parsed() || unpin->parsed() || del->parsed()) {
+      health->parsed() || pin->parsed() || unpin->parsed() || del->parsed() || release->parsed()) {
     auto t = ckpt::ParseDuration(timeout);
     if (!t.ok() || t->count() <= 0) {
       PrintError("--timeout '" + timeout +
@@ -380,6 +385,7 @@ int main(int argc, char** argv) {
   if (pin->parsed()) return RunStepOperation(target, StepOperation::kPin, job, step);
   if (unpin->parsed()) return RunStepOperation(target, StepOperation::kUnpin, job, step);
   if (del->parsed()) return RunStepOperation(target, StepOperation::kDelete, job, step);
+  if (release->parsed()) return RunReleaseJob(target, job);
   if (inspect->parsed()) return Inspect(dir, json);
   if (verify->parsed()) return Verify(dir, json);
   if (auto rc = RunConversionCommands(conversions)) return *rc;

@@ -289,6 +289,24 @@ int RunStepOperation(const AdminTarget& target, StepOperation op, const std::str
   return kExitOk;
 }
 
+int RunReleaseJob(const AdminTarget& target, const std::string& job) {
+  auto stub = Connect(target);
+  if (!stub.ok()) return Fail(stub.status().ToString());
+  ckptd::v1::ReleaseJobRequest request;
+  request.set_job(job);
+  ckptd::v1::ReleaseJobResponse reply;
+  auto ctx = ContextWithDeadline(target.timeout);
+  const grpc::Status st = (*stub)->ReleaseJob(ctx.get(), request, &reply);
+  if (!st.ok()) return Fail(DescribeRpcError("release-job " + job, st, target));
+  if (target.json) {
+    std::cout << ToJson(reply) << "\n";
+  } else {
+    std::cout << "job '" << job << "': released through step " << reply.through_step()
+              << "; every node drops its copies in memory\n";
+  }
+  return kExitOk;
+}
+
 int RunDescribe(const AdminTarget& target, const std::string& job, uint64_t step) {
   auto stub = Connect(target);
   if (!stub.ok()) return Fail(stub.status().ToString());

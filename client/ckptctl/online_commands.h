@@ -14,6 +14,10 @@
 //                        pinned one or one in flight. The server (a daemon with the embedded
 //                        coordinator, or ckpt-coordinator) refuses all three when it runs with
 //                        admin-read-only.
+//   release-job JOB      drop a finished job's copies in other nodes' memory now (its
+//                        memory-only steps stop being restorable); ckpt-coordinator only, and
+//                        only once no rank of the job is registered. The coordinator does it by
+//                        itself after --peer-job-ttl.
 //
 // --json prints the proto3 JSON mapping of the reply (field names as in admin.proto; 64-bit
 // integers are JSON strings, as that mapping prescribes); watch prints one JSON object per line.
@@ -35,6 +39,7 @@ int RunHealth(const AdminTarget& target, const std::string& service);
 enum class StepOperation { kPin, kUnpin, kDelete };
 int RunStepOperation(const AdminTarget& target, StepOperation op, const std::string& job,
                      uint64_t step);
+int RunReleaseJob(const AdminTarget& target, const std::string& job);
 struct WatchOptions {
   std::string job;          // empty: every job
   uint64_t max_events = 0;  // 0: until interrupted or the stream ends

@@ -50,6 +50,12 @@ class AdminProvider {
     reply(Unimplemented("delete of job '" + job + "' step " + std::to_string(step) +
                         ": this server does not manage checkpoints"));
   }
+  // Releases a finished job's copies in memory (CoordinatorCore::ReleaseJob): the coordinator's.
+  virtual void ReleaseJob(const std::string& job, Reply<ckptd::v1::ReleaseJobResponse> reply) {
+    reply(Unimplemented("release of job '" + job +
+                        "': this server does not coordinate jobs across nodes; ask "
+                        "ckpt-coordinator's admin endpoint"));
+  }
   // Outlives the AdminServer that serves this provider.
   virtual WatchHub& watch_hub() = 0;
 };

@@ -176,6 +176,20 @@ grpc::ServerUnaryReactor* AdminService::DeleteCheckpoint(
   return StepOperation(ctx, "delete", request, response, &AdminProvider::DeleteCheckpoint);
 }
 
+grpc::ServerUnaryReactor* AdminService::ReleaseJob(grpc::CallbackServerContext* ctx,
+                                                   const ckptd::v1::ReleaseJobRequest* request,
+                                                   ckptd::v1::ReleaseJobResponse* response) {
+  auto* reactor = ctx->DefaultReactor();
+  auto reply = FinishWith(reactor, response);
+  Status allowed = CheckWritable("release of job '" + request->job() + "'");
+  if (!allowed.ok()) {
+    reply(allowed);
+  } else {
+    provider_->ReleaseJob(request->job(), std::move(reply));
+  }
+  return reactor;
+}
+
 grpc::ServerWriteReactor<ckptd::v1::WatchEventsResponse>* AdminService::WatchEvents(
     grpc::CallbackServerContext*, const ckptd::v1::WatchEventsRequest* request) {
   return new WatchReactor(provider_->watch_hub(), *request);

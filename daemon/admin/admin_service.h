@@ -9,8 +9,9 @@
 // samples of a step are forwarded at most once per the request's progress_interval_ms.
 // Access: the endpoint's transport rule decides who reaches it at all (loopback, a Unix socket,
 // or TLS with client certificates: daemon/rpc/grpc_server.h); with `read_only` (the
-// admin-read-only key) the operations that change storage — PinCheckpoint, UnpinCheckpoint,
-// DeleteCheckpoint — are refused with PERMISSION_DENIED before the provider sees them.
+// admin-read-only key) the operations that change what is kept — PinCheckpoint, UnpinCheckpoint,
+// DeleteCheckpoint, ReleaseJob — are refused with PERMISSION_DENIED before the provider sees
+// them.
 // Thread safety: gRPC calls it from its own threads; the provider must outlive the server.
 #pragma once
 
@@ -48,6 +49,9 @@ class AdminService final : public ckptd::v1::Admin::CallbackService {
   grpc::ServerUnaryReactor* DeleteCheckpoint(
       grpc::CallbackServerContext* ctx, const ckptd::v1::DeleteCheckpointRequest* request,
       ckptd::v1::DeleteCheckpointResponse* response) override;
+  grpc::ServerUnaryReactor* ReleaseJob(grpc::CallbackServerContext* ctx,
+                                       const ckptd::v1::ReleaseJobRequest* request,
+                                       ckptd::v1::ReleaseJobResponse* response) override;
 
  private:
   // PERMISSION_DENIED for an operation under read_only_; OK otherwise.

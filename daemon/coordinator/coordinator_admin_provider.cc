@@ -203,6 +203,18 @@ void CoordinatorAdminProvider::DeleteCheckpoint(const std::string& job, uint64_t
   }
 }
 
+void CoordinatorAdminProvider::ReleaseJob(const std::string& job,
+                                          Reply<ckptd::v1::ReleaseJobResponse> reply) {
+  auto released = core_->ReleaseJob(job);
+  if (!released.ok()) {
+    reply(released.status());
+    return;
+  }
+  ckptd::v1::ReleaseJobResponse out;
+  out.set_through_step(released->through_step());
+  reply(std::move(out));
+}
+
 void CoordinatorAdminProvider::SampleLoop() {
   MutexLock lock(mu_);
   while (!cv_.WaitFor(mu_, kProgressTick, [this]() REQUIRES(mu_) { return closed_; })) {

@@ -77,6 +77,8 @@ class CoordinatorAdminProvider final : public AdminProvider {
                        Reply<ckptd::v1::UnpinCheckpointResponse> reply) override;
   void DeleteCheckpoint(const std::string& job, uint64_t step,
                         Reply<ckptd::v1::DeleteCheckpointResponse> reply) override;
+  // The core's, at once (it takes the core's mutex briefly and only queues events).
+  void ReleaseJob(const std::string& job, Reply<ckptd::v1::ReleaseJobResponse> reply) override;
   WatchHub& watch_hub() override { return hub_; }
 
  private:

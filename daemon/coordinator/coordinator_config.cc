@@ -31,6 +31,11 @@ const OptionTable<CoordinatorConfig>& Table() {
                "the peer tier's holders are planned again this long after a node joins, changes "
                "or leaves (more changes meanwhile join the same plan), e.g. 100ms",
                Duration(&C::holder_replan_delay)},
+              {"peer-job-ttl",
+               "a job none of whose ranks is registered on any node for this long (its trainers "
+               "ended) has its copies in other nodes' memory dropped and its memory-only steps "
+               "no longer restorable; 0 keeps them until their holders restart, e.g. 30m",
+               Duration(&C::peer_job_ttl)},
               config_keys::Metrics(&C::metrics),
           },
           config_keys::EndpointTls("", serves, "daemons", endpoint),
@@ -48,6 +53,7 @@ Status Validate(const CoordinatorConfig& c) {
   if (c.holder_replan_delay.count() < 0) {
     return InvalidArgument("holder-replan-delay must not be negative");
   }
+  if (c.peer_job_ttl.count() < 0) return InvalidArgument("peer-job-ttl must not be negative");
   return Status::Ok();
 }
 

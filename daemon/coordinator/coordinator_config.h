@@ -26,6 +26,9 @@ struct CoordinatorConfig {
   // The peer tier's holder plan waits this long after a node joins, changes or leaves, for more
   // changes to plan at once (holder_registry.h).
   std::chrono::milliseconds holder_replan_delay{100};
+  // A job none of whose ranks is registered for this long has its copies in memory released
+  // (coordinator_core.h); 0: never.
+  std::chrono::milliseconds peer_job_ttl{std::chrono::minutes(30)};
   std::string metrics;        // Prometheus HTTP endpoint host:port; empty (the default): off
   std::string tls_cert;       // PEM chain; with tls_key: serve over TLS
   std::string tls_key;        //

@@ -49,6 +49,19 @@ ckptd::v1::CoordinatorEvent ReplicationEvent(const std::string& job, uint64_t st
   return e;
 }
 
+// What a node hears when a job's copies in memory are released (Release).
+ckptd::v1::CoordinatorEvent ReleasedEvent(const std::string& job, uint64_t through,
+                                          const std::string& reason) {
+  ckptd::v1::CoordinatorEvent e;
+  e.mutable_released()->set_job(job);
+  e.mutable_released()->set_through_step(through);
+  e.mutable_released()->set_reason(reason);
+  return e;
+}
+
+// RegisterNodeRequest.held_jobs kept per node, at most (a hostile list costs bounded memory).
+constexpr size_t kMaxHeldJobs = 4096;
+
 // Fencing: a report stamped with an epoch that ended when its node was declared lost (frozen
 // or cut off past its lease) is refused; what the node said then may be stale. 0: unstamped.
 Status RefuseFencedReport(uint64_t epoch, uint64_t fenced_through, const std::string& ctx) {
@@ -215,6 +228,15 @@ Result<ckptd::v1::RegisterNodeResponse> CoordinatorCore::RegisterNode(
   holders_.Set(req.node_id(),
                {req.peer_address(), req.failure_domain(), req.peer_pool_bytes(), req.replicas()},
                Clock::now());
+  // The jobs its peer pool holds: a job unknown here (this coordinator restarted since) gets a
+  // record, so that its release clock runs unless a rank of it registers again.
+  n.held_jobs.clear();
+  for (const auto& held : req.held_jobs()) {
+    if (!ValidateJobName(held.job()).ok() || n.held_jobs.size() >= kMaxHeldJobs) continue;
+    n.held_jobs.push_back(held.job());
+    JobRecord& j = jobs_[held.job()];
+    j.held_through = std::max(j.held_through, held.newest_step());
+  }
   cv_.NotifyAll();  // the timer plans the holders
   ckptd::v1::RegisterNodeResponse resp;
   resp.set_lease_ms(static_cast<uint64_t>(config_.lease.count()));
@@ -243,6 +265,17 @@ Status CoordinatorCore::AttachNode(const std::string& node_id, std::shared_ptr<N
     if (j.nodes.count(node_id) != 0 && j.plan) SendPlan(name, j, node_id);
   }
   SendHolders(node_id);
+  // What was released while it was away: the jobs it saved for, and those its peer pool holds.
+  const std::vector<std::string> held = std::move(it->second.held_jobs);
+  it->second.held_jobs.clear();
+  for (const auto& [name, j] : jobs_) {
+    if (!j.released || !j.released_through) continue;
+    if (j.nodes.count(node_id) == 0 && std::find(held.begin(), held.end(), name) == held.end()) {
+      continue;
+    }
+    it->second.sink->Send(
+        ReleasedEvent(name, *j.released_through, "released while this node was away"));
+  }
   return Status::Ok();
 }
 
@@ -266,6 +299,7 @@ LoadPlanner::MemoryHolders CoordinatorCore::HeldInMemoryLocked(const std::string
   LoadPlanner::MemoryHolders held;
   auto j = jobs_.find(job);
   if (j == jobs_.end()) return held;
+  if (j->second.released_through && step <= *j->second.released_through) return held;
   auto s = j->second.steps.find(step);
   if (s == j->second.steps.end() || s->second.state == ckptd::v1::STEP_STATE_ABORTED ||
       s->second.state == ckptd::v1::STEP_STATE_FAILED) {
@@ -687,6 +721,7 @@ Result<ckptd::v1::ReportRegistrationResponse> CoordinatorCore::ReportRegistratio
     }
     WithdrawRank(j->second, req.rank());
     MaybePlan(req.job(), j->second);
+    cv_.NotifyAll();  // the timer may have a job to release
     return resp;
   }
   LayoutFingerprint claimed;
@@ -768,6 +803,8 @@ void CoordinatorCore::SetRank(JobRecord& j, uint32_t rank, RankRecord record) {
   it->second = std::move(record);
   ++j.registrations_version;
   j.plan_dirty = true;
+  j.idle_since.reset();  // live again: what it saves from now on counts
+  j.released = false;
 }
 
 void CoordinatorCore::WithdrawRank(JobRecord& j, uint32_t rank) {
@@ -777,6 +814,7 @@ void CoordinatorCore::WithdrawRank(JobRecord& j, uint32_t rank) {
   j.registrations.erase(it);
   ++j.registrations_version;
   j.plan_dirty = true;
+  if (j.registrations.empty()) j.idle_since = Clock::now();  // the release clock starts
 }
 
 bool CoordinatorCore::Complete(const JobRecord& j) {
@@ -1279,7 +1317,8 @@ Result<std::shared_ptr<const ckptd::v1::Manifest>> CoordinatorCore::StepManifest
   }
   return NotFound(StepName(job, step) +
                   " is not a replicated memory-only step this coordinator holds (never saved "
-                  "with persist=False, failed, too old, or the coordinator restarted)");
+                  "with persist=False, failed, too old, released after its job ended, or the "
+                  "coordinator restarted)");
 }
 
 void CoordinatorCore::TimerLoop() {
@@ -1316,6 +1355,7 @@ void CoordinatorCore::TimerLoop() {
     if (auto due = layouts_.NextDeadline()) next = std::min(next, *due);
     if (auto replan = holders_.TakeDue(now)) PostHolderPlan(std::move(*replan));
     if (auto due = holders_.due()) next = std::min(next, *due);
+    ReleaseIdleJobs(now, &next);
     for (auto& [job, j] : jobs_) {
       for (auto& [step, s] : j.steps) {
         if (!s.replication_decided && s.state != ckptd::v1::STEP_STATE_ABORTED &&
@@ -1349,6 +1389,63 @@ void CoordinatorCore::TimerLoop() {
     }
     cv_.WaitUntil(mu_, next);
   }
+}
+
+void CoordinatorCore::ReleaseIdleJobs(Clock::time_point now, Clock::time_point* next) {
+  if (config_.peer_job_ttl.count() <= 0) return;
+  for (auto& [job, j] : jobs_) {
+    if (!j.registrations.empty() || j.released) continue;
+    if (!j.idle_since) j.idle_since = now;
+    const auto due = *j.idle_since + config_.peer_job_ttl;
+    if (due > now) {
+      *next = std::min(*next, due);
+      continue;
+    }
+    Release(job, j,
+            "no rank of the job registered for " + std::to_string(config_.peer_job_ttl.count()) +
+                " ms (--peer-job-ttl)");
+  }
+}
+
+ckptd::v1::JobReleased CoordinatorCore::Release(const std::string& job, JobRecord& j,
+                                                const std::string& reason) {
+  j.released = true;
+  uint64_t through = std::max(j.released_through.value_or(0), j.held_through);
+  if (!j.steps.empty()) through = std::max(through, j.steps.rbegin()->first);
+  j.released_through = through;
+  size_t memory_only = 0;
+  for (auto& [n, s] : j.steps) {
+    if (s.memory_only && s.memory_manifest) {
+      s.memory_manifest.reset();  // not restorable any more: StepManifest answers NOT_FOUND
+      ++memory_only;
+    }
+  }
+  const ckptd::v1::CoordinatorEvent e = ReleasedEvent(job, through, reason);
+  size_t told = 0;
+  for (auto& [id, n] : nodes_) {
+    if (!n.sink) continue;  // told when it attaches again
+    n.sink->Send(e);
+    ++told;
+  }
+  spdlog::info(
+      "job '{}' released: its copies in memory through step {} no longer count ({} memory-only "
+      "step(s) not restorable any more); {} node(s) told to drop them: {}",
+      job, through, memory_only, told, reason);
+  return e.released();
+}
+
+Result<ckptd::v1::JobReleased> CoordinatorCore::ReleaseJob(const std::string& job) {
+  RETURN_IF_ERROR(ValidateJobName(job));
+  MutexLock lock(mu_);
+  auto j = jobs_.find(job);
+  if (j == jobs_.end()) return NotFound("job '" + job + "' is not known to this coordinator");
+  if (!j->second.registrations.empty()) {
+    return FailedPrecondition("job '" + job + "' has " +
+                              std::to_string(j->second.registrations.size()) +
+                              " rank(s) registered: its trainers run, and their restores may "
+                              "need its copies in memory");
+  }
+  return Release(job, j->second, "released by an operator");
 }
 
 Result<CoordinatorCore::MemoryStepView> CoordinatorCore::DescribeMemoryOnly(const std::string& job,

@@ -54,6 +54,16 @@
 //     registers a rank (the ranks it still holds register again in the new epoch). Its next
 //     registration says `fenced`, and the node aborts what it had in flight (node_state.h).
 //     Unstamped reports (epoch 0: an embedded coordinator, an older daemon) are not checked;
+//   * a finished job's copies in memory are released: once no rank of the job has been
+//     registered on any node for peer_job_ttl (its trainers ended and none came back), or when
+//     an operator asks (ReleaseJob), the coordinator stops counting any copy of its steps so far
+//     (memory-only ones stop being restorable, loads of persisted ones read storage) and tells
+//     every node to drop them (JobReleased): holders free their peer pools, the nodes that saved
+//     them release their hot-cache keeps. A node away meanwhile hears it when it attaches again
+//     (its registration names the jobs its peer pool holds), and a job a restarted coordinator
+//     learns of only from such a list is released after peer_job_ttl unless a rank registers.
+//     A rank registering again makes the job live again; only the steps it saves from then on
+//     count;
 //   * registrations of all ranks of a job give the writer plan (writer_plan.h); it is recomputed
 //     only when a registration changes, off the request threads (the plan thread), and pushed
 //     to each node of the job, each rank's writes tagged with the registration they were
@@ -140,6 +150,9 @@ class CoordinatorCore {
     // The peer-memory tier (holder_registry.h): how long a change of the nodes waits for more
     // before the holders are planned again.
     std::chrono::milliseconds holder_replan_delay{100};
+    // A job none of whose ranks is registered on any node for this long (its trainers ended)
+    // is released: every node drops its copies in memory (JobReleased). 0: never.
+    std::chrono::milliseconds peer_job_ttl{std::chrono::minutes(30)};
     size_t finished_steps_kept = 64;  // per job, to answer late reports
     // A step the recovery scan removed is answered ABORTED when a daemon reports it again: it
     // was in flight on a live daemon when the coordinator restarted. False in process: the
@@ -235,6 +248,10 @@ class CoordinatorCore {
   Result<std::optional<uint64_t>> RestorePoint(const std::string& job, uint32_t rank,
                                                uint32_t world_size, const std::string& session);
   Result<std::vector<uint64_t>> List(const std::string& job);
+  // An operator releases a finished job's copies in memory now, without waiting for
+  // peer_job_ttl: the JobReleased event sent to every node. NOT_FOUND for a job this coordinator
+  // knows nothing of; FAILED_PRECONDITION while a rank of it is registered (its trainers run).
+  Result<ckptd::v1::JobReleased> ReleaseJob(const std::string& job);
   // The manifest of a memory-only step (it is nowhere else): NOT_FOUND when this coordinator
   // holds none for it.
   Result<std::shared_ptr<const ckptd::v1::Manifest>> StepManifest(const std::string& job,
@@ -329,6 +346,15 @@ class CoordinatorCore {
     // Steps removed without a record here (by the restart scan, or as unreported leftovers
     // below a commit): a daemon that reports one later hears ABORTED.
     std::set<uint64_t> recovered_aborted;
+    // Releasing its copies in memory: since when no rank is registered (null while one is),
+    // whether that idle spell ended in a release, and the newest step ever released (no copy of
+    // it or an older step counts again, whatever a node reports: HeldInMemoryLocked).
+    std::optional<std::chrono::steady_clock::time_point> idle_since;
+    bool released = false;
+    std::optional<uint64_t> released_through;
+    // The newest step of it some node's peer pool held when it registered (held_jobs): a job a
+    // restarted coordinator knows only from those lists is released through it.
+    uint64_t held_through = 0;
   };
   struct NodeRecord {
     std::string instance;
@@ -343,6 +369,8 @@ class CoordinatorCore {
     uint64_t fenced_through = 0;
     bool lost = false;
     bool fence_pending = false;
+    // RegisterNodeRequest.held_jobs (by name): told on attach which were released meanwhile.
+    std::vector<std::string> held_jobs;
   };
 
   static bool Terminal(ckptd::v1::StepState s);
@@ -416,6 +444,12 @@ class CoordinatorCore {
   void DecideReplication(const std::string& job, StepRecord& s,
                          const ckptd::v1::CoordinatorEvent& e) REQUIRES(mu_);
   void SendHolders(const std::string& node_id) REQUIRES(mu_);
+  // Releases the job's copies in memory: counted no more, and every attached node told.
+  ckptd::v1::JobReleased Release(const std::string& job, JobRecord& j, const std::string& reason)
+      REQUIRES(mu_);
+  // Starts or runs the release clock of each job without registered ranks; the next deadline.
+  void ReleaseIdleJobs(std::chrono::steady_clock::time_point now,
+                       std::chrono::steady_clock::time_point* next) REQUIRES(mu_);
   // The peer tier's holder plan, due (HolderRegistry::TakeDue): computed on the plan thread
   // without the mutex, then applied and sent to the nodes whose holders changed.
   void PostHolderPlan(HolderRegistry::Replan replan) REQUIRES(mu_);

@@ -9,6 +9,7 @@
 //
 //   ckpt-coordinator --listen ADDR --storage-root DIR [--keep N] [--keep-every M]
 //                    [--step-timeout 10m] [--lease 10s] [--holder-replan-delay 100ms]
+//                    [--peer-job-ttl 30m]
 //                    [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]] [--allow-plaintext]
 //                    [--admin-read-only] [--metrics HOST:PORT] [--log-level info]
 //                    [--config FILE] [--print-config]
@@ -67,6 +68,7 @@ int main(int argc, char** argv) {
   config.step_timeout = flags.step_timeout;
   config.lease = flags.lease;
   config.holder_replan_delay = flags.holder_replan_delay;
+  config.peer_job_ttl = flags.peer_job_ttl;
   config.writer = std::string("ckpt-coordinator ") + ckpt::kVersion;
   ckpt::CoordinatorMetrics metrics(ckpt::kVersion);
   if (!flags.metrics.empty()) {

@@ -114,6 +114,30 @@ uint64_t PeerStore::DropStep(const std::string& job, uint64_t step) {
   MutexLock lock(mu_);
   auto it = steps_.find({job, step});
   if (it == steps_.end()) return 0;
+  return DropStepLocked(it);
+}
+
+uint64_t PeerStore::DropJob(const std::string& job, uint64_t through_step) {
+  MutexLock lock(mu_);
+  uint64_t freed = 0;
+  for (auto it = steps_.lower_bound({job, 0});
+       it != steps_.end() && it->first.first == job && it->first.second <= through_step;) {
+    freed += DropStepLocked(it++);
+  }
+  return freed;
+}
+
+std::vector<std::pair<std::string, uint64_t>> PeerStore::Jobs() const {
+  MutexLock lock(mu_);
+  std::vector<std::pair<std::string, uint64_t>> jobs;
+  for (const auto& [key, files] : steps_) {  // (job, step) order: a job's newest step is last
+    if (jobs.empty() || jobs.back().first != key.first) jobs.emplace_back(key.first, 0);
+    jobs.back().second = key.second;
+  }
+  return jobs;
+}
+
+uint64_t PeerStore::DropStepLocked(std::map<Key, Files>::iterator it) {
   uint64_t freed = 0;
   for (const auto& [file, regions] : it->second) {
     for (const auto& [offset, held] : regions) {

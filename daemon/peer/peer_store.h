@@ -5,7 +5,8 @@
 // A PUT that does not fit is refused with kResourceExhausted ("peer pool full", naming the
 // region, the bytes held and the budget); nothing already held is ever evicted to make room,
 // because a held copy may be the only restorable copy of a step whose owner died. Space comes
-// back when the owner (or the coordinator acting for it) DROPs a step or a file of it, when a
+// back when the owner DROPs a step or a file of it, when the coordinator releases the job (its
+// trainers ended: DropJob), when a
 // PUT of the same (job, step, file, offset) replaces the region it sent before (a retried
 // replication), and when a newer step of the same data file arrives while `max_steps_per_file`
 // steps of it are held: the oldest goes. That last rule only reclaims copies their sender no
@@ -85,6 +86,11 @@ class PeerStore {
   uint64_t DropStep(const std::string& job, uint64_t step);
   // Forgets the regions of one data file of (job, step); returns the bytes freed.
   uint64_t DropFile(const std::string& job, uint64_t step, const std::string& file);
+  // Forgets every region of the job's steps up to `through_step` (the coordinator released
+  // the job: JobReleased); returns the bytes freed.
+  uint64_t DropJob(const std::string& job, uint64_t through_step);
+  // The jobs of which some region is held, in name order, each with the newest step held.
+  std::vector<std::pair<std::string, uint64_t>> Jobs() const;
 
   uint64_t budget() const { return budget_; }
   uint64_t used() const;  // held + reserved
@@ -103,6 +109,7 @@ class PeerStore {
   void Unreserve(uint64_t bytes);
   uint64_t DropFileLocked(const std::string& job, uint64_t step, const std::string& file)
       REQUIRES(mu_);
+  uint64_t DropStepLocked(std::map<Key, Files>::iterator it) REQUIRES(mu_);
   // After a region of (job, step, file) arrived: the oldest steps of that file beyond
   // max_steps_per_file go (never `step`).
   void DropSupersededLocked(const std::string& job, uint64_t step, const std::string& file)

@@ -24,6 +24,20 @@ void Replicator::Stop() {
   thread_.Stop();
 }
 
+void Replicator::ForgetJob(const std::string& job, uint64_t through_step) {
+  // Not posted while stopping: the record goes with the replicator.
+  (void)thread_.Post([this, job, through_step] {
+    for (auto it = sent_.lower_bound({job, std::string()});
+         it != sent_.end() && it->first.first == job;) {
+      for (auto h = it->second.begin(); h != it->second.end();) {
+        std::erase_if(h->second, [through_step](uint64_t step) { return step <= through_step; });
+        h = h->second.empty() ? it->second.erase(h) : std::next(h);
+      }
+      it = it->second.empty() ? sent_.erase(it) : std::next(it);
+    }
+  });
+}
+
 void Replicator::Replicate(Request request, Done done) {
   auto shared = std::make_shared<std::pair<Request, Done>>(std::move(request), std::move(done));
   auto finish = [shared](Status st, std::vector<std::string> held) {

@@ -74,6 +74,9 @@ class Replicator {
   void Stop();
 
   void Replicate(Request request, Done done);
+  // The coordinator released the job (JobReleased): its holders dropped its steps up to
+  // `through_step` themselves, so this node's record of them goes too (later steps stay).
+  void ForgetJob(const std::string& job, uint64_t through_step);
 
  private:
   // `sent_any`: set once a PUT went out (the holder may hold part of the step).

@@ -86,6 +86,13 @@ void CoordinatorLink::WatchLoop() {
     req.set_failure_domain(config_.failure_domain);
     req.set_peer_pool_bytes(config_.peer_pool_bytes);
     req.set_replicas(config_.replicas);
+    if (held_jobs_) {
+      for (auto& [job, newest] : held_jobs_()) {
+        auto* held = req.add_held_jobs();
+        held->set_job(std::move(job));
+        held->set_newest_step(newest);
+      }
+    }
     req.set_instance(instance_);
     ckptd::v1::RegisterNodeResponse resp;
     grpc::Status st;

@@ -77,6 +77,11 @@ class CoordinatorLink final : public CoordinatorPort {
   const Config& config() const { return config_; }
   // The data plane's advertised address (host:port); before Start.
   void SetPeerAddress(std::string address) { peer_address_ = std::move(address); }
+  // The jobs this node's peer pool holds and the newest step of each
+  // (RegisterNodeRequest.held_jobs), asked at each registration from the link's thread; before
+  // Start. Unset: none.
+  using HeldJobs = std::function<std::vector<std::pair<std::string, uint64_t>>()>;
+  void SetHeldJobs(HeldJobs held_jobs) { held_jobs_ = std::move(held_jobs); }
 
  private:
   static constexpr size_t kMaxQueued = 100'000;
@@ -97,6 +102,7 @@ class CoordinatorLink final : public CoordinatorPort {
   boost::asio::io_context& io_;
   Config config_;
   std::string peer_address_;
+  HeldJobs held_jobs_;
   std::string instance_;
   Handler* handler_ = nullptr;
   std::shared_ptr<grpc::Channel> channel_;

@@ -2,7 +2,8 @@
 // (proto/README.md §4.2): a step saved with persist=False is never written, restores on a
 // replacement node from its peers' memory, and stops being restorable once its copies are gone;
 // a daemon that stops answering stops counting as a copy within seconds, and when it wakes it
-// rejoins (within its lease) or stays fenced from what it held (after it).
+// rejoins (within its lease) or stays fenced from what it held (after it); once a job's trainers
+// have all ended, the coordinator releases its copies and every peer pool gives them back.
 #include "tests/integration/peer_tier_harness.h"  // first: it configures Catch
 
 #include <filesystem>
@@ -19,12 +20,8 @@ TEST_CASE(
   Tier t(kFour, "1", 1);
   auto& nodes = t.nodes;
   auto& ranks = t.ranks;
-  // Step 1 persisted, step 2 memory-only.
-  for (auto& r : ranks) REQUIRE_OK(r->SaveStep(1));
-  for (auto& r : ranks) REQUIRE_OK(r->WaitCommitted(1));
-  for (auto& r : ranks) REQUIRE_OK(r->SaveStep(2, /*persist=*/false));
+  SaveCommittedThenMemoryOnly(ranks);
   for (auto& r : ranks) {
-    REQUIRE_OK(r->client().Wait(2, WaitState::kReplicated, std::chrono::seconds(60)));
     const Status committed = r->client().Wait(2, WaitState::kCommitted, std::chrono::seconds(5));
     CHECK(committed.code() == StatusCode::kFailedPrecondition);
     CHECK_THAT(committed.message(), Catch::Contains("memory-only"));
@@ -92,12 +89,7 @@ TEST_CASE(
   Tier t(3, "1", 1);
   auto& nodes = t.nodes;
   auto& ranks = t.ranks;
-  for (auto& r : ranks) REQUIRE_OK(r->SaveStep(1));
-  for (auto& r : ranks) REQUIRE_OK(r->WaitCommitted(1));
-  for (auto& r : ranks) REQUIRE_OK(r->SaveStep(2, /*persist=*/false));
-  for (auto& r : ranks) {
-    REQUIRE_OK(r->client().Wait(2, WaitState::kReplicated, std::chrono::seconds(60)));
-  }
+  SaveCommittedThenMemoryOnly(ranks);
   // The step's manifest lived in the coordinator's memory only; the daemons report the step
   // again when they reconnect, and once all three did it is restorable again.
   t.coordinator.Restart();
@@ -130,12 +122,7 @@ TEST_CASE(
   Tier t(3, "1", 1, 1, {"--lease", fenced ? "3s" : "30s"});
   auto& nodes = t.nodes;
   auto& ranks = t.ranks;
-  for (auto& r : ranks) REQUIRE_OK(r->SaveStep(1));
-  for (auto& r : ranks) REQUIRE_OK(r->WaitCommitted(1));
-  for (auto& r : ranks) REQUIRE_OK(r->SaveStep(2, /*persist=*/false));
-  for (auto& r : ranks) {
-    REQUIRE_OK(r->client().Wait(2, WaitState::kReplicated, std::chrono::seconds(60)));
-  }
+  SaveCommittedThenMemoryOnly(ranks);
   const auto before = CopiesOf(t.coordinator, 2, 1);
   REQUIRE(Has(before, "n1"));
   REQUIRE(before.size() == 2);  // its node and its holder
@@ -175,6 +162,59 @@ TEST_CASE(
   // afresh), a persisted step 3 on every rank commits and is replicated, and restores
   // bit-exactly on every rank.
   TrainsOn(nodes, ranks, 3);
+}
+
+TEST_CASE(
+    "peer tier: a finished job's copies leave every peer pool after --peer-job-ttl, and its "
+    "memory-only step stops being restorable",
+    "[peer_tier]") {
+  Tier t(3, "1", 1, 1, {"--peer-job-ttl", "2s"});
+  auto& nodes = t.nodes;
+  auto& ranks = t.ranks;
+  SaveCommittedThenMemoryOnly(ranks);
+  uint64_t held = 0;
+  for (const auto& n : nodes) held += StatusOf(*n).peer().held_bytes();
+  REQUIRE(held > 0);
+  {
+    // While its trainers run, an operator cannot release it either.
+    auto [rc, out] = RunCkptctl(t.dir, {"--admin", t.coordinator.address(), "release-job", kJob});
+    INFO(out);
+    CHECK(rc == 1);
+    CHECK_THAT(out, Catch::Contains("3 rank(s) registered"));
+  }
+
+  // Every trainer ends: the daemons withdraw their ranks, and 2 s later the coordinator
+  // releases the job. Every holder drops what it held for the others.
+  for (auto& r : ranks) r.reset();
+  for (const auto& n : nodes) {
+    REQUIRE(PollUntil([&] { return StatusOf(*n).peer().held_bytes() == 0; }));
+  }
+  CHECK_THAT(t.coordinator.Log(), Catch::Contains("job '" + kJob + "' released"));
+  {
+    // Step 2 is gone from the coordinator's memory: not described, not restorable.
+    auto [rc, out] = RunCkptctl(t.dir, {"--admin", t.coordinator.address(), "describe", kJob, "2"});
+    INFO(out);
+    CHECK(rc == 1);
+  }
+  // The job comes back: its restore point is the persisted step, which loads.
+  for (int i = 0; i < 3; ++i) {
+    ranks[static_cast<size_t>(i)] = std::make_unique<ModelRank>(
+        nodes[static_cast<size_t>(i)]->socket(), kJob, i, 3, 1, kTensors);
+  }
+  for (auto& r : ranks) {
+    auto point = r->client().RestorePoint();
+    REQUIRE_OK(point);
+    CHECK(*point == std::optional<uint64_t>(1));
+  }
+  LoadEveryRankAndCheck(ranks, 1);
+  {
+    // A daemon is the wrong endpoint for it: it names the coordinator.
+    auto [rc, out] =
+        RunCkptctl(t.dir, {"--admin", "unix:" + nodes[0]->admin_socket(), "release-job", kJob});
+    INFO(out);
+    CHECK(rc == 1);
+    CHECK_THAT(out, Catch::Contains("ckpt-coordinator"));
+  }
 }
 
 }  // namespace

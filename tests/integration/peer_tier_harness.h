@@ -67,6 +67,16 @@ struct Tier {
   std::vector<std::unique_ptr<ModelRank>> ranks;
 };
 
+// Every rank saves step 1 to storage (committed), then step 2 memory-only (replicated).
+inline void SaveCommittedThenMemoryOnly(std::vector<std::unique_ptr<ModelRank>>& ranks) {
+  for (auto& r : ranks) REQUIRE_OK(r->SaveStep(1));
+  for (auto& r : ranks) REQUIRE_OK(r->WaitCommitted(1));
+  for (auto& r : ranks) REQUIRE_OK(r->SaveStep(2, /*persist=*/false));
+  for (auto& r : ranks) {
+    REQUIRE_OK(r->client().Wait(2, WaitState::kReplicated, std::chrono::seconds(60)));
+  }
+}
+
 // The nodes the coordinator counts as holding rank `rank` of a memory-only step in memory now.
 inline std::vector<std::string> CopiesOf(const CoordinatorProcess& coordinator, uint64_t step,
                                          uint32_t rank) {

@@ -3,8 +3,8 @@
 // a step from retention across a daemon restart and `unpin` hands it back to the next commit;
 // `ckptctl delete` refuses the newest committed step and removes an older one so that `list`
 // and `verify` no longer see it; pin of a missing step and hostile job names are clear errors;
-// admin-read-only refuses all three. Under a global coordinator the daemon refuses them naming
-// the coordinator, which serves them itself.
+// admin-read-only refuses all three, and release-job too. Under a global coordinator the daemon
+// refuses them naming the coordinator, which serves them itself.
 #include "tests/integration/coordinator_harness.h"  // first: it configures Catch
 
 #include <sys/mman.h>
@@ -214,7 +214,7 @@ TEST_CASE("retention: ckptctl delete refuses the newest step and removes an olde
   CHECK(daemon.Alive());
 }
 
-TEST_CASE("retention: admin-read-only refuses pin, unpin and delete but still lists",
+TEST_CASE("retention: admin-read-only refuses pin, unpin, delete and release-job but still lists",
           "[daemon][ops][retention][access]") {
   TempDir dir;
   auto options = DaemonProcess::InDir(dir);
@@ -230,6 +230,12 @@ TEST_CASE("retention: admin-read-only refuses pin, unpin and delete but still li
     CHECK(rc == 1);
     CHECK_THAT(out, Catch::Contains("PERMISSION_DENIED"));
     CHECK_THAT(out, Catch::Contains("read-only"));
+  }
+  {
+    auto [rc, out] = RunCkptctl(dir, {"--admin", admin, "release-job", "ro"});
+    INFO(out);
+    CHECK(rc == 1);
+    CHECK_THAT(out, Catch::Contains("PERMISSION_DENIED"));
   }
   CHECK(Committed(daemon.root(), "ro") == std::vector<uint64_t>{1, 2});
   CHECK_THAT(List(dir, admin, "ro"), Catch::Contains("2 committed checkpoints"));

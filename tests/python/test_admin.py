@@ -161,7 +161,7 @@ class AdminTest(unittest.TestCase):
                     methods = {m.name for m in service.method}
         self.assertEqual(methods, {"GetStatus", "ListCheckpoints", "DescribeCheckpoint",
                                    "WatchEvents", "PinCheckpoint", "UnpinCheckpoint",
-                                   "DeleteCheckpoint"})
+                                   "DeleteCheckpoint", "ReleaseJob"})
 
     # -- ckptctl --json -----------------------------------------------------------------------
 

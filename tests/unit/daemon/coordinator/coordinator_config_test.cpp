@@ -30,6 +30,7 @@ const char* const kKeys[] = {"listen",
                              "step-timeout",
                              "lease",
                              "holder-replan-delay",
+                             "peer-job-ttl",
                              "metrics",
                              "tls-cert",
                              "tls-key",
@@ -79,6 +80,10 @@ TEST_CASE("coordinator config: flags and their defaults", "[coordinator_config]"
         milliseconds(2000));
   CHECK(LoadOk({"--storage-root", "r", "--holder-replan-delay", "0s"}).holder_replan_delay ==
         milliseconds(0));
+  CHECK(LoadOk({"--storage-root", "r"}).peer_job_ttl == std::chrono::minutes(30));
+  CHECK(LoadOk({"--storage-root", "r", "--peer-job-ttl", "0s"}).peer_job_ttl == milliseconds(0));
+  CHECK_THAT(LoadError({"--storage-root", "r", "--peer-job-ttl", "-1s"}).message(),
+             Contains("peer-job-ttl"));
   CHECK_FALSE(LoadOk({"--storage-root", "r", "--allow-plaintext=false"}).allow_plaintext);
   // A repeated flag: the last wins.
   CHECK(LoadOk({"--storage-root", "a", "--storage-root", "b"}).storage_root == "b");

@@ -1,12 +1,15 @@
 // Memory-only steps in the global coordinator (CoordinatorCore, coordinator_core.h): saved with
 // persist=False, every report carries memory_only; the step is never written nor committed, its
 // manifest is merged and kept in the coordinator, it ends REPLICATED (or FAILED), and Latest /
-// RestorePoint name it only while every rank has a live copy in some daemon's memory.
+// RestorePoint name it only while every rank has a live copy in some daemon's memory; once the
+// job's trainers ended, its copies are released (ReleaseJob, or --peer-job-ttl) and no longer
+// count.
 //
 // Every test runs world 2: rank 0 on node "a", rank 1 on node "b". The commit thread is waited
 // for with WaitIdle (no sleeps); every decision the core sends is then in the sinks.
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <condition_variable>
 #include <filesystem>
 #include <mutex>
 
@@ -29,8 +32,29 @@ constexpr uint32_t kWorld = 2;
 class RecordingSink final : public NodeSink {
  public:
   void Send(const pb::CoordinatorEvent& e) override {
+    {
+      std::lock_guard lock(mu_);
+      events_.push_back(e);
+    }
+    cv_.notify_all();
+  }
+  // The JobReleased events of `job` sent so far.
+  std::vector<pb::JobReleased> Released(const std::string& job) {
     std::lock_guard lock(mu_);
-    events_.push_back(e);
+    std::vector<pb::JobReleased> out;
+    for (const auto& e : events_) {
+      if (e.has_released() && e.released().job() == job) out.push_back(e.released());
+    }
+    return out;
+  }
+  // Until a JobReleased of `job` was sent (false after 60 s: a hang, not a timing bound).
+  bool WaitReleased(const std::string& job) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(60), [&] {
+      return std::any_of(events_.begin(), events_.end(), [&](const pb::CoordinatorEvent& e) {
+        return e.has_released() && e.released().job() == job;
+      });
+    });
   }
   std::vector<pb::StepDecision> Decisions(uint64_t step) {
     std::lock_guard lock(mu_);
@@ -50,6 +74,7 @@ class RecordingSink final : public NodeSink {
 
  private:
   std::mutex mu_;
+  std::condition_variable cv_;
   std::vector<pb::CoordinatorEvent> events_;
 };
 
@@ -80,15 +105,44 @@ struct Fixture {
   }
   // Registers `node` as process `instance` (another instance: its daemon restarted) and opens
   // its event stream.
-  void Register(const std::string& node, const std::string& instance) {
+  // `held_jobs`: its peer pool holds steps of these jobs (up to step 5).
+  void Register(const std::string& node, const std::string& instance,
+                const std::vector<std::string>& held_jobs = {}) {
     pb::RegisterNodeRequest req;
     req.set_node_id(node);
     req.set_instance(instance);
+    for (const auto& job : held_jobs) {
+      auto* held = req.add_held_jobs();
+      held->set_job(job);
+      held->set_newest_step(5);
+    }
     REQUIRE(core->RegisterNode(req, "test").ok());
     sinks[node] = std::make_shared<RecordingSink>();
     REQUIRE(core->AttachNode(node, sinks[node]).ok());
   }
   void Detach(const std::string& node) { core->DetachNode(node, sinks[node].get()); }
+  // `rank`'s trainer registers its tensors on its node (or, `withdrawn`, its session ended).
+  void RegisterRank(uint32_t rank, bool withdrawn = false) {
+    pb::ReportRegistrationRequest req;
+    req.set_node_id(NodeOf(rank));
+    req.set_job("j");
+    req.set_rank(rank);
+    req.set_world_size(kWorld);
+    req.set_registration_id(100 + rank);
+    req.set_withdrawn(withdrawn);
+    if (!withdrawn) {
+      auto* shard = req.add_shards();
+      shard->set_name("w" + std::to_string(rank));
+      shard->set_dtype("float32");
+      shard->add_global_shape(256);
+      shard->mutable_geometry()->mutable_box()->add_offsets(0);
+      shard->mutable_geometry()->mutable_box()->add_lengths(256);
+      shard->set_bytes(1024);
+    }
+    auto resp = core->ReportRegistration(req);
+    INFO(resp.status().ToString());
+    REQUIRE(resp.ok());
+  }
   // The node's stream opens again (the same process: what it held in memory it still holds).
   void Reattach(const std::string& node) {
     sinks[node] = std::make_shared<RecordingSink>();
@@ -479,6 +533,94 @@ TEST_CASE("CoordinatorCore: a memory-only step does not restore from daemons tha
   f.Register("b", "i-b-2");  // b restarted too: no process holds either rank any more
   CHECK(f.Latest() == 1);
   CHECK(f.RestorePoint(0, "session-1") == 1);
+}
+
+TEST_CASE(
+    "CoordinatorCore: a finished job's copies in memory are released, count no more, and a rank "
+    "registering makes the job live again",
+    "[coordinator_core][memory_only]") {
+  Fixture f;
+  f.Start({"a", "b", "c"});
+  f.RegisterRank(0);
+  f.RegisterRank(1);
+  f.SaveCommitted(1);
+  f.SaveReplicated(2, {{"c"}, {"c"}});
+  REQUIRE(f.Latest() == 2);
+
+  // Its trainers run: refused, nothing released.
+  auto refused = f.core->ReleaseJob("j");
+  CHECK(refused.status().code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(refused.status().message(), Contains("2 rank(s) registered"));
+  CHECK(f.core->ReleaseJob("nobody").status().code() == StatusCode::kNotFound);
+  CHECK(f.sinks["c"]->Released("j").empty());
+  CHECK(f.Latest() == 2);
+
+  // Its trainers ended: every node hears the release, through the newest step.
+  f.RegisterRank(0, /*withdrawn=*/true);
+  f.RegisterRank(1, /*withdrawn=*/true);
+  auto released = f.core->ReleaseJob("j");
+  REQUIRE(released.ok());
+  CHECK(released->through_step() == 2);
+  for (const std::string node : {"a", "b", "c"}) {
+    INFO(node);
+    const auto heard = f.sinks[node]->Released("j");
+    REQUIRE(heard.size() == 1);
+    CHECK(heard[0].through_step() == 2);
+    CHECK_THAT(heard[0].reason(), Contains("operator"));
+  }
+  // No copy of step 2 counts any more, whatever a node reports of it.
+  CHECK(f.Latest() == 1);
+  CHECK(f.core->StepManifest("j", 2).status().code() == StatusCode::kNotFound);
+  f.Replicated(2, 0, {"c"});
+  CHECK(f.Latest() == 1);
+  CHECK(f.RestorePoint(0, "session-1") == 1);
+
+  // A node away meanwhile hears it when it attaches, if its peer pool holds the job.
+  f.Register("d", "i-d", {"j"});
+  CHECK(f.sinks["d"]->Released("j").size() == 1);
+  f.Register("e", "i-e", {"other"});
+  CHECK(f.sinks["e"]->Released("j").empty());
+
+  // The job runs again: what it saves from now on counts.
+  f.RegisterRank(0);
+  f.RegisterRank(1);
+  f.SaveReplicated(3, {{"c"}, {"c"}});
+  CHECK(f.Latest() == 3);
+}
+
+TEST_CASE(
+    "CoordinatorCore: a job without a registered rank for --peer-job-ttl is released, a job "
+    "whose ranks are registered never is",
+    "[coordinator_core][memory_only]") {
+  Fixture f;
+  f.config.peer_job_ttl = std::chrono::milliseconds(300);
+  f.Start({"a", "b"});
+  f.RegisterRank(0);
+  f.RegisterRank(1);
+  f.SaveReplicated(1, {{"b"}, {"a"}});
+  REQUIRE(f.Latest() == 1);
+  // A node whose peer pool holds job "k", which the coordinator knows nothing of (it restarted
+  // since): k is released after the same time.
+  const auto idle_from = std::chrono::steady_clock::now();
+  f.Register("c", "i-c", {"k"});
+  REQUIRE(f.sinks["c"]->WaitReleased("k"));
+  CHECK(std::chrono::steady_clock::now() - idle_from >= f.config.peer_job_ttl);
+  CHECK(f.sinks["c"]->Released("k")[0].through_step() == 5);  // all the node said it holds
+  // Job j's ranks stayed registered all along (since before k's clock started): not released.
+  CHECK(f.sinks["c"]->Released("j").empty());
+  CHECK(f.Latest() == 1);
+
+  // j's trainers end: released once the TTL has run from then.
+  const auto ended = std::chrono::steady_clock::now();
+  f.RegisterRank(0, /*withdrawn=*/true);
+  f.RegisterRank(1, /*withdrawn=*/true);
+  REQUIRE(f.sinks["a"]->WaitReleased("j"));
+  CHECK(std::chrono::steady_clock::now() - ended >= f.config.peer_job_ttl);
+  const auto heard = f.sinks["b"]->Released("j");
+  REQUIRE(heard.size() == 1);
+  CHECK(heard[0].through_step() == 1);
+  CHECK_THAT(heard[0].reason(), Contains("--peer-job-ttl"));
+  CHECK(f.Latest() == -1);
 }
 
 }  // namespace

@@ -77,6 +77,27 @@ TEST_CASE("peer store: dropping one file of a step keeps the other nodes' files"
   CHECK(store.used() == 0);
 }
 
+TEST_CASE("peer store: a released job's steps go up to the step named, other jobs stay", "[peer]") {
+  PeerStore store(1 << 20);
+  const std::string other = "rank-00001.data";
+  REQUIRE_OK(PutRegion(store, {"job", 1, kFile, 0, 100}, 1));
+  REQUIRE_OK(PutRegion(store, {"job", 2, other, 0, 200}, 2));
+  REQUIRE_OK(PutRegion(store, {"job", 3, kFile, 0, 400}, 3));
+  REQUIRE_OK(PutRegion(store, {"job-b", 1, kFile, 0, 800}, 4));
+  REQUIRE_OK(PutRegion(store, {"jo", 9, kFile, 0, 1600}, 5));
+  using Jobs = std::vector<std::pair<std::string, uint64_t>>;
+  CHECK(store.Jobs() == Jobs{{"jo", 9}, {"job", 3}, {"job-b", 1}});
+  CHECK(store.DropJob("job", 2) == 300);
+  CHECK(store.held_bytes() == 2800);
+  CHECK(store.region_count() == 3);
+  CHECK_FALSE(store.Holds({"job", 2, other, 0, 1}));
+  CHECK(store.Holds({"job", 3, kFile, 0, 400}));  // saved after the release: stays
+  CHECK(store.DropJob("job", 10) == 400);
+  CHECK(store.DropJob("job", 10) == 0);
+  CHECK(store.Jobs() == Jobs{{"jo", 9}, {"job-b", 1}});
+  CHECK(store.held_bytes() == 2400);
+}
+
 TEST_CASE("peer store: a file's oldest step goes when a newer one arrives past the limit",
           "[peer]") {
   PeerStore store(100000, 3);

@@ -59,8 +59,10 @@ ckptd::v1::CoordinatorEvent ReleasedEvent(const std::string& job, uint64_t throu
   return e;
 }
 
-// RegisterNodeRequest.held_jobs kept per node, at most (a hostile list costs bounded memory).
+// RegisterNodeRequest.held_jobs kept per node, at most (a hostile list costs bounded memory),
+// and no job record is made for one once the coordinator holds this many.
 constexpr size_t kMaxHeldJobs = 4096;
+constexpr size_t kMaxJobsLearnedFromHolders = 16384;
 
 // Fencing: a report stamped with an epoch that ended when its node was declared lost (frozen
 // or cut off past its lease) is refused; what the node said then may be stale. 0: unstamped.
@@ -233,9 +235,18 @@ Result<ckptd::v1::RegisterNodeResponse> CoordinatorCore::RegisterNode(
   n.held_jobs.clear();
   for (const auto& held : req.held_jobs()) {
     if (!ValidateJobName(held.job()).ok() || n.held_jobs.size() >= kMaxHeldJobs) continue;
-    n.held_jobs.push_back(held.job());
-    JobRecord& j = jobs_[held.job()];
-    j.held_through = std::max(j.held_through, held.newest_step());
+    auto j = jobs_.find(held.job());
+    if (j == jobs_.end()) {
+      if (jobs_.size() >= kMaxJobsLearnedFromHolders) continue;  // a hostile flood: bounded
+      j = jobs_.try_emplace(held.job()).first;
+    }
+    n.held_jobs.insert(held.job());
+    j->second.held_through = std::max(j->second.held_through, held.newest_step());
+    // Copies newer than its release surfaced (a node away then, or a PUT that landed after
+    // it): the job is released again, through them.
+    if (j->second.released && held.newest_step() > j->second.released_through.value_or(0)) {
+      j->second.released = false;
+    }
   }
   cv_.NotifyAll();  // the timer plans the holders
   ckptd::v1::RegisterNodeResponse resp;
@@ -265,16 +276,19 @@ Status CoordinatorCore::AttachNode(const std::string& node_id, std::shared_ptr<N
     if (j.nodes.count(node_id) != 0 && j.plan) SendPlan(name, j, node_id);
   }
   SendHolders(node_id);
-  // What was released while it was away: the jobs it saved for, and those its peer pool holds.
-  const std::vector<std::string> held = std::move(it->second.held_jobs);
+  // What was released while it was away: each job its peer pool holds that was ever released
+  // (those steps never count again, even if the job came back), and, while they stay released,
+  // the jobs it saved for (its own keeps).
+  const std::set<std::string> held = std::move(it->second.held_jobs);
   it->second.held_jobs.clear();
   for (const auto& [name, j] : jobs_) {
-    if (!j.released || !j.released_through) continue;
-    if (j.nodes.count(node_id) == 0 && std::find(held.begin(), held.end(), name) == held.end()) {
-      continue;
-    }
-    it->second.sink->Send(
-        ReleasedEvent(name, *j.released_through, "released while this node was away"));
+    if (!j.released_through) continue;
+    if (held.count(name) == 0 && !(j.released && j.nodes.count(node_id) != 0)) continue;
+    // Through the holders' newest steps only while it stays released: once the job came back,
+    // steps above its release are live copies.
+    const uint64_t through =
+        j.released ? std::max(*j.released_through, j.held_through) : *j.released_through;
+    it->second.sink->Send(ReleasedEvent(name, through, "released while this node was away"));
   }
   return Status::Ok();
 }
@@ -534,6 +548,17 @@ Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
   RETURN_IF_ERROR(RefuseFencedReport(req.epoch(), node->second.fenced_through, ctx));
   JobRecord& j = jobs_[req.job()];
   j.nodes.insert(req.node_id());
+  NoteActivity(j);
+  if (req.memory_only() && j.released_through && req.step() <= *j.released_through) {
+    // Its copies would be dropped by a release still on its way, and are never counted.
+    *resp.mutable_decision() = Decision(
+        req.job(), req.step(), ckptd::v1::STEP_STATE_FAILED,
+        "the job's copies in memory were released through step " +
+            std::to_string(*j.released_through) +
+            " (its trainers had ended): a memory-only step at or below it never restores; save "
+            "a later step number, or persist it");
+    return resp;
+  }
   auto it = j.steps.find(req.step());
   if (it == j.steps.end()) {
     if (req.state() == ckptd::v1::STEP_STATE_REPLICATED) {
@@ -712,6 +737,7 @@ Result<ckptd::v1::ReportRegistrationResponse> CoordinatorCore::ReportRegistratio
     }
     auto j = jobs_.find(req.job());
     if (j == jobs_.end()) return resp;
+    NoteActivity(j->second);  // a restore's session that ended starts the release clock anew
     auto have = j->second.registrations.find(req.rank());
     // Only the registration it names: the rank may have registered anew elsewhere meanwhile.
     if (req.registration_id() == 0 || have == j->second.registrations.end() ||
@@ -1309,8 +1335,10 @@ Result<std::shared_ptr<const ckptd::v1::Manifest>> CoordinatorCore::StepManifest
   MutexLock lock(mu_);
   auto j = jobs_.find(job);
   if (j != jobs_.end()) {
+    NoteActivity(j->second);
     auto s = j->second.steps.find(step);
-    if (s != j->second.steps.end() && s->second.memory_manifest &&
+    const bool released = j->second.released_through && step <= *j->second.released_through;
+    if (s != j->second.steps.end() && s->second.memory_manifest && !released &&
         s->second.state == ckptd::v1::STEP_STATE_REPLICATED) {
       return s->second.memory_manifest;
     }
@@ -1393,29 +1421,51 @@ void CoordinatorCore::TimerLoop() {
 
 void CoordinatorCore::ReleaseIdleJobs(Clock::time_point now, Clock::time_point* next) {
   if (config_.peer_job_ttl.count() <= 0) return;
-  for (auto& [job, j] : jobs_) {
-    if (!j.registrations.empty() || j.released) continue;
-    if (!j.idle_since) j.idle_since = now;
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    const std::string& job = it->first;
+    JobRecord& j = it->second;
+    if (!j.registrations.empty() || j.released) {
+      ++it;
+      continue;
+    }
+    // Restoring (a restore point stands until training resumes or the restart dies) is live
+    // though nothing registered yet: ranks register with their first save.
+    if (!j.idle_since || restore_points_.Pinned(job)) j.idle_since = now;
     const auto due = *j.idle_since + config_.peer_job_ttl;
     if (due > now) {
       *next = std::min(*next, due);
+      ++it;
       continue;
     }
     Release(job, j,
             "no rank of the job registered for " + std::to_string(config_.peer_job_ttl.count()) +
                 " ms (--peer-job-ttl)");
+    // A job learned of only from a holder's list leaves no record: it ends here.
+    const bool orphan = j.steps.empty() && j.nodes.empty() && j.recovered_aborted.empty() &&
+                        !j.plan && j.world_size == 0;
+    it = orphan ? jobs_.erase(it) : std::next(it);
   }
+}
+
+void CoordinatorCore::NoteActivity(JobRecord& j) {
+  if (j.registrations.empty()) j.idle_since = Clock::now();
 }
 
 ckptd::v1::JobReleased CoordinatorCore::Release(const std::string& job, JobRecord& j,
                                                 const std::string& reason) {
   j.released = true;
-  uint64_t through = std::max(j.released_through.value_or(0), j.held_through);
-  if (!j.steps.empty()) through = std::max(through, j.steps.rbegin()->first);
-  j.released_through = through;
+  // What this coordinator counts no more: the steps it knows. Nodes drop what they hold up to
+  // the newest step any of them said it holds too (a node's word never widens what is counted).
+  uint64_t known = j.released_through.value_or(0);
+  if (!j.steps.empty()) known = std::max(known, j.steps.rbegin()->first);
+  j.released_through = known;
+  const uint64_t through = std::max(known, j.held_through);
   size_t memory_only = 0;
   for (auto& [n, s] : j.steps) {
-    if (s.memory_only && s.memory_manifest) {
+    if (!s.memory_only) continue;
+    if (!Terminal(s.state)) {
+      FailMemoryOnly(job, n, s, "the job's copies in memory were released: " + reason);
+    } else if (s.memory_manifest) {
       s.memory_manifest.reset();  // not restorable any more: StepManifest answers NOT_FOUND
       ++memory_only;
     }
@@ -1444,6 +1494,11 @@ Result<ckptd::v1::JobReleased> CoordinatorCore::ReleaseJob(const std::string& jo
                               std::to_string(j->second.registrations.size()) +
                               " rank(s) registered: its trainers run, and their restores may "
                               "need its copies in memory");
+  }
+  if (restore_points_.Pinned(job)) {
+    return FailedPrecondition("job '" + job +
+                              "' is restoring (its ranks asked for a restore point and have not "
+                              "saved since): the restore may need its copies in memory");
   }
   return Release(job, j->second, "released by an operator");
 }
@@ -1530,6 +1585,7 @@ Result<std::optional<uint64_t>> CoordinatorCore::RestorePoint(const std::string&
   MutexLock lock(mu_);
   std::set<uint64_t> known;
   if (auto j = jobs_.find(job); j != jobs_.end()) {
+    NoteActivity(j->second);
     for (const auto& [n, s] : j->second.steps) known.insert(n);
   }
   return restore_points_.Pin(job, rank, world_size, session, RestorableNow(job, latest),

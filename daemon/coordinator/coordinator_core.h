@@ -55,15 +55,16 @@
 //     registration says `fenced`, and the node aborts what it had in flight (node_state.h).
 //     Unstamped reports (epoch 0: an embedded coordinator, an older daemon) are not checked;
 //   * a finished job's copies in memory are released: once no rank of the job has been
-//     registered on any node for peer_job_ttl (its trainers ended and none came back), or when
-//     an operator asks (ReleaseJob), the coordinator stops counting any copy of its steps so far
-//     (memory-only ones stop being restorable, loads of persisted ones read storage) and tells
-//     every node to drop them (JobReleased): holders free their peer pools, the nodes that saved
-//     them release their hot-cache keeps. A node away meanwhile hears it when it attaches again
-//     (its registration names the jobs its peer pool holds), and a job a restarted coordinator
-//     learns of only from such a list is released after peer_job_ttl unless a rank registers.
-//     A rank registering again makes the job live again; only the steps it saves from then on
-//     count;
+//     registered on any node, none restored and nothing else of it happened for peer_job_ttl
+//     (its trainers ended and none came back), or when an operator asks (ReleaseJob), the
+//     coordinator stops counting any copy of its steps so far (memory-only ones stop being
+//     restorable, loads of persisted ones read storage) and tells every node to drop them
+//     (JobReleased): holders free their peer pools, the nodes that saved them release their
+//     hot-cache keeps. A node away meanwhile hears it when it attaches again (its registration
+//     names the jobs its peer pool holds), and a job a restarted coordinator learns of only
+//     from such a list is released after peer_job_ttl unless a rank registers. A rank
+//     registering again makes the job live again; only steps above the release count (a
+//     memory-only save of one at or below it fails);
 //   * registrations of all ranks of a job give the writer plan (writer_plan.h); it is recomputed
 //     only when a registration changes, off the request threads (the plan thread), and pushed
 //     to each node of the job, each rank's writes tagged with the registration they were
@@ -346,9 +347,10 @@ class CoordinatorCore {
     // Steps removed without a record here (by the restart scan, or as unreported leftovers
     // below a commit): a daemon that reports one later hears ABORTED.
     std::set<uint64_t> recovered_aborted;
-    // Releasing its copies in memory: since when no rank is registered (null while one is),
-    // whether that idle spell ended in a release, and the newest step ever released (no copy of
-    // it or an older step counts again, whatever a node reports: HeldInMemoryLocked).
+    // Releasing its copies in memory: since when no rank is registered and nothing else of the
+    // job happened (null while a rank is registered), whether that idle spell ended in a
+    // release, and the newest step ever released (no copy of it or an older step counts again,
+    // whatever a node reports: HeldInMemoryLocked; a memory-only report of one fails).
     std::optional<std::chrono::steady_clock::time_point> idle_since;
     bool released = false;
     std::optional<uint64_t> released_through;
@@ -369,8 +371,8 @@ class CoordinatorCore {
     uint64_t fenced_through = 0;
     bool lost = false;
     bool fence_pending = false;
-    // RegisterNodeRequest.held_jobs (by name): told on attach which were released meanwhile.
-    std::vector<std::string> held_jobs;
+    // RegisterNodeRequest.held_jobs (by name): told on attach which were released.
+    std::set<std::string> held_jobs;
   };
 
   static bool Terminal(ckptd::v1::StepState s);
@@ -447,6 +449,9 @@ class CoordinatorCore {
   // Releases the job's copies in memory: counted no more, and every attached node told.
   ckptd::v1::JobReleased Release(const std::string& job, JobRecord& j, const std::string& reason)
       REQUIRES(mu_);
+  // Something of the job happened (a report, a restore point, a load's manifest): its release
+  // clock, if it runs, starts again.
+  static void NoteActivity(JobRecord& j);
   // Starts or runs the release clock of each job without registered ranks; the next deadline.
   void ReleaseIdleJobs(std::chrono::steady_clock::time_point now,
                        std::chrono::steady_clock::time_point* next) REQUIRES(mu_);

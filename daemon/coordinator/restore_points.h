@@ -47,6 +47,8 @@ class RestorePoints {
   void OnSessionEnded(const std::string& job, uint32_t rank, const std::string& session);
 
   size_t size() const { return pins_.size(); }
+  // The job is in the middle of a restore: a pin stands.
+  bool Pinned(const std::string& job) const { return pins_.count(job) != 0; }
 
  private:
   struct PinRecord {

@@ -121,8 +121,10 @@ struct Fixture {
     REQUIRE(core->AttachNode(node, sinks[node]).ok());
   }
   void Detach(const std::string& node) { core->DetachNode(node, sinks[node].get()); }
-  // `rank`'s trainer registers its tensors on its node (or, `withdrawn`, its session ended).
-  void RegisterRank(uint32_t rank, bool withdrawn = false) {
+  // `rank`'s trainer registers its tensors on its node (or, `withdrawn`, its session ended;
+  // `restore_session`: the session that asked a restore point).
+  void RegisterRank(uint32_t rank, bool withdrawn = false,
+                    const std::string& restore_session = "") {
     pb::ReportRegistrationRequest req;
     req.set_node_id(NodeOf(rank));
     req.set_job("j");
@@ -130,6 +132,7 @@ struct Fixture {
     req.set_world_size(kWorld);
     req.set_registration_id(100 + rank);
     req.set_withdrawn(withdrawn);
+    req.set_restore_session(restore_session);
     if (!withdrawn) {
       auto* shard = req.add_shards();
       shard->set_name("w" + std::to_string(rank));
@@ -574,6 +577,10 @@ TEST_CASE(
   f.Replicated(2, 0, {"c"});
   CHECK(f.Latest() == 1);
   CHECK(f.RestorePoint(0, "session-1") == 1);
+  // A memory-only step saved again at or below the release fails at once (a rolled-back job).
+  const auto again = f.Report(2, 0, pb::STEP_STATE_PENDING);
+  CHECK(again.decision().state() == pb::STEP_STATE_FAILED);
+  CHECK_THAT(again.decision().reason(), Contains("released through step 2"));
 
   // A node away meanwhile hears it when it attaches, if its peer pool holds the job.
   f.Register("d", "i-d", {"j"});
@@ -581,11 +588,17 @@ TEST_CASE(
   f.Register("e", "i-e", {"other"});
   CHECK(f.sinks["e"]->Released("j").empty());
 
-  // The job runs again: what it saves from now on counts.
+  // The job runs again: what it saves from now on counts (d's word that it held step 5 widened
+  // nothing the coordinator counts).
   f.RegisterRank(0);
   f.RegisterRank(1);
   f.SaveReplicated(3, {{"c"}, {"c"}});
   CHECK(f.Latest() == 3);
+  // A holder attaching now hears the old release only: step 3 is a live copy.
+  f.Register("g", "i-g", {"j"});
+  const auto told = f.sinks["g"]->Released("j");
+  REQUIRE(told.size() == 1);
+  CHECK(told[0].through_step() == 2);
 }
 
 TEST_CASE(
@@ -610,10 +623,23 @@ TEST_CASE(
   CHECK(f.sinks["c"]->Released("j").empty());
   CHECK(f.Latest() == 1);
 
-  // j's trainers end: released once the TTL has run from then.
-  const auto ended = std::chrono::steady_clock::now();
+  // j's trainers end, and a new incarnation asks for its restore point: restoring, it is live
+  // though nothing of it is registered. Job m, which a holder names now, is released after
+  // the TTL; j is not, and an operator cannot release it either.
   f.RegisterRank(0, /*withdrawn=*/true);
   f.RegisterRank(1, /*withdrawn=*/true);
+  REQUIRE(f.RestorePoint(0, "restore-1") == 1);
+  f.Register("d", "i-d", {"m"});
+  REQUIRE(f.sinks["d"]->WaitReleased("m"));
+  CHECK(f.sinks["d"]->Released("j").empty());
+  const auto restoring = f.core->ReleaseJob("j");
+  CHECK(restoring.status().code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(restoring.status().message(), Contains("restoring"));
+  CHECK(f.Latest() == 1);
+
+  // That restart dies (its session ends before it saved): released once the TTL has run.
+  const auto ended = std::chrono::steady_clock::now();
+  f.RegisterRank(0, /*withdrawn=*/true, "restore-1");
   REQUIRE(f.sinks["a"]->WaitReleased("j"));
   CHECK(std::chrono::steady_clock::now() - ended >= f.config.peer_job_ttl);
   const auto heard = f.sinks["b"]->Released("j");

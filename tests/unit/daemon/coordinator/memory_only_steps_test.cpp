@@ -642,6 +642,8 @@ TEST_CASE(
   f.RegisterRank(0, /*withdrawn=*/true, "restore-1");
   REQUIRE(f.sinks["a"]->WaitReleased("j"));
   CHECK(std::chrono::steady_clock::now() - ended >= f.config.peer_job_ttl);
+  // The timer thread tells the nodes one after the other: b may hear it a moment after a.
+  REQUIRE(f.sinks["b"]->WaitReleased("j"));
   const auto heard = f.sinks["b"]->Released("j");
   REQUIRE(heard.size() == 1);
   CHECK(heard[0].through_step() == 1);

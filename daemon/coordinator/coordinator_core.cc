@@ -313,7 +313,7 @@ LoadPlanner::MemoryHolders CoordinatorCore::HeldInMemoryLocked(const std::string
   LoadPlanner::MemoryHolders held;
   auto j = jobs_.find(job);
   if (j == jobs_.end()) return held;
-  if (j->second.released_through && step <= *j->second.released_through) return held;
+  if (j->second.ReleasedStep(step)) return held;
   auto s = j->second.steps.find(step);
   if (s == j->second.steps.end() || s->second.state == ckptd::v1::STEP_STATE_ABORTED ||
       s->second.state == ckptd::v1::STEP_STATE_FAILED) {
@@ -549,7 +549,7 @@ Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
   JobRecord& j = jobs_[req.job()];
   j.nodes.insert(req.node_id());
   NoteActivity(j);
-  if (req.memory_only() && j.released_through && req.step() <= *j.released_through) {
+  if (req.memory_only() && j.ReleasedStep(req.step())) {
     // Its copies would be dropped by a release still on its way, and are never counted.
     *resp.mutable_decision() = Decision(
         req.job(), req.step(), ckptd::v1::STEP_STATE_FAILED,
@@ -840,7 +840,7 @@ void CoordinatorCore::WithdrawRank(JobRecord& j, uint32_t rank) {
   j.registrations.erase(it);
   ++j.registrations_version;
   j.plan_dirty = true;
-  if (j.registrations.empty()) j.idle_since = Clock::now();  // the release clock starts
+  NoteActivity(j);  // with no rank left, the release clock starts
 }
 
 bool CoordinatorCore::Complete(const JobRecord& j) {
@@ -1337,8 +1337,7 @@ Result<std::shared_ptr<const ckptd::v1::Manifest>> CoordinatorCore::StepManifest
   if (j != jobs_.end()) {
     NoteActivity(j->second);
     auto s = j->second.steps.find(step);
-    const bool released = j->second.released_through && step <= *j->second.released_through;
-    if (s != j->second.steps.end() && s->second.memory_manifest && !released &&
+    if (s != j->second.steps.end() && s->second.memory_manifest && !j->second.ReleasedStep(step) &&
         s->second.state == ckptd::v1::STEP_STATE_REPLICATED) {
       return s->second.memory_manifest;
     }

@@ -354,6 +354,7 @@ class CoordinatorCore {
     std::optional<std::chrono::steady_clock::time_point> idle_since;
     bool released = false;
     std::optional<uint64_t> released_through;
+    bool ReleasedStep(uint64_t step) const { return released_through && step <= *released_through; }
     // The newest step of it some node's peer pool held when it registered (held_jobs): a job a
     // restarted coordinator knows only from those lists is released through it.
     uint64_t held_through = 0;

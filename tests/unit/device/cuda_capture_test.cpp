@@ -225,6 +225,10 @@ TEST_CASE(
     "A GPU lost during capture fails the rank's capture with a clear error and returns "
     "every slot",
     "[device][cuda_capture]") {
+  // The trainer's event never completes before the device is lost. Declared before the rig: the
+  // trainer stream's thread may still be inside Pass() after Open() below, until the rig's
+  // streams are joined.
+  FakeCudaApi::Gate never;
   Rig rig(4);
   constexpr uint64_t kBytes = 3 * kSlot;
   const std::string handle = rig.fake->NewIpcAllocation(0, kBytes);
@@ -233,8 +237,6 @@ TEST_CASE(
       std::vector<pb::TensorSpec>{CudaSpec("w", kBytes, rig.uuid(), handle, kBytes, 0)}, {},
       MemoryBackends{&host, rig.backend.get()}, kLayout);
   REQUIRE_OK(plan);
-  // The trainer's event never completes before the device is lost.
-  FakeCudaApi::Gate never;
   StreamHandle trainer = rig.fake->TrainerStream(0);
   rig.fake->EnqueueKernel(trainer, &never, [] {});
   pb::CudaEvent event;

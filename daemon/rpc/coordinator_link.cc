@@ -155,13 +155,43 @@ void CoordinatorLink::SendLoop() {
     std::function<void()> task;
     {
       MutexLock lock(mu_);
-      cv_.Wait(mu_, [&]() REQUIRES(mu_) { return stopping_ || !queue_.empty(); });
+      while (!stopping_ && (task = NextTask()) == nullptr) {
+        auto due = EarliestRetry();
+        if (due == registration_retries_.end()) {
+          cv_.Wait(mu_);
+        } else {
+          cv_.WaitUntil(mu_, due->second.due);
+        }
+      }
       if (stopping_) return;
-      task = std::move(queue_.front());
-      queue_.pop_front();
     }
     task();
   }
+}
+
+std::map<std::string, CoordinatorLink::PendingRetry>::iterator CoordinatorLink::EarliestRetry() {
+  auto earliest = registration_retries_.begin();
+  for (auto it = earliest; it != registration_retries_.end(); ++it) {
+    if (it->second.due < earliest->second.due) earliest = it;
+  }
+  return earliest;
+}
+
+std::function<void()> CoordinatorLink::NextTask() {
+  if (!queue_.empty()) {  // what is queued goes first: it may replace a waiting retry
+    std::function<void()> task = std::move(queue_.front());
+    queue_.pop_front();
+    return task;
+  }
+  auto due = EarliestRetry();
+  if (due == registration_retries_.end() || due->second.due > std::chrono::steady_clock::now()) {
+    return nullptr;
+  }
+  std::function<void()> task = [this, retry = std::move(due->second)]() mutable {
+    SendRegistration(retry.seq, std::move(retry.request), retry.backoff);
+  };
+  registration_retries_.erase(due);
+  return task;
 }
 
 bool CoordinatorLink::Enqueue(std::function<void()> task) {
@@ -199,32 +229,96 @@ void CoordinatorLink::ReportRanks(ckptd::v1::ReportRanksRequest request) {
   });
 }
 
+namespace {
+
+std::string RegistrationKey(const ckptd::v1::ReportRegistrationRequest& req) {
+  return req.job() + '\0' + std::to_string(req.rank());
+}
+
+// A call the coordinator did not answer, or could not take now, rather than refused: worth
+// sending again. A refusal (a stale epoch, a bad layout, an unknown node) is not: what the
+// node still holds is registered again after its next reconnect instead.
+bool WorthRetrying(const grpc::Status& st) {
+  switch (st.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+    case grpc::StatusCode::ABORTED:
+    case grpc::StatusCode::CANCELLED:
+    case grpc::StatusCode::UNKNOWN:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
 void CoordinatorLink::ReportRegistration(ckptd::v1::ReportRegistrationRequest request) {
   request.set_node_id(config_.node_id);
-  Enqueue([this, req = std::move(request)]() mutable { SendRegistration(std::move(req)); });
+  uint64_t seq = 0;
+  {
+    MutexLock lock(mu_);
+    const std::string key = RegistrationKey(request);
+    seq = ++registration_seq_[key];
+    registration_retries_.erase(key);  // this one replaces a registration waiting for its retry
+  }
+  Enqueue([this, seq, req = std::move(request)]() mutable {
+    SendRegistration(seq, std::move(req), config_.backoff_min);
+  });
 }
 
-bool CoordinatorLink::CallReportRegistration(const ckptd::v1::ReportRegistrationRequest& req,
-                                             ckptd::v1::ReportRegistrationResponse* resp) {
+grpc::Status CoordinatorLink::CallReportRegistration(
+    const ckptd::v1::ReportRegistrationRequest& req, ckptd::v1::ReportRegistrationResponse* resp) {
   grpc::ClientContext ctx;
   Deadline(ctx);
-  grpc::Status st = stub_->ReportRegistration(&ctx, req, resp);
-  if (!st.ok()) {
-    spdlog::warn("coordinator: registration of job '{}' rank {}{}: {}", req.job(), req.rank(),
-                 req.shards_size() > 0 ? " (with its layout)" : "", st.error_message());
-  }
-  return st.ok();
+  return stub_->ReportRegistration(&ctx, req, resp);
 }
 
-void CoordinatorLink::SendRegistration(ckptd::v1::ReportRegistrationRequest full) {
-  const std::string key = full.job() + '\0' + std::to_string(full.rank());
+void CoordinatorLink::RetryRegistration(uint64_t seq, ckptd::v1::ReportRegistrationRequest full,
+                                        std::chrono::milliseconds backoff, const grpc::Status& st) {
+  const bool again = WorthRetrying(st);
+  // Every failure of a first attempt is told; a retry that fails again only at debug level (a
+  // coordinator that is down fails them all until the node reconnects and registers anew).
+  const auto level = backoff == config_.backoff_min ? spdlog::level::warn : spdlog::level::debug;
+  spdlog::log(level, "coordinator: registration of job '{}' rank {}{}: {}{}", full.job(),
+              full.rank(), full.withdrawn() ? " (withdrawal)" : "", st.error_message(),
+              again ? fmt::format("; sent again in {} ms", backoff.count()) : "");
+  if (!again) return;
+  {
+    MutexLock lock(mu_);
+    const std::string key = RegistrationKey(full);
+    auto newest = registration_seq_.find(key);
+    if (stopping_ || newest == registration_seq_.end() || newest->second != seq) {
+      return;  // replaced since: that one counts
+    }
+    registration_retries_[key] =
+        PendingRetry{seq, std::move(full), std::chrono::steady_clock::now() + backoff,
+                     std::min(backoff * 2, config_.backoff_max)};
+  }
+  cv_.NotifyAll();
+}
+
+void CoordinatorLink::SendRegistration(uint64_t seq, ckptd::v1::ReportRegistrationRequest full,
+                                       std::chrono::milliseconds backoff) {
+  const std::string key = RegistrationKey(full);
   ckptd::v1::ReportRegistrationResponse resp;
   if (full.withdrawn()) {
     {
       MutexLock lock(mu_);
       pending_layouts_.erase(key);
     }
-    CallReportRegistration(full, &resp);
+    grpc::Status st = CallReportRegistration(full, &resp);
+    if (!st.ok()) {
+      RetryRegistration(seq, std::move(full), backoff, st);
+      return;
+    }
+    // The rank is done here: its count starts over if it registers again (nothing older of it
+    // is queued or waiting, as the sender thread sends in order).
+    MutexLock lock(mu_);
+    if (auto it = registration_seq_.find(key); it != registration_seq_.end() && it->second == seq) {
+      registration_seq_.erase(it);
+    }
     return;
   }
   // By fingerprint first: a data-parallel replica of a rank registered before sends 16 bytes
@@ -235,10 +329,14 @@ void CoordinatorLink::SendRegistration(ckptd::v1::ReportRegistrationRequest full
   shards.Swap(full.mutable_shards());
   const ckptd::v1::ReportRegistrationRequest brief = full;
   full.mutable_shards()->Swap(&shards);
-  if (!CallReportRegistration(brief, &resp)) return;
-  if (resp.need_layout()) {
+  grpc::Status st = CallReportRegistration(brief, &resp);
+  if (st.ok() && resp.need_layout()) {
     resp.Clear();
-    if (!CallReportRegistration(full, &resp)) return;
+    st = CallReportRegistration(full, &resp);
+  }
+  if (!st.ok()) {
+    RetryRegistration(seq, std::move(full), backoff, st);
+    return;
   }
   MutexLock lock(mu_);
   if (resp.layout_pending()) {
@@ -268,7 +366,11 @@ void CoordinatorLink::ResendLayout(const ckptd::v1::LayoutRequest& ask) {
     // With its shards at once: the coordinator asked for them.
     const std::string key = full.job() + '\0' + std::to_string(full.rank());
     ckptd::v1::ReportRegistrationResponse resp;
-    if (!CallReportRegistration(full, &resp)) return;
+    if (grpc::Status st = CallReportRegistration(full, &resp); !st.ok()) {
+      spdlog::warn("coordinator: layout of job '{}' rank {}, sent again as asked: {}", full.job(),
+                   full.rank(), st.error_message());
+      return;  // the coordinator asks once more if it still holds the registration
+    }
     MutexLock lock(mu_);
     auto it = pending_layouts_.find(key);
     if (it != pending_layouts_.end() && it->second.registration_id() == full.registration_id()) {

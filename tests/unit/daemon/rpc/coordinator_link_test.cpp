@@ -1,0 +1,251 @@
+// CoordinatorLink (daemon/rpc/coordinator_link.h) against a scripted coordinator on loopback: a
+// rank's registration that the coordinator could not take is sent again while the node's event
+// stream stays up — and only while it is the rank's newest registration and the failure was not
+// a refusal.
+#include "daemon/rpc/coordinator_link.h"
+
+#include <boost/asio/io_context.hpp>
+#include <chrono>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "common/mutex.h"
+#include "daemon/rpc/grpc_server.h"
+#include "tests/test_util.h"
+
+namespace ckpt {
+namespace {
+
+namespace pb = ckptd::v1;
+
+// A Watch stream that sends nothing and ends when the node cancels it (or the server stops).
+class IdleWatch final : public grpc::ServerWriteReactor<pb::CoordinatorEvent> {
+ public:
+  void OnCancel() override { Finish(grpc::Status::CANCELLED); }
+  void OnDone() override { delete this; }
+};
+
+// Answers ReportRegistration from a script (then OK), and keeps every registration it received.
+class ScriptedCoordinator final : public pb::Coordinator::CallbackService {
+ public:
+  grpc::ServerUnaryReactor* RegisterNode(grpc::CallbackServerContext* ctx,
+                                         const pb::RegisterNodeRequest*,
+                                         pb::RegisterNodeResponse* resp) override {
+    {
+      MutexLock lock(mu_);
+      ++node_registrations_;
+    }
+    cv_.NotifyAll();
+    resp->set_lease_ms(5000);
+    resp->set_incarnation("scripted");
+    resp->set_epoch(1);
+    auto* reactor = ctx->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  grpc::ServerWriteReactor<pb::CoordinatorEvent>* Watch(grpc::CallbackServerContext*,
+                                                        const pb::WatchRequest*) override {
+    return new IdleWatch;
+  }
+  grpc::ServerUnaryReactor* ReportRegistration(grpc::CallbackServerContext* ctx,
+                                               const pb::ReportRegistrationRequest* req,
+                                               pb::ReportRegistrationResponse*) override {
+    grpc::Status answer = grpc::Status::OK;
+    {
+      MutexLock lock(mu_);
+      received_.push_back(*req);
+      if (!script_.empty()) {
+        answer = script_.front();
+        script_.pop_front();
+      }
+    }
+    cv_.NotifyAll();
+    auto* reactor = ctx->DefaultReactor();
+    reactor->Finish(answer);
+    return reactor;
+  }
+
+  void Answer(grpc::StatusCode code, const std::string& message) {
+    MutexLock lock(mu_);
+    script_.emplace_back(code, message);
+  }
+  // The registrations received, once there are at least `n` (empty after 20 s without).
+  std::vector<pb::ReportRegistrationRequest> WaitForRegistrations(size_t n) {
+    MutexLock lock(mu_);
+    if (!cv_.WaitFor(mu_, std::chrono::seconds(20),
+                     [&]() REQUIRES(mu_) { return received_.size() >= n; })) {
+      return {};
+    }
+    return received_;
+  }
+  bool WaitForNodeRegistration() {
+    MutexLock lock(mu_);
+    return cv_.WaitFor(mu_, std::chrono::seconds(20),
+                       [&]() REQUIRES(mu_) { return node_registrations_ > 0; });
+  }
+  int node_registrations() {
+    MutexLock lock(mu_);
+    return node_registrations_;
+  }
+
+ private:
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<grpc::Status> script_ GUARDED_BY(mu_);
+  std::vector<pb::ReportRegistrationRequest> received_ GUARDED_BY(mu_);
+  int node_registrations_ GUARDED_BY(mu_) = 0;
+};
+
+class IgnoringHandler final : public CoordinatorPort::Handler {
+ public:
+  void OnCoordinatorConnected(const CoordinatorPort::Registration&) override {}
+  void OnCoordinatorEvent(const pb::CoordinatorEvent&) override {}
+};
+
+// A scripted coordinator on loopback and one node's link to it. The link's loop (io) is never
+// run: these tests look at what reaches the coordinator.
+struct Rig {
+  ScriptedCoordinator coordinator;
+  std::unique_ptr<GrpcServer> server;
+  boost::asio::io_context io;
+  IgnoringHandler handler;
+  std::unique_ptr<CoordinatorLink> link;
+
+  Rig() {
+    GrpcServer::Options options;
+    options.what = "scripted coordinator";
+    options.address = "127.0.0.1:0";
+    auto started = GrpcServer::Start(options, {&coordinator});
+    REQUIRE_OK(started);
+    server = std::move(*started);
+    CoordinatorLink::Config config;
+    config.address = server->bound_address();
+    config.node_id = "node-a";
+    config.backoff_min = std::chrono::milliseconds(20);
+    config.backoff_max = std::chrono::milliseconds(200);
+    link = std::make_unique<CoordinatorLink>(io, config);
+    REQUIRE_OK(link->Start(&handler));
+    REQUIRE(coordinator.WaitForNodeRegistration());
+  }
+  ~Rig() {
+    link->Stop();
+    server->Stop(std::chrono::milliseconds(0));
+  }
+};
+
+pb::ReportRegistrationRequest Registration(uint32_t rank, uint64_t id) {
+  pb::ReportRegistrationRequest req;
+  req.set_job("job-a");
+  req.set_rank(rank);
+  req.set_world_size(8);
+  req.set_registration_id(id);
+  req.set_epoch(1);
+  pb::ShardKey* shard = req.add_shards();
+  shard->set_name("w");
+  shard->set_dtype("float32");
+  shard->add_global_shape(16);
+  shard->set_bytes(64);
+  return req;
+}
+
+pb::ReportRegistrationRequest Withdrawal(uint32_t rank, uint64_t id) {
+  pb::ReportRegistrationRequest req = Registration(rank, id);
+  req.clear_shards();
+  req.set_withdrawn(true);
+  return req;
+}
+
+size_t CountOf(const std::vector<pb::ReportRegistrationRequest>& received, uint32_t rank,
+               bool withdrawn) {
+  size_t n = 0;
+  for (const auto& r : received) {
+    if (r.rank() == rank && r.withdrawn() == withdrawn) ++n;
+  }
+  return n;
+}
+
+TEST_CASE(
+    "coordinator link: a registration the coordinator could not take is sent again "
+    "while the event stream stays up",
+    "[rpc][coordinator_link]") {
+  Rig rig;
+  const grpc::StatusCode code =
+      GENERATE(grpc::StatusCode::UNAVAILABLE, grpc::StatusCode::DEADLINE_EXCEEDED,
+               grpc::StatusCode::RESOURCE_EXHAUSTED);
+  INFO("the coordinator answers " << static_cast<int>(code) << ", twice");
+  rig.coordinator.Answer(code, "the coordinator is busy");
+  rig.coordinator.Answer(code, "the coordinator is busy");
+  rig.link->ReportRegistration(Registration(3, 77));
+
+  const auto received = rig.coordinator.WaitForRegistrations(3);
+  REQUIRE(received.size() == 3);
+  for (const auto& r : received) {
+    CHECK(r.rank() == 3);
+    CHECK(r.registration_id() == 77);
+    CHECK(r.node_id() == "node-a");
+    CHECK(r.layout_fingerprint() == received[0].layout_fingerprint());
+  }
+  CHECK_FALSE(received[0].layout_fingerprint().empty());
+  // Sent again on the same registration of the node: no reconnect was needed.
+  CHECK(rig.coordinator.node_registrations() == 1);
+
+  SECTION("a withdrawal is sent again too") {
+    rig.coordinator.Answer(grpc::StatusCode::UNAVAILABLE, "the coordinator is busy");
+    rig.link->ReportRegistration(Withdrawal(3, 77));
+    const auto all = rig.coordinator.WaitForRegistrations(5);
+    REQUIRE(all.size() == 5);
+    CHECK(CountOf(all, 3, /*withdrawn=*/true) == 2);
+  }
+}
+
+TEST_CASE(
+    "coordinator link: a newer registration or withdrawal of the rank replaces the one "
+    "waiting to be sent again",
+    "[rpc][coordinator_link]") {
+  Rig rig;
+  const bool withdraw = GENERATE(false, true);
+  INFO((withdraw ? "withdrawn" : "registered again") << " while the first waits");
+  rig.coordinator.Answer(grpc::StatusCode::UNAVAILABLE, "the coordinator is busy");
+  rig.link->ReportRegistration(Registration(3, 77));
+  REQUIRE(rig.coordinator.WaitForRegistrations(1).size() == 1);
+  // Queued after the first was sent: whether its answer has come back yet or not, the first
+  // must not reach the coordinator again.
+  rig.link->ReportRegistration(withdraw ? Withdrawal(3, 77) : Registration(3, 78));
+  REQUIRE(rig.coordinator.WaitForRegistrations(2).size() == 2);
+
+  // Another rank's registration fails once: its retry is due after any retry of the first
+  // (both wait the same first backoff), so when it arrives, a wrong retry would have too.
+  rig.coordinator.Answer(grpc::StatusCode::UNAVAILABLE, "the coordinator is busy");
+  rig.link->ReportRegistration(Registration(5, 90));
+  const auto received = rig.coordinator.WaitForRegistrations(4);
+  REQUIRE(received.size() == 4);
+  CHECK(received[3].rank() == 5);
+  CHECK(CountOf(received, 5, false) == 2);
+  size_t first = 0;
+  for (const auto& r : received) {
+    if (r.rank() == 3 && r.registration_id() == 77 && !r.withdrawn()) ++first;
+  }
+  CHECK(first == 1);
+  CHECK(received[1].rank() == 3);
+  CHECK(received[1].withdrawn() == withdraw);
+}
+
+TEST_CASE("coordinator link: a refused registration is not sent again", "[rpc][coordinator_link]") {
+  Rig rig;
+  const grpc::StatusCode refusal =
+      GENERATE(grpc::StatusCode::FAILED_PRECONDITION, grpc::StatusCode::INVALID_ARGUMENT);
+  INFO("refused with " << static_cast<int>(refusal));
+  rig.coordinator.Answer(refusal, "stale epoch");
+  rig.link->ReportRegistration(Registration(3, 77));
+  // As above: rank 5's retry comes after any retry of rank 3's would have.
+  rig.coordinator.Answer(grpc::StatusCode::UNAVAILABLE, "the coordinator is busy");
+  rig.link->ReportRegistration(Registration(5, 90));
+  const auto received = rig.coordinator.WaitForRegistrations(3);
+  REQUIRE(received.size() == 3);
+  CHECK(CountOf(received, 3, false) == 1);
+  CHECK(received[2].rank() == 5);
+}
+
+}  // namespace
+}  // namespace ckpt

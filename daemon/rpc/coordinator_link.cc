@@ -160,7 +160,9 @@ void CoordinatorLink::SendLoop() {
         if (due == registration_retries_.end()) {
           cv_.Wait(mu_);
         } else {
-          cv_.WaitUntil(mu_, due->second.due);
+          // A copy: the entry may be replaced (erased) while this thread waits.
+          const std::chrono::steady_clock::time_point deadline = due->second.due;
+          cv_.WaitUntil(mu_, deadline);
         }
       }
       if (stopping_) return;
@@ -188,7 +190,7 @@ std::function<void()> CoordinatorLink::NextTask() {
     return nullptr;
   }
   std::function<void()> task = [this, retry = std::move(due->second)]() mutable {
-    SendRegistration(retry.seq, std::move(retry.request), retry.backoff);
+    SendRegistration(retry.attempt, std::move(retry.request));
   };
   registration_retries_.erase(due);
   return task;
@@ -256,15 +258,19 @@ bool WorthRetrying(const grpc::Status& st) {
 
 void CoordinatorLink::ReportRegistration(ckptd::v1::ReportRegistrationRequest request) {
   request.set_node_id(config_.node_id);
-  uint64_t seq = 0;
+  RegistrationAttempt attempt;
+  attempt.backoff = config_.backoff_min;
   {
     MutexLock lock(mu_);
     const std::string key = RegistrationKey(request);
-    seq = ++registration_seq_[key];
-    registration_retries_.erase(key);  // this one replaces a registration waiting for its retry
+    attempt.seq = ++registration_seq_[key];
+    // This one replaces a registration of the rank waiting for its retry, and one the
+    // coordinator holds as pending: a layout asked for that one must not be sent after this.
+    registration_retries_.erase(key);
+    pending_layouts_.erase(key);
   }
-  Enqueue([this, seq, req = std::move(request)]() mutable {
-    SendRegistration(seq, std::move(req), config_.backoff_min);
+  Enqueue([this, attempt, req = std::move(request)]() mutable {
+    SendRegistration(attempt, std::move(req));
   });
 }
 
@@ -275,50 +281,59 @@ grpc::Status CoordinatorLink::CallReportRegistration(
   return stub_->ReportRegistration(&ctx, req, resp);
 }
 
-void CoordinatorLink::RetryRegistration(uint64_t seq, ckptd::v1::ReportRegistrationRequest full,
-                                        std::chrono::milliseconds backoff, const grpc::Status& st) {
+void CoordinatorLink::ForgetWithdrawnRank(const std::string& key, uint64_t seq) {
+  MutexLock lock(mu_);
+  if (auto it = registration_seq_.find(key); it != registration_seq_.end() && it->second == seq) {
+    registration_seq_.erase(it);
+  }
+}
+
+void CoordinatorLink::RetryRegistration(RegistrationAttempt attempt,
+                                        ckptd::v1::ReportRegistrationRequest full,
+                                        const grpc::Status& st) {
   const bool again = WorthRetrying(st);
-  // Every failure of a first attempt is told; a retry that fails again only at debug level (a
-  // coordinator that is down fails them all until the node reconnects and registers anew).
-  const auto level = backoff == config_.backoff_min ? spdlog::level::warn : spdlog::level::debug;
-  spdlog::log(level, "coordinator: registration of job '{}' rank {}{}: {}{}", full.job(),
-              full.rank(), full.withdrawn() ? " (withdrawal)" : "", st.error_message(),
-              again ? fmt::format("; sent again in {} ms", backoff.count()) : "");
-  if (!again) return;
+  // A first failure and a registration given up are told; a retry that fails again only at
+  // debug level (a coordinator that is down fails them all until the node reconnects and
+  // registers anew).
+  const auto level = !again || attempt.tries == 1 ? spdlog::level::warn : spdlog::level::debug;
+  spdlog::log(level, "coordinator: registration of job '{}' rank {}{} (attempt {}): {}{}",
+              full.job(), full.rank(), full.withdrawn() ? " (withdrawal)" : "", attempt.tries,
+              st.error_message(),
+              again ? fmt::format("; sent again in {} ms", attempt.backoff.count())
+                    : std::string("; not sent again (the node registers it anew after its next "
+                                  "reconnect)"));
+  const std::string key = RegistrationKey(full);
+  if (!again) {
+    if (full.withdrawn()) ForgetWithdrawnRank(key, attempt.seq);
+    return;
+  }
   {
     MutexLock lock(mu_);
-    const std::string key = RegistrationKey(full);
     auto newest = registration_seq_.find(key);
-    if (stopping_ || newest == registration_seq_.end() || newest->second != seq) {
+    if (stopping_ || newest == registration_seq_.end() || newest->second != attempt.seq) {
       return;  // replaced since: that one counts
     }
-    registration_retries_[key] =
-        PendingRetry{seq, std::move(full), std::chrono::steady_clock::now() + backoff,
-                     std::min(backoff * 2, config_.backoff_max)};
+    const auto due = std::chrono::steady_clock::now() + attempt.backoff;
+    attempt.backoff = std::min(attempt.backoff * 2, config_.backoff_max);
+    registration_retries_[key] = PendingRetry{attempt, std::move(full), due};
   }
   cv_.NotifyAll();
 }
 
-void CoordinatorLink::SendRegistration(uint64_t seq, ckptd::v1::ReportRegistrationRequest full,
-                                       std::chrono::milliseconds backoff) {
+void CoordinatorLink::SendRegistration(RegistrationAttempt attempt,
+                                       ckptd::v1::ReportRegistrationRequest full) {
+  ++attempt.tries;
   const std::string key = RegistrationKey(full);
   ckptd::v1::ReportRegistrationResponse resp;
   if (full.withdrawn()) {
-    {
-      MutexLock lock(mu_);
-      pending_layouts_.erase(key);
-    }
     grpc::Status st = CallReportRegistration(full, &resp);
     if (!st.ok()) {
-      RetryRegistration(seq, std::move(full), backoff, st);
+      RetryRegistration(attempt, std::move(full), st);
       return;
     }
     // The rank is done here: its count starts over if it registers again (nothing older of it
     // is queued or waiting, as the sender thread sends in order).
-    MutexLock lock(mu_);
-    if (auto it = registration_seq_.find(key); it != registration_seq_.end() && it->second == seq) {
-      registration_seq_.erase(it);
-    }
+    ForgetWithdrawnRank(key, attempt.seq);
     return;
   }
   // By fingerprint first: a data-parallel replica of a rank registered before sends 16 bytes
@@ -329,13 +344,16 @@ void CoordinatorLink::SendRegistration(uint64_t seq, ckptd::v1::ReportRegistrati
   shards.Swap(full.mutable_shards());
   const ckptd::v1::ReportRegistrationRequest brief = full;
   full.mutable_shards()->Swap(&shards);
-  grpc::Status st = CallReportRegistration(brief, &resp);
-  if (st.ok() && resp.need_layout()) {
-    resp.Clear();
-    st = CallReportRegistration(full, &resp);
+  // Once the coordinator asked for the layout, a retry sends it at once.
+  grpc::Status st;
+  if (!attempt.layout_asked) {
+    st = CallReportRegistration(brief, &resp);
+    attempt.layout_asked = st.ok() && resp.need_layout();
+    if (attempt.layout_asked) resp.Clear();
   }
+  if (attempt.layout_asked) st = CallReportRegistration(full, &resp);
   if (!st.ok()) {
-    RetryRegistration(seq, std::move(full), backoff, st);
+    RetryRegistration(attempt, std::move(full), st);
     return;
   }
   MutexLock lock(mu_);

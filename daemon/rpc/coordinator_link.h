@@ -11,18 +11,18 @@
 //     it still has in flight (reports are idempotent: sets of ranks and cumulative node
 //     manifests), so a restarted coordinator or a dropped connection loses nothing.
 //   * the sender thread sends reports and queries in the order they were queued, each with a
-//     deadline. A rank's registration goes by fingerprint first and with its layout only when
-//     the coordinator asks (need_layout, or later a LayoutRequest event for a registration it
-//     held as pending): N data-parallel ranks send one layout, not N. A registration the
-//     coordinator did not answer or could not take (unavailable, deadline, overloaded) is sent
-//     again with backoff (100 ms … 2 s) until it is delivered or refused, or a newer
-//     registration or withdrawal of the same rank replaces it: the event stream may well stay
-//     up meanwhile, and until the next reconnect a rank the coordinator never heard of would
-//     leave its job without a writer plan (every replica written by every holder), a lost
-//     withdrawal a plan in force for a rank that left. Other reports that cannot be delivered are
-//     dropped with a warning — the re-report after reconnecting replaces them, and a step missing
-//     one fails by its timeout. A report's answer that the step already ended globally is posted to
-//     the loop as an event.
+//     deadline. A rank's registration goes by fingerprint first and with its layout only when the
+//     coordinator asks (need_layout, or later a LayoutRequest event for a registration it held as
+//     pending): N data-parallel ranks send one layout, not N. A registration the coordinator did
+//     not answer or could not take (unavailable, deadline, overloaded) is sent again with backoff
+//     (100 ms … 2 s; its epoch that of its first send, so one that outlives a fence is refused and
+//     replaced by the re-registration) until it is delivered or refused, or a newer registration or
+//     withdrawal of the same rank replaces it: the event stream may well stay up meanwhile, and
+//     until the next reconnect a rank the coordinator never heard of would leave its job without a
+//     writer plan (every replica written by every holder), a lost withdrawal a plan in force for a
+//     rank that left. Other reports that cannot be delivered are dropped with a warning — the
+//     re-report after reconnecting replaces them, and a step missing one fails by its timeout. A
+//     report's answer that the step already ended globally is posted to the loop as an event.
 // Nothing here blocks the loop or a trainer; queues are bounded (kMaxQueued).
 // Thread safety: all public methods may be called from any thread; callbacks run on the loop.
 #pragma once
@@ -94,13 +94,19 @@ class CoordinatorLink final : public CoordinatorPort {
   static constexpr size_t kMaxQueued = 100'000;
   void WatchLoop();
   void SendLoop();
+  // Where one registration of a rank stands.
+  struct RegistrationAttempt {
+    uint64_t seq = 0;                      // its number among the rank's registrations on this node
+    uint32_t tries = 0;                    // sends so far
+    std::chrono::milliseconds backoff{0};  // before the next send, if this one fails
+    bool layout_asked = false;             // the coordinator asked for it with its layout
+  };
   // A registration the coordinator could not take, sent again at `due` unless a newer one of
   // the rank replaces it first.
   struct PendingRetry {
-    uint64_t seq = 0;
+    RegistrationAttempt attempt;
     ckptd::v1::ReportRegistrationRequest request;
     std::chrono::steady_clock::time_point due;
-    std::chrono::milliseconds backoff{0};  // the next one's, if this one fails too
   };
   // The sender thread's next task: the oldest queued one, else a registration retry that is
   // due; null when neither.
@@ -111,14 +117,15 @@ class CoordinatorLink final : public CoordinatorPort {
   // One ReportRegistration call with the RPC deadline.
   grpc::Status CallReportRegistration(const ckptd::v1::ReportRegistrationRequest& req,
                                       ckptd::v1::ReportRegistrationResponse* resp);
-  // On the sender thread: one registration (`seq`: its number among the rank's registrations
-  // on this node), by fingerprint, then with its layout if asked.
-  void SendRegistration(uint64_t seq, ckptd::v1::ReportRegistrationRequest full,
-                        std::chrono::milliseconds backoff);
-  // A registration that failed with `st`: logged, and queued again after `backoff` when the
+  // On the sender thread: one registration, by fingerprint, then with its layout if asked.
+  void SendRegistration(RegistrationAttempt attempt, ckptd::v1::ReportRegistrationRequest full);
+  // A registration that failed with `st`: logged, and queued again after its backoff when the
   // failure was not a refusal and no newer registration of the rank was made meanwhile.
-  void RetryRegistration(uint64_t seq, ckptd::v1::ReportRegistrationRequest full,
-                         std::chrono::milliseconds backoff, const grpc::Status& st);
+  void RetryRegistration(RegistrationAttempt attempt, ckptd::v1::ReportRegistrationRequest full,
+                         const grpc::Status& st);
+  // The rank's withdrawal was delivered or refused: its count starts over (unless a newer
+  // registration of it is queued).
+  void ForgetWithdrawnRank(const std::string& key, uint64_t seq);
   // On the watch thread: the coordinator asks again for a layout it held a registration for.
   void ResendLayout(const ckptd::v1::LayoutRequest& ask);
   void PostToLoop(std::function<void()> f);
@@ -140,7 +147,8 @@ class CoordinatorLink final : public CoordinatorPort {
   // "job\0rank" → the full registration the coordinator holds as pending (by fingerprint).
   std::map<std::string, ckptd::v1::ReportRegistrationRequest> pending_layouts_ GUARDED_BY(mu_);
   // "job\0rank" → the number of the newest registration (or withdrawal) of the rank queued;
-  // erased when the rank's withdrawal is delivered.
+  // erased when the rank's withdrawal is delivered or refused, so it holds the ranks this node
+  // serves (and any whose withdrawal could not even be queued).
   std::map<std::string, uint64_t> registration_seq_ GUARDED_BY(mu_);
   // "job\0rank" → the rank's registration waiting to be sent again (PendingRetry).
   std::map<std::string, PendingRetry> registration_retries_ GUARDED_BY(mu_);

@@ -50,13 +50,14 @@ class ScriptedCoordinator final : public pb::Coordinator::CallbackService {
   }
   grpc::ServerUnaryReactor* ReportRegistration(grpc::CallbackServerContext* ctx,
                                                const pb::ReportRegistrationRequest* req,
-                                               pb::ReportRegistrationResponse*) override {
+                                               pb::ReportRegistrationResponse* resp) override {
     grpc::Status answer = grpc::Status::OK;
     {
       MutexLock lock(mu_);
       received_.push_back(*req);
       if (!script_.empty()) {
-        answer = script_.front();
+        answer = script_.front().status;
+        resp->set_need_layout(script_.front().need_layout);
         script_.pop_front();
       }
     }
@@ -68,7 +69,11 @@ class ScriptedCoordinator final : public pb::Coordinator::CallbackService {
 
   void Answer(grpc::StatusCode code, const std::string& message) {
     MutexLock lock(mu_);
-    script_.emplace_back(code, message);
+    script_.push_back({grpc::Status(code, message), false});
+  }
+  void AskForLayout() {
+    MutexLock lock(mu_);
+    script_.push_back({grpc::Status::OK, true});
   }
   // The registrations received, once there are at least `n` (empty after 20 s without).
   std::vector<pb::ReportRegistrationRequest> WaitForRegistrations(size_t n) {
@@ -92,7 +97,11 @@ class ScriptedCoordinator final : public pb::Coordinator::CallbackService {
  private:
   Mutex mu_;
   CondVar cv_;
-  std::deque<grpc::Status> script_ GUARDED_BY(mu_);
+  struct Scripted {
+    grpc::Status status;
+    bool need_layout = false;
+  };
+  std::deque<Scripted> script_ GUARDED_BY(mu_);
   std::vector<pb::ReportRegistrationRequest> received_ GUARDED_BY(mu_);
   int node_registrations_ GUARDED_BY(mu_) = 0;
 };
@@ -197,6 +206,20 @@ TEST_CASE(
     REQUIRE(all.size() == 5);
     CHECK(CountOf(all, 3, /*withdrawn=*/true) == 2);
   }
+}
+
+TEST_CASE("coordinator link: a registration whose layout was asked for is sent again with it",
+          "[rpc][coordinator_link]") {
+  Rig rig;
+  rig.coordinator.AskForLayout();
+  rig.coordinator.Answer(grpc::StatusCode::UNAVAILABLE, "the coordinator is busy");
+  rig.link->ReportRegistration(Registration(3, 77));
+  const auto received = rig.coordinator.WaitForRegistrations(3);
+  REQUIRE(received.size() == 3);
+  CHECK(received[0].shards_size() == 0);  // by fingerprint
+  CHECK(received[1].shards_size() == 1);  // asked for: with its layout, which fails
+  CHECK(received[2].shards_size() == 1);  // the retry: with its layout at once
+  CHECK(received[2].layout_fingerprint() == received[0].layout_fingerprint());
 }
 
 TEST_CASE(

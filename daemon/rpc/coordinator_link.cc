@@ -156,13 +156,10 @@ void CoordinatorLink::SendLoop() {
     {
       MutexLock lock(mu_);
       while (!stopping_ && (task = NextTask()) == nullptr) {
-        auto due = EarliestRetry();
-        if (due == registration_retries_.end()) {
-          cv_.Wait(mu_);
+        if (std::optional<ReportRetries::Clock::time_point> due = retries_.NextDue()) {
+          cv_.WaitUntil(mu_, *due);
         } else {
-          // A copy: the entry may be replaced (erased) while this thread waits.
-          const std::chrono::steady_clock::time_point deadline = due->second.due;
-          cv_.WaitUntil(mu_, deadline);
+          cv_.Wait(mu_);
         }
       }
       if (stopping_) return;
@@ -171,29 +168,13 @@ void CoordinatorLink::SendLoop() {
   }
 }
 
-std::map<std::string, CoordinatorLink::PendingRetry>::iterator CoordinatorLink::EarliestRetry() {
-  auto earliest = registration_retries_.begin();
-  for (auto it = earliest; it != registration_retries_.end(); ++it) {
-    if (it->second.due < earliest->second.due) earliest = it;
-  }
-  return earliest;
-}
-
 std::function<void()> CoordinatorLink::NextTask() {
   if (!queue_.empty()) {  // what is queued goes first: it may replace a waiting retry
     std::function<void()> task = std::move(queue_.front());
     queue_.pop_front();
     return task;
   }
-  auto due = EarliestRetry();
-  if (due == registration_retries_.end() || due->second.due > std::chrono::steady_clock::now()) {
-    return nullptr;
-  }
-  std::function<void()> task = [this, retry = std::move(due->second)]() mutable {
-    SendRegistration(retry.attempt, std::move(retry.request));
-  };
-  registration_retries_.erase(due);
-  return task;
+  return retries_.TakeDue(ReportRetries::Clock::now());
 }
 
 bool CoordinatorLink::Enqueue(std::function<void()> task) {
@@ -211,30 +192,22 @@ bool CoordinatorLink::Enqueue(std::function<void()> task) {
   return true;
 }
 
-void CoordinatorLink::ReportRanks(ckptd::v1::ReportRanksRequest request) {
-  request.set_node_id(config_.node_id);
-  Enqueue([this, req = std::move(request)] {
-    grpc::ClientContext ctx;
-    Deadline(ctx);
-    ckptd::v1::ReportRanksResponse resp;
-    grpc::Status st = stub_->ReportRanks(&ctx, req, &resp);
-    if (!st.ok()) {
-      spdlog::warn("coordinator: report of job '{}' step {} ranks ({}): {}", req.job(), req.step(),
-                   req.ranks_size(), st.error_message());
-      return;
-    }
-    if (resp.has_decision()) {
-      ckptd::v1::CoordinatorEvent e;
-      *e.mutable_step() = resp.decision();
-      PostToLoop([this, e] { handler_->OnCoordinatorEvent(e); });
-    }
-  });
-}
-
 namespace {
 
 std::string RegistrationKey(const ckptd::v1::ReportRegistrationRequest& req) {
   return req.job() + '\0' + std::to_string(req.rank());
+}
+
+// ReportRetries keys: a rank's newer registration replaces its older one; a step's newer
+// PERSISTED report replaces the older (its node manifest holds every rank the older did, and
+// the coordinator keeps a node's last manifest, so an older one arriving later would shrink
+// it); other reports replace nothing (repeats of them change nothing, in any order).
+std::string RetryKey(const ckptd::v1::ReportRegistrationRequest& req) {
+  return "registration " + RegistrationKey(req);
+}
+std::string RetryKey(const ckptd::v1::ReportRanksRequest& req) {
+  if (req.state() != ckptd::v1::STEP_STATE_PERSISTED) return "";
+  return "persisted " + req.job() + '\0' + std::to_string(req.step());
 }
 
 // A call the coordinator did not answer, or could not take now, rather than refused: worth
@@ -256,6 +229,71 @@ bool WorthRetrying(const grpc::Status& st) {
 
 }  // namespace
 
+void CoordinatorLink::ReportRanks(ckptd::v1::ReportRanksRequest request) {
+  request.set_node_id(config_.node_id);
+  ReportAttempt attempt;
+  attempt.backoff = config_.backoff_min;
+  attempt.key = RetryKey(request);
+  {
+    MutexLock lock(mu_);
+    attempt.seq = retries_.Queued(attempt.key);
+  }
+  Enqueue([this, attempt = std::move(attempt), req = std::move(request)]() mutable {
+    SendReport(std::move(attempt), std::move(req));
+  });
+}
+
+void CoordinatorLink::SendReport(ReportAttempt attempt, ckptd::v1::ReportRanksRequest req) {
+  ++attempt.tries;
+  grpc::ClientContext ctx;
+  Deadline(ctx);
+  ckptd::v1::ReportRanksResponse resp;
+  grpc::Status st = stub_->ReportRanks(&ctx, req, &resp);
+  if (st.ok()) {
+    ReportDone(attempt.key, attempt.seq);
+    if (resp.has_decision()) {
+      ckptd::v1::CoordinatorEvent e;
+      *e.mutable_step() = resp.decision();
+      PostToLoop([this, e] { handler_->OnCoordinatorEvent(e); });
+    }
+    return;
+  }
+  const auto now = ReportRetries::Clock::now();
+  if (attempt.tries == 1) attempt.give_up_at = now + kReportRetryWindow;
+  // Not for ever: a report the coordinator cannot take for so long is re-reported after the
+  // node's next reconnect, and one that arrived after the coordinator forgot the step (64
+  // finished steps later) would start it anew.
+  const bool again = WorthRetrying(st) && now + attempt.backoff < attempt.give_up_at;
+  const auto level = !again || attempt.tries == 1 ? spdlog::level::warn : spdlog::level::debug;
+  spdlog::log(level, "coordinator: report of job '{}' step {} ranks ({}) {} (attempt {}): {}{}",
+              req.job(), req.step(), req.ranks_size(), ckptd::v1::StepState_Name(req.state()),
+              attempt.tries, st.error_message(),
+              again ? fmt::format("; sent again in {} ms", attempt.backoff.count())
+                    : std::string("; not sent again (re-reported after the next reconnect)"));
+  if (!again) {
+    ReportDone(attempt.key, attempt.seq);
+    return;
+  }
+  {
+    MutexLock lock(mu_);
+    if (stopping_) return;
+    const auto due = now + attempt.backoff;
+    attempt.backoff = std::min(attempt.backoff * 2, config_.backoff_max);
+    const std::string key = attempt.key;
+    const uint64_t seq = attempt.seq;
+    retries_.Schedule(key, seq, due,
+                      [this, attempt = std::move(attempt), req = std::move(req)]() mutable {
+                        SendReport(std::move(attempt), std::move(req));
+                      });
+  }
+  cv_.NotifyAll();
+}
+
+void CoordinatorLink::ReportDone(const std::string& key, uint64_t seq) {
+  MutexLock lock(mu_);
+  retries_.Done(key, seq);
+}
+
 void CoordinatorLink::ReportRegistration(ckptd::v1::ReportRegistrationRequest request) {
   request.set_node_id(config_.node_id);
   RegistrationAttempt attempt;
@@ -263,10 +301,9 @@ void CoordinatorLink::ReportRegistration(ckptd::v1::ReportRegistrationRequest re
   {
     MutexLock lock(mu_);
     const std::string key = RegistrationKey(request);
-    attempt.seq = ++registration_seq_[key];
     // This one replaces a registration of the rank waiting for its retry, and one the
     // coordinator holds as pending: a layout asked for that one must not be sent after this.
-    registration_retries_.erase(key);
+    attempt.seq = retries_.Queued(RetryKey(request));
     pending_layouts_.erase(key);
   }
   Enqueue([this, attempt, req = std::move(request)]() mutable {
@@ -279,13 +316,6 @@ grpc::Status CoordinatorLink::CallReportRegistration(
   grpc::ClientContext ctx;
   Deadline(ctx);
   return stub_->ReportRegistration(&ctx, req, resp);
-}
-
-void CoordinatorLink::ForgetWithdrawnRank(const std::string& key, uint64_t seq) {
-  MutexLock lock(mu_);
-  if (auto it = registration_seq_.find(key); it != registration_seq_.end() && it->second == seq) {
-    registration_seq_.erase(it);
-  }
 }
 
 void CoordinatorLink::RetryRegistration(RegistrationAttempt attempt,
@@ -302,20 +332,20 @@ void CoordinatorLink::RetryRegistration(RegistrationAttempt attempt,
               again ? fmt::format("; sent again in {} ms", attempt.backoff.count())
                     : std::string("; not sent again (the node registers it anew after its next "
                                   "reconnect)"));
-  const std::string key = RegistrationKey(full);
   if (!again) {
-    if (full.withdrawn()) ForgetWithdrawnRank(key, attempt.seq);
+    if (full.withdrawn()) ReportDone(RetryKey(full), attempt.seq);
     return;
   }
   {
     MutexLock lock(mu_);
-    auto newest = registration_seq_.find(key);
-    if (stopping_ || newest == registration_seq_.end() || newest->second != attempt.seq) {
-      return;  // replaced since: that one counts
-    }
-    const auto due = std::chrono::steady_clock::now() + attempt.backoff;
+    if (stopping_) return;
+    const auto due = ReportRetries::Clock::now() + attempt.backoff;
     attempt.backoff = std::min(attempt.backoff * 2, config_.backoff_max);
-    registration_retries_[key] = PendingRetry{attempt, std::move(full), due};
+    const std::string key = RetryKey(full);
+    // Not kept when replaced since: that one counts.
+    retries_.Schedule(key, attempt.seq, due, [this, attempt, full = std::move(full)]() mutable {
+      SendRegistration(attempt, std::move(full));
+    });
   }
   cv_.NotifyAll();
 }
@@ -333,7 +363,7 @@ void CoordinatorLink::SendRegistration(RegistrationAttempt attempt,
     }
     // The rank is done here: its count starts over if it registers again (nothing older of it
     // is queued or waiting, as the sender thread sends in order).
-    ForgetWithdrawnRank(key, attempt.seq);
+    ReportDone(RetryKey(full), attempt.seq);
     return;
   }
   // By fingerprint first: a data-parallel replica of a rank registered before sends 16 bytes

@@ -13,16 +13,19 @@
 //   * the sender thread sends reports and queries in the order they were queued, each with a
 //     deadline. A rank's registration goes by fingerprint first and with its layout only when the
 //     coordinator asks (need_layout, or later a LayoutRequest event for a registration it held as
-//     pending): N data-parallel ranks send one layout, not N. A registration the coordinator did
-//     not answer or could not take (unavailable, deadline, overloaded) is sent again with backoff
-//     (100 ms … 2 s; its epoch that of its first send, so one that outlives a fence is refused and
-//     replaced by the re-registration) until it is delivered or refused, or a newer registration or
-//     withdrawal of the same rank replaces it: the event stream may well stay up meanwhile, and
-//     until the next reconnect a rank the coordinator never heard of would leave its job without a
-//     writer plan (every replica written by every holder), a lost withdrawal a plan in force for a
-//     rank that left. Other reports that cannot be delivered are dropped with a warning — the
-//     re-report after reconnecting replaces them, and a step missing one fails by its timeout. A
-//     report's answer that the step already ended globally is posted to the loop as an event.
+//     pending): N data-parallel ranks send one layout, not N. A report's answer that the step
+//     already ended globally is posted to the loop as an event.
+//   * a report or registration the coordinator did not answer or could not take (unavailable,
+//     deadline, overloaded) is sent again by the sender thread with backoff (100 ms … 2 s)
+//     while the event stream may well stay up: until the next reconnect, a lost PERSISTED report
+//     would hold every later commit of its job back until the step timeout, a registration the
+//     coordinator never heard of would leave its job without a writer plan (every replica
+//     written by every holder), a lost withdrawal a plan in force for a rank that left. A
+//     newer report of the same key replaces a waiting retry and an older one never follows it
+//     (report_retries.h: a rank's registrations, a step's PERSISTED reports). A retry keeps
+//     the epoch of its first send, so one that outlives a fence is refused, and refusals are
+//     not retried: the re-report after the next reconnect covers them. Reports are retried for
+//     at most kReportRetryWindow; registrations until delivered, refused or replaced.
 // Nothing here blocks the loop or a trainer; queues are bounded (kMaxQueued).
 // Thread safety: all public methods may be called from any thread; callbacks run on the loop.
 #pragma once
@@ -43,6 +46,7 @@
 #include "common/mutex.h"
 #include "common/status.h"
 #include "daemon/coordinator/coordinator_port.h"
+#include "daemon/rpc/report_retries.h"
 #include "daemon/rpc/transport_security.h"
 
 namespace ckpt {
@@ -101,17 +105,23 @@ class CoordinatorLink final : public CoordinatorPort {
     std::chrono::milliseconds backoff{0};  // before the next send, if this one fails
     bool layout_asked = false;             // the coordinator asked for it with its layout
   };
-  // A registration the coordinator could not take, sent again at `due` unless a newer one of
-  // the rank replaces it first.
-  struct PendingRetry {
-    RegistrationAttempt attempt;
-    ckptd::v1::ReportRegistrationRequest request;
-    std::chrono::steady_clock::time_point due;
+  // Where one ReportRanks stands.
+  struct ReportAttempt {
+    std::string key;  // ReportRetries key: "" for reports nothing replaces
+    uint64_t seq = 0;
+    uint32_t tries = 0;
+    std::chrono::milliseconds backoff{0};
+    ReportRetries::Clock::time_point give_up_at;  // set at the first failure
   };
-  // The sender thread's next task: the oldest queued one, else a registration retry that is
-  // due; null when neither.
+  // How long a report is sent again after its first failure.
+  static constexpr std::chrono::seconds kReportRetryWindow{60};
+  // The sender thread's next task: the oldest queued one, else a retry that is due; null when
+  // neither.
   std::function<void()> NextTask() REQUIRES(mu_);
-  std::map<std::string, PendingRetry>::iterator EarliestRetry() REQUIRES(mu_);
+  // On the sender thread: one report; sent again later when the coordinator could not take it.
+  void SendReport(ReportAttempt attempt, ckptd::v1::ReportRanksRequest req);
+  // A report under `key` numbered `seq` is delivered, refused or given up.
+  void ReportDone(const std::string& key, uint64_t seq);
   // False when the task was dropped (stopping, or kMaxQueued reached).
   bool Enqueue(std::function<void()> task);
   // One ReportRegistration call with the RPC deadline.
@@ -123,9 +133,6 @@ class CoordinatorLink final : public CoordinatorPort {
   // failure was not a refusal and no newer registration of the rank was made meanwhile.
   void RetryRegistration(RegistrationAttempt attempt, ckptd::v1::ReportRegistrationRequest full,
                          const grpc::Status& st);
-  // The rank's withdrawal was delivered or refused: its count starts over (unless a newer
-  // registration of it is queued).
-  void ForgetWithdrawnRank(const std::string& key, uint64_t seq);
   // On the watch thread: the coordinator asks again for a layout it held a registration for.
   void ResendLayout(const ckptd::v1::LayoutRequest& ask);
   void PostToLoop(std::function<void()> f);
@@ -146,12 +153,10 @@ class CoordinatorLink final : public CoordinatorPort {
   std::deque<std::function<void()>> queue_ GUARDED_BY(mu_);
   // "job\0rank" → the full registration the coordinator holds as pending (by fingerprint).
   std::map<std::string, ckptd::v1::ReportRegistrationRequest> pending_layouts_ GUARDED_BY(mu_);
-  // "job\0rank" → the number of the newest registration (or withdrawal) of the rank queued;
-  // erased when the rank's withdrawal is delivered or refused, so it holds the ranks this node
-  // serves (and any whose withdrawal could not even be queued).
-  std::map<std::string, uint64_t> registration_seq_ GUARDED_BY(mu_);
-  // "job\0rank" → the rank's registration waiting to be sent again (PendingRetry).
-  std::map<std::string, PendingRetry> registration_retries_ GUARDED_BY(mu_);
+  // Reports and registrations waiting to be sent again, and the newest number of each key (a
+  // rank's registrations until its withdrawal is delivered or refused; a step's PERSISTED
+  // reports until the newest is delivered or given up).
+  ReportRetries retries_ GUARDED_BY(mu_);
   bool stopping_ GUARDED_BY(mu_) = false;
   grpc::ClientContext* watch_ctx_ GUARDED_BY(mu_) = nullptr;  // cancelled by Stop
   // The epoch of the registration in force (RegisterNodeResponse.epoch): a layout sent again

@@ -67,6 +67,38 @@ class ScriptedCoordinator final : public pb::Coordinator::CallbackService {
     return reactor;
   }
 
+  grpc::ServerUnaryReactor* ReportRanks(grpc::CallbackServerContext* ctx,
+                                        const pb::ReportRanksRequest* req,
+                                        pb::ReportRanksResponse*) override {
+    grpc::Status answer = grpc::Status::OK;
+    {
+      MutexLock lock(mu_);
+      reports_.push_back(*req);
+      if (!report_script_.empty()) {
+        answer = report_script_.front();
+        report_script_.pop_front();
+      }
+    }
+    cv_.NotifyAll();
+    auto* reactor = ctx->DefaultReactor();
+    reactor->Finish(answer);
+    return reactor;
+  }
+
+  void AnswerReport(grpc::StatusCode code, const std::string& message) {
+    MutexLock lock(mu_);
+    report_script_.emplace_back(code, message);
+  }
+  // The reports received, once there are at least `n` (empty after 20 s without).
+  std::vector<pb::ReportRanksRequest> WaitForReports(size_t n) {
+    MutexLock lock(mu_);
+    if (!cv_.WaitFor(mu_, std::chrono::seconds(20),
+                     [&]() REQUIRES(mu_) { return reports_.size() >= n; })) {
+      return {};
+    }
+    return reports_;
+  }
+
   void Answer(grpc::StatusCode code, const std::string& message) {
     MutexLock lock(mu_);
     script_.push_back({grpc::Status(code, message), false});
@@ -103,6 +135,8 @@ class ScriptedCoordinator final : public pb::Coordinator::CallbackService {
   };
   std::deque<Scripted> script_ GUARDED_BY(mu_);
   std::vector<pb::ReportRegistrationRequest> received_ GUARDED_BY(mu_);
+  std::deque<grpc::Status> report_script_ GUARDED_BY(mu_);
+  std::vector<pb::ReportRanksRequest> reports_ GUARDED_BY(mu_);
   int node_registrations_ GUARDED_BY(mu_) = 0;
 };
 
@@ -268,6 +302,71 @@ TEST_CASE("coordinator link: a refused registration is not sent again", "[rpc][c
   REQUIRE(received.size() == 3);
   CHECK(CountOf(received, 3, false) == 1);
   CHECK(received[2].rank() == 5);
+}
+
+pb::ReportRanksRequest Report(uint64_t step, pb::StepState state, std::vector<uint32_t> ranks) {
+  pb::ReportRanksRequest req;
+  req.set_job("job-a");
+  req.set_step(step);
+  req.set_world_size(8);
+  req.set_state(state);
+  req.set_epoch(1);
+  for (uint32_t r : ranks) req.add_ranks(r);
+  return req;
+}
+
+TEST_CASE("coordinator link: a step report the coordinator could not take is sent again",
+          "[rpc][coordinator_link]") {
+  Rig rig;
+  const pb::StepState state = GENERATE(pb::STEP_STATE_CAPTURED, pb::STEP_STATE_PERSISTED);
+  INFO(pb::StepState_Name(state));
+  rig.coordinator.AnswerReport(grpc::StatusCode::UNAVAILABLE, "the coordinator is busy");
+  rig.link->ReportRanks(Report(1, state, {0, 1}));
+  const auto received = rig.coordinator.WaitForReports(2);
+  REQUIRE(received.size() == 2);
+  for (const auto& r : received) {
+    CHECK(r.step() == 1);
+    CHECK(r.state() == state);
+    CHECK(r.ranks_size() == 2);
+    CHECK(r.node_id() == "node-a");
+  }
+  CHECK(rig.coordinator.node_registrations() == 1);  // no reconnect
+}
+
+TEST_CASE(
+    "coordinator link: a newer PERSISTED report of the step replaces an older one waiting, "
+    "and a refused report is not sent again",
+    "[rpc][coordinator_link]") {
+  Rig rig;
+  size_t expected = 0;  // reports the coordinator hears in all
+  SECTION("replaced") {
+    expected = 4;  // the first (failed), the newer one, step 2's (failed) and its retry
+    rig.coordinator.AnswerReport(grpc::StatusCode::UNAVAILABLE, "the coordinator is busy");
+    rig.link->ReportRanks(Report(1, pb::STEP_STATE_PERSISTED, {0}));
+    REQUIRE(rig.coordinator.WaitForReports(1).size() == 1);
+    // Its node manifest holds ranks 0 and 1: the older one (rank 0) arriving after it would
+    // shrink what the coordinator holds of this node.
+    rig.link->ReportRanks(Report(1, pb::STEP_STATE_PERSISTED, {0, 1}));
+    REQUIRE(rig.coordinator.WaitForReports(2).size() == 2);  // before the next answer is set
+  }
+  SECTION("refused") {
+    expected = 3;  // the first (refused), step 2's (failed) and its retry
+    rig.coordinator.AnswerReport(grpc::StatusCode::FAILED_PRECONDITION, "stale epoch");
+    rig.link->ReportRanks(Report(1, pb::STEP_STATE_PERSISTED, {0}));
+    REQUIRE(rig.coordinator.WaitForReports(1).size() == 1);
+  }
+  // As with registrations: step 2's retry is due after any retry of the first report.
+  rig.coordinator.AnswerReport(grpc::StatusCode::UNAVAILABLE, "the coordinator is busy");
+  rig.link->ReportRanks(Report(2, pb::STEP_STATE_CAPTURED, {0}));
+  const auto received = rig.coordinator.WaitForReports(expected);
+  REQUIRE(received.size() == expected);
+  size_t older = 0;
+  for (const auto& r : received) {
+    if (r.step() == 1 && r.ranks_size() == 1) ++older;
+  }
+  CHECK(older == 1);
+  CHECK(received.back().step() == 2);
+  CHECK(received.back().state() == pb::STEP_STATE_CAPTURED);
 }
 
 }  // namespace

@@ -178,6 +178,10 @@ std::function<void()> CoordinatorLink::NextTask() {
 }
 
 bool CoordinatorLink::Enqueue(std::function<void()> task) {
+  return EnqueueReport("", [task = std::move(task)](uint64_t) { task(); });
+}
+
+bool CoordinatorLink::EnqueueReport(const std::string& key, std::function<void(uint64_t)> send) {
   {
     MutexLock lock(mu_);
     if (stopping_) return false;
@@ -186,7 +190,9 @@ bool CoordinatorLink::Enqueue(std::function<void()> task) {
                    queue_.size());
       return false;
     }
-    queue_.push_back(std::move(task));
+    // Numbered as it is queued: numbers follow the queue's order, whichever thread reports.
+    const uint64_t seq = retries_.Queued(key);
+    queue_.push_back([seq, send = std::move(send)] { send(seq); });
   }
   cv_.NotifyAll();
   return true;
@@ -231,14 +237,12 @@ bool WorthRetrying(const grpc::Status& st) {
 
 void CoordinatorLink::ReportRanks(ckptd::v1::ReportRanksRequest request) {
   request.set_node_id(config_.node_id);
-  ReportAttempt attempt;
-  attempt.backoff = config_.backoff_min;
-  attempt.key = RetryKey(request);
-  {
-    MutexLock lock(mu_);
-    attempt.seq = retries_.Queued(attempt.key);
-  }
-  Enqueue([this, attempt = std::move(attempt), req = std::move(request)]() mutable {
+  std::string key = RetryKey(request);
+  EnqueueReport(key, [this, key, req = std::move(request)](uint64_t seq) mutable {
+    ReportAttempt attempt;
+    attempt.key = std::move(key);
+    attempt.seq = seq;
+    attempt.backoff = config_.backoff_min;
     SendReport(std::move(attempt), std::move(req));
   });
 }
@@ -263,13 +267,21 @@ void CoordinatorLink::SendReport(ReportAttempt attempt, ckptd::v1::ReportRanksRe
   // Not for ever: a report the coordinator cannot take for so long is re-reported after the
   // node's next reconnect, and one that arrived after the coordinator forgot the step (64
   // finished steps later) would start it anew.
-  const bool again = WorthRetrying(st) && now + attempt.backoff < attempt.give_up_at;
-  const auto level = !again || attempt.tries == 1 ? spdlog::level::warn : spdlog::level::debug;
+  const bool worth = WorthRetrying(st);
+  const bool again = worth && now + attempt.backoff < attempt.give_up_at;
+  // The first failure and a refusal warn; giving up after the window is an error (the step may
+  // wait for the node's next reconnect or its timeout); failures between are debug.
+  const auto level = worth && !again                ? spdlog::level::err
+                     : !again || attempt.tries == 1 ? spdlog::level::warn
+                                                    : spdlog::level::debug;
   spdlog::log(level, "coordinator: report of job '{}' step {} ranks ({}) {} (attempt {}): {}{}",
               req.job(), req.step(), req.ranks_size(), ckptd::v1::StepState_Name(req.state()),
               attempt.tries, st.error_message(),
-              again ? fmt::format("; sent again in {} ms", attempt.backoff.count())
-                    : std::string("; not sent again (re-reported after the next reconnect)"));
+              again   ? fmt::format("; sent again in {} ms", attempt.backoff.count())
+              : worth ? fmt::format("; given up after {} s: re-reported after the node's next "
+                                    "reconnect, or the step ends by its timeout",
+                                    kReportRetryWindow.count())
+                      : std::string("; not sent again (re-reported after the next reconnect)"));
   if (!again) {
     ReportDone(attempt.key, attempt.seq);
     return;
@@ -296,17 +308,18 @@ void CoordinatorLink::ReportDone(const std::string& key, uint64_t seq) {
 
 void CoordinatorLink::ReportRegistration(ckptd::v1::ReportRegistrationRequest request) {
   request.set_node_id(config_.node_id);
-  RegistrationAttempt attempt;
-  attempt.backoff = config_.backoff_min;
   {
+    // This one replaces a registration the coordinator holds as pending: a layout asked for
+    // that one must not be sent after this. (A retry of it waiting is dropped as this one is
+    // queued.)
     MutexLock lock(mu_);
-    const std::string key = RegistrationKey(request);
-    // This one replaces a registration of the rank waiting for its retry, and one the
-    // coordinator holds as pending: a layout asked for that one must not be sent after this.
-    attempt.seq = retries_.Queued(RetryKey(request));
-    pending_layouts_.erase(key);
+    pending_layouts_.erase(RegistrationKey(request));
   }
-  Enqueue([this, attempt, req = std::move(request)]() mutable {
+  const std::string key = RetryKey(request);  // before the request is moved below
+  EnqueueReport(key, [this, req = std::move(request)](uint64_t seq) mutable {
+    RegistrationAttempt attempt;
+    attempt.seq = seq;
+    attempt.backoff = config_.backoff_min;
     SendRegistration(attempt, std::move(req));
   });
 }

@@ -124,6 +124,9 @@ class CoordinatorLink final : public CoordinatorPort {
   void ReportDone(const std::string& key, uint64_t seq);
   // False when the task was dropped (stopping, or kMaxQueued reached).
   bool Enqueue(std::function<void()> task);
+  // The same for a report under `key` (ReportRetries; "" for none): numbered in the same hold
+  // of the mutex that queues it, and `send` gets its number.
+  bool EnqueueReport(const std::string& key, std::function<void(uint64_t seq)> send);
   // One ReportRegistration call with the RPC deadline.
   grpc::Status CallReportRegistration(const ckptd::v1::ReportRegistrationRequest& req,
                                       ckptd::v1::ReportRegistrationResponse* resp);

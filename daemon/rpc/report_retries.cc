@@ -5,7 +5,7 @@ namespace ckpt {
 uint64_t ReportRetries::Queued(const std::string& key) {
   if (key.empty()) return 0;
   waiting_.erase(key);
-  return ++newest_[key];
+  return newest_[key] = ++last_number_;
 }
 
 bool ReportRetries::Schedule(const std::string& key, uint64_t seq, Clock::time_point due,

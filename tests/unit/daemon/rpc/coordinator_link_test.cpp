@@ -26,9 +26,17 @@ class IdleWatch final : public grpc::ServerWriteReactor<pb::CoordinatorEvent> {
   void OnDone() override { delete this; }
 };
 
-// Answers ReportRegistration from a script (then OK), and keeps every registration it received.
+// Answers ReportRegistration and ReportRanks from a script each (then OK), and keeps every
+// request it received. A scripted answer may be held back until the test releases it: the
+// link's sender thread then waits for it, and the test can queue more meanwhile.
 class ScriptedCoordinator final : public pb::Coordinator::CallbackService {
  public:
+  struct Scripted {
+    grpc::Status status;
+    bool need_layout = false;
+    bool hold = false;  // answered when the test calls ReleaseHeld()
+  };
+
   grpc::ServerUnaryReactor* RegisterNode(grpc::CallbackServerContext* ctx,
                                          const pb::RegisterNodeRequest*,
                                          pb::RegisterNodeResponse* resp) override {
@@ -51,43 +59,50 @@ class ScriptedCoordinator final : public pb::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* ReportRegistration(grpc::CallbackServerContext* ctx,
                                                const pb::ReportRegistrationRequest* req,
                                                pb::ReportRegistrationResponse* resp) override {
-    grpc::Status answer = grpc::Status::OK;
-    {
-      MutexLock lock(mu_);
-      received_.push_back(*req);
-      if (!script_.empty()) {
-        answer = script_.front().status;
-        resp->set_need_layout(script_.front().need_layout);
-        script_.pop_front();
-      }
-    }
-    cv_.NotifyAll();
-    auto* reactor = ctx->DefaultReactor();
-    reactor->Finish(answer);
-    return reactor;
+    MutexLock lock(mu_);
+    registrations_.push_back(*req);
+    const Scripted answer = Next(registration_script_);
+    resp->set_need_layout(answer.need_layout);
+    return Reply(ctx->DefaultReactor(), answer);
   }
-
   grpc::ServerUnaryReactor* ReportRanks(grpc::CallbackServerContext* ctx,
                                         const pb::ReportRanksRequest* req,
                                         pb::ReportRanksResponse*) override {
-    grpc::Status answer = grpc::Status::OK;
-    {
-      MutexLock lock(mu_);
-      reports_.push_back(*req);
-      if (!report_script_.empty()) {
-        answer = report_script_.front();
-        report_script_.pop_front();
-      }
-    }
-    cv_.NotifyAll();
-    auto* reactor = ctx->DefaultReactor();
-    reactor->Finish(answer);
-    return reactor;
+    MutexLock lock(mu_);
+    reports_.push_back(*req);
+    return Reply(ctx->DefaultReactor(), Next(report_script_));
   }
 
-  void AnswerReport(grpc::StatusCode code, const std::string& message) {
+  void Answer(grpc::StatusCode code, const std::string& message, bool hold = false) {
     MutexLock lock(mu_);
-    report_script_.emplace_back(code, message);
+    registration_script_.push_back({grpc::Status(code, message), false, hold});
+  }
+  void AskForLayout() {
+    MutexLock lock(mu_);
+    registration_script_.push_back({grpc::Status::OK, true, false});
+  }
+  void AnswerReport(grpc::StatusCode code, const std::string& message, bool hold = false) {
+    MutexLock lock(mu_);
+    report_script_.push_back({grpc::Status(code, message), false, hold});
+  }
+  // Answers every call held back so far.
+  void ReleaseHeld() {
+    std::vector<std::pair<grpc::ServerUnaryReactor*, grpc::Status>> held;
+    {
+      MutexLock lock(mu_);
+      held.swap(held_);
+    }
+    for (auto& [reactor, status] : held) reactor->Finish(status);
+  }
+
+  // The registrations received, once there are at least `n` (empty after 20 s without).
+  std::vector<pb::ReportRegistrationRequest> WaitForRegistrations(size_t n) {
+    MutexLock lock(mu_);
+    if (!cv_.WaitFor(mu_, std::chrono::seconds(20),
+                     [&]() REQUIRES(mu_) { return registrations_.size() >= n; })) {
+      return {};
+    }
+    return registrations_;
   }
   // The reports received, once there are at least `n` (empty after 20 s without).
   std::vector<pb::ReportRanksRequest> WaitForReports(size_t n) {
@@ -97,24 +112,6 @@ class ScriptedCoordinator final : public pb::Coordinator::CallbackService {
       return {};
     }
     return reports_;
-  }
-
-  void Answer(grpc::StatusCode code, const std::string& message) {
-    MutexLock lock(mu_);
-    script_.push_back({grpc::Status(code, message), false});
-  }
-  void AskForLayout() {
-    MutexLock lock(mu_);
-    script_.push_back({grpc::Status::OK, true});
-  }
-  // The registrations received, once there are at least `n` (empty after 20 s without).
-  std::vector<pb::ReportRegistrationRequest> WaitForRegistrations(size_t n) {
-    MutexLock lock(mu_);
-    if (!cv_.WaitFor(mu_, std::chrono::seconds(20),
-                     [&]() REQUIRES(mu_) { return received_.size() >= n; })) {
-      return {};
-    }
-    return received_;
   }
   bool WaitForNodeRegistration() {
     MutexLock lock(mu_);
@@ -127,16 +124,30 @@ class ScriptedCoordinator final : public pb::Coordinator::CallbackService {
   }
 
  private:
+  static Scripted Next(std::deque<Scripted>& script) {
+    if (script.empty()) return Scripted{grpc::Status::OK};
+    Scripted next = script.front();
+    script.pop_front();
+    return next;
+  }
+  grpc::ServerUnaryReactor* Reply(grpc::ServerUnaryReactor* reactor, const Scripted& answer)
+      REQUIRES(mu_) {
+    cv_.NotifyAll();
+    if (answer.hold) {
+      held_.emplace_back(reactor, answer.status);
+    } else {
+      reactor->Finish(answer.status);
+    }
+    return reactor;
+  }
+
   Mutex mu_;
   CondVar cv_;
-  struct Scripted {
-    grpc::Status status;
-    bool need_layout = false;
-  };
-  std::deque<Scripted> script_ GUARDED_BY(mu_);
-  std::vector<pb::ReportRegistrationRequest> received_ GUARDED_BY(mu_);
-  std::deque<grpc::Status> report_script_ GUARDED_BY(mu_);
+  std::deque<Scripted> registration_script_ GUARDED_BY(mu_);
+  std::deque<Scripted> report_script_ GUARDED_BY(mu_);
+  std::vector<pb::ReportRegistrationRequest> registrations_ GUARDED_BY(mu_);
   std::vector<pb::ReportRanksRequest> reports_ GUARDED_BY(mu_);
+  std::vector<std::pair<grpc::ServerUnaryReactor*, grpc::Status>> held_ GUARDED_BY(mu_);
   int node_registrations_ GUARDED_BY(mu_) = 0;
 };
 
@@ -172,6 +183,7 @@ struct Rig {
     REQUIRE(coordinator.WaitForNodeRegistration());
   }
   ~Rig() {
+    coordinator.ReleaseHeld();  // a test that failed before it did
     link->Stop();
     server->Stop(std::chrono::milliseconds(0));
   }
@@ -263,12 +275,14 @@ TEST_CASE(
   Rig rig;
   const bool withdraw = GENERATE(false, true);
   INFO((withdraw ? "withdrawn" : "registered again") << " while the first waits");
-  rig.coordinator.Answer(grpc::StatusCode::UNAVAILABLE, "the coordinator is busy");
+  rig.coordinator.Answer(grpc::StatusCode::UNAVAILABLE, "the coordinator is busy", /*hold=*/true);
   rig.link->ReportRegistration(Registration(3, 77));
   REQUIRE(rig.coordinator.WaitForRegistrations(1).size() == 1);
-  // Queued after the first was sent: whether its answer has come back yet or not, the first
-  // must not reach the coordinator again.
+  // Queued while the first's answer is held back; the first then fails, and must not reach the
+  // coordinator again. (A retry already waiting when a newer one is queued is dropped too:
+  // report_retries_test.cpp.)
   rig.link->ReportRegistration(withdraw ? Withdrawal(3, 77) : Registration(3, 78));
+  rig.coordinator.ReleaseHeld();
   REQUIRE(rig.coordinator.WaitForRegistrations(2).size() == 2);
 
   // Another rank's registration fails once: its retry is due after any retry of the first
@@ -341,12 +355,14 @@ TEST_CASE(
   size_t expected = 0;  // reports the coordinator hears in all
   SECTION("replaced") {
     expected = 4;  // the first (failed), the newer one, step 2's (failed) and its retry
-    rig.coordinator.AnswerReport(grpc::StatusCode::UNAVAILABLE, "the coordinator is busy");
+    rig.coordinator.AnswerReport(grpc::StatusCode::UNAVAILABLE, "the coordinator is busy",
+                                 /*hold=*/true);
     rig.link->ReportRanks(Report(1, pb::STEP_STATE_PERSISTED, {0}));
     REQUIRE(rig.coordinator.WaitForReports(1).size() == 1);
-    // Its node manifest holds ranks 0 and 1: the older one (rank 0) arriving after it would
-    // shrink what the coordinator holds of this node.
+    // Queued while the first's answer is held back. Its node manifest holds ranks 0 and 1: the
+    // older one (rank 0) arriving after it would shrink what the coordinator holds of the node.
     rig.link->ReportRanks(Report(1, pb::STEP_STATE_PERSISTED, {0, 1}));
+    rig.coordinator.ReleaseHeld();
     REQUIRE(rig.coordinator.WaitForReports(2).size() == 2);  // before the next answer is set
   }
   SECTION("refused") {

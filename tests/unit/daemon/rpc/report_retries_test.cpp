@@ -22,7 +22,7 @@ TEST_CASE("report retries: a newer report under the key replaces the older one's
   const uint64_t first = retries.Queued("k");
   CHECK(retries.Schedule("k", first, t0, [&] { sent.push_back("first"); }));
   const uint64_t second = retries.Queued("k");  // drops the first's retry
-  CHECK(second == first + 1);
+  CHECK(second > first);
   CHECK(retries.waiting() == 0);
   CHECK(retries.TakeDue(t0 + milliseconds(1)) == nullptr);
   // The first failing only now (its answer was on its way): not kept either.
@@ -38,7 +38,7 @@ TEST_CASE("report retries: a newer report under the key replaces the older one's
   CHECK(retries.keys() == 1);
   retries.Done("k", third);
   CHECK(retries.keys() == 0);
-  CHECK(retries.Queued("k") == 1);  // numbers start over
+  CHECK(retries.Queued("k") > third);  // numbers are never reused
 }
 
 TEST_CASE("report retries: unkeyed reports are all kept, and come out in the order they are due",

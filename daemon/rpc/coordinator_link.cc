@@ -291,6 +291,11 @@ void CoordinatorLink::SendReport(ReportAttempt attempt, ckptd::v1::ReportRanksRe
     if (stopping_) return;
     const auto due = now + attempt.backoff;
     attempt.backoff = std::min(attempt.backoff * 2, config_.backoff_max);
+    if (retries_.waiting() >= kMaxQueued) {
+      spdlog::warn("coordinator link: {} reports wait to be sent again; dropping one",
+                   retries_.waiting());
+      return;
+    }
     const std::string key = attempt.key;
     const uint64_t seq = attempt.seq;
     retries_.Schedule(key, seq, due,
@@ -354,6 +359,11 @@ void CoordinatorLink::RetryRegistration(RegistrationAttempt attempt,
     if (stopping_) return;
     const auto due = ReportRetries::Clock::now() + attempt.backoff;
     attempt.backoff = std::min(attempt.backoff * 2, config_.backoff_max);
+    if (retries_.waiting() >= kMaxQueued) {
+      spdlog::warn("coordinator link: {} reports wait to be sent again; dropping one",
+                   retries_.waiting());
+      return;
+    }
     const std::string key = RetryKey(full);
     // Not kept when replaced since: that one counts.
     retries_.Schedule(key, attempt.seq, due, [this, attempt, full = std::move(full)]() mutable {
@@ -369,6 +379,10 @@ void CoordinatorLink::SendRegistration(RegistrationAttempt attempt,
   const std::string key = RegistrationKey(full);
   ckptd::v1::ReportRegistrationResponse resp;
   if (full.withdrawn()) {
+    {
+      MutexLock lock(mu_);
+      pending_layouts_.erase(key);  // one an older registration's answer stored meanwhile
+    }
     grpc::Status st = CallReportRegistration(full, &resp);
     if (!st.ok()) {
       RetryRegistration(attempt, std::move(full), st);
@@ -400,6 +414,9 @@ void CoordinatorLink::SendRegistration(RegistrationAttempt attempt,
     return;
   }
   MutexLock lock(mu_);
+  if (!retries_.IsNewest(RetryKey(full), attempt.seq)) {
+    return;  // a newer registration or withdrawal of the rank is queued: it alone counts
+  }
   if (resp.layout_pending()) {
     pending_layouts_[key] = std::move(full);  // sent again if the coordinator asks for it
   } else {

@@ -26,7 +26,8 @@
 //     the epoch of its first send, so one that outlives a fence is refused, and refusals are
 //     not retried: the re-report after the next reconnect covers them. Reports are retried for
 //     at most kReportRetryWindow; registrations until delivered, refused or replaced.
-// Nothing here blocks the loop or a trainer; queues are bounded (kMaxQueued).
+// Nothing here blocks the loop or a trainer; the queue and the retries waiting are each bounded
+// (kMaxQueued).
 // Thread safety: all public methods may be called from any thread; callbacks run on the loop.
 #pragma once
 

@@ -20,6 +20,11 @@ bool ReportRetries::Schedule(const std::string& key, uint64_t seq, Clock::time_p
   return true;
 }
 
+bool ReportRetries::IsNewest(const std::string& key, uint64_t seq) const {
+  auto it = newest_.find(key);
+  return it != newest_.end() && it->second == seq;
+}
+
 void ReportRetries::Done(const std::string& key, uint64_t seq) {
   if (key.empty()) return;
   if (auto it = newest_.find(key); it != newest_.end() && it->second == seq) newest_.erase(it);

@@ -35,6 +35,8 @@ class ReportRetries {
   // since (`seq` is no longer the key's newest). False when it was not kept.
   bool Schedule(const std::string& key, uint64_t seq, Clock::time_point due,
                 std::function<void()> send);
+  // Whether `seq` is the newest report queued under `key`.
+  bool IsNewest(const std::string& key, uint64_t seq) const;
   // The report numbered `seq` under `key` was delivered, refused or given up: the key is
   // forgotten unless a newer report under it is queued.
   void Done(const std::string& key, uint64_t seq);

@@ -85,6 +85,11 @@ class ScriptedCoordinator final : public pb::Coordinator::CallbackService {
     MutexLock lock(mu_);
     report_script_.push_back({grpc::Status(code, message), false, hold});
   }
+  // No answer is held back from now on.
+  void StopHolding() {
+    MutexLock lock(mu_);
+    holding_ = false;
+  }
   // Answers every call held back so far.
   void ReleaseHeld() {
     std::vector<std::pair<grpc::ServerUnaryReactor*, grpc::Status>> held;
@@ -133,7 +138,7 @@ class ScriptedCoordinator final : public pb::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* Reply(grpc::ServerUnaryReactor* reactor, const Scripted& answer)
       REQUIRES(mu_) {
     cv_.NotifyAll();
-    if (answer.hold) {
+    if (answer.hold && holding_) {
       held_.emplace_back(reactor, answer.status);
     } else {
       reactor->Finish(answer.status);
@@ -149,6 +154,7 @@ class ScriptedCoordinator final : public pb::Coordinator::CallbackService {
   std::vector<pb::ReportRanksRequest> reports_ GUARDED_BY(mu_);
   std::vector<std::pair<grpc::ServerUnaryReactor*, grpc::Status>> held_ GUARDED_BY(mu_);
   int node_registrations_ GUARDED_BY(mu_) = 0;
+  bool holding_ GUARDED_BY(mu_) = true;
 };
 
 class IgnoringHandler final : public CoordinatorPort::Handler {
@@ -170,6 +176,7 @@ struct Rig {
     GrpcServer::Options options;
     options.what = "scripted coordinator";
     options.address = "127.0.0.1:0";
+    options.keepalive = true;  // the link pings every 2 s, as the coordinator's nodes do
     auto started = GrpcServer::Start(options, {&coordinator});
     REQUIRE_OK(started);
     server = std::move(*started);
@@ -183,7 +190,10 @@ struct Rig {
     REQUIRE(coordinator.WaitForNodeRegistration());
   }
   ~Rig() {
-    coordinator.ReleaseHeld();  // a test that failed before it did
+    // A test that failed early may leave answers held back, or scripted to be: the server
+    // would wait for them on shutdown.
+    coordinator.StopHolding();
+    coordinator.ReleaseHeld();
     link->Stop();
     server->Stop(std::chrono::milliseconds(0));
   }

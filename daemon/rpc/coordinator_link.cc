@@ -286,22 +286,28 @@ void CoordinatorLink::SendReport(ReportAttempt attempt, ckptd::v1::ReportRanksRe
     ReportDone(attempt.key, attempt.seq);
     return;
   }
+  const std::string key = attempt.key;
+  const uint64_t seq = attempt.seq;
+  const std::chrono::milliseconds backoff = attempt.backoff;
+  attempt.backoff = std::min(backoff * 2, config_.backoff_max);
+  ScheduleRetry(key, seq, backoff,
+                [this, attempt = std::move(attempt), req = std::move(req)]() mutable {
+                  SendReport(std::move(attempt), std::move(req));
+                });
+}
+
+void CoordinatorLink::ScheduleRetry(const std::string& key, uint64_t seq,
+                                    std::chrono::milliseconds after, std::function<void()> send) {
   {
     MutexLock lock(mu_);
     if (stopping_) return;
-    const auto due = now + attempt.backoff;
-    attempt.backoff = std::min(attempt.backoff * 2, config_.backoff_max);
     if (retries_.waiting() >= kMaxQueued) {
       spdlog::warn("coordinator link: {} reports wait to be sent again; dropping one",
                    retries_.waiting());
       return;
     }
-    const std::string key = attempt.key;
-    const uint64_t seq = attempt.seq;
-    retries_.Schedule(key, seq, due,
-                      [this, attempt = std::move(attempt), req = std::move(req)]() mutable {
-                        SendReport(std::move(attempt), std::move(req));
-                      });
+    // Not kept when a newer report under the key was queued since: that one counts.
+    retries_.Schedule(key, seq, ReportRetries::Clock::now() + after, std::move(send));
   }
   cv_.NotifyAll();
 }
@@ -354,23 +360,12 @@ void CoordinatorLink::RetryRegistration(RegistrationAttempt attempt,
     if (full.withdrawn()) ReportDone(RetryKey(full), attempt.seq);
     return;
   }
-  {
-    MutexLock lock(mu_);
-    if (stopping_) return;
-    const auto due = ReportRetries::Clock::now() + attempt.backoff;
-    attempt.backoff = std::min(attempt.backoff * 2, config_.backoff_max);
-    if (retries_.waiting() >= kMaxQueued) {
-      spdlog::warn("coordinator link: {} reports wait to be sent again; dropping one",
-                   retries_.waiting());
-      return;
-    }
-    const std::string key = RetryKey(full);
-    // Not kept when replaced since: that one counts.
-    retries_.Schedule(key, attempt.seq, due, [this, attempt, full = std::move(full)]() mutable {
-      SendRegistration(attempt, std::move(full));
-    });
-  }
-  cv_.NotifyAll();
+  const std::string key = RetryKey(full);
+  const std::chrono::milliseconds backoff = attempt.backoff;
+  attempt.backoff = std::min(backoff * 2, config_.backoff_max);
+  ScheduleRetry(key, attempt.seq, backoff, [this, attempt, full = std::move(full)]() mutable {
+    SendRegistration(attempt, std::move(full));
+  });
 }
 
 void CoordinatorLink::SendRegistration(RegistrationAttempt attempt,
@@ -388,8 +383,8 @@ void CoordinatorLink::SendRegistration(RegistrationAttempt attempt,
       RetryRegistration(attempt, std::move(full), st);
       return;
     }
-    // The rank is done here: its count starts over if it registers again (nothing older of it
-    // is queued or waiting, as the sender thread sends in order).
+    // The rank is done here (nothing older of it is queued or waiting: the sender thread sends
+    // in order).
     ReportDone(RetryKey(full), attempt.seq);
     return;
   }
@@ -442,7 +437,7 @@ void CoordinatorLink::ResendLayout(const ckptd::v1::LayoutRequest& ask) {
                ask.rank());
   Enqueue([this, full = std::move(full)]() mutable {
     // With its shards at once: the coordinator asked for them.
-    const std::string key = full.job() + '\0' + std::to_string(full.rank());
+    const std::string key = RegistrationKey(full);
     ckptd::v1::ReportRegistrationResponse resp;
     if (grpc::Status st = CallReportRegistration(full, &resp); !st.ok()) {
       spdlog::warn("coordinator: layout of job '{}' rank {}, sent again as asked: {}", full.job(),

@@ -101,7 +101,7 @@ class CoordinatorLink final : public CoordinatorPort {
   void SendLoop();
   // Where one registration of a rank stands.
   struct RegistrationAttempt {
-    uint64_t seq = 0;                      // its number among the rank's registrations on this node
+    uint64_t seq = 0;                      // its number (ReportRetries), given as it is queued
     uint32_t tries = 0;                    // sends so far
     std::chrono::milliseconds backoff{0};  // before the next send, if this one fails
     bool layout_asked = false;             // the coordinator asked for it with its layout
@@ -121,6 +121,11 @@ class CoordinatorLink final : public CoordinatorPort {
   std::function<void()> NextTask() REQUIRES(mu_);
   // On the sender thread: one report; sent again later when the coordinator could not take it.
   void SendReport(ReportAttempt attempt, ckptd::v1::ReportRanksRequest req);
+  // Queues `send` (a retry of the report numbered `seq` under `key`) to run on the sender thread
+  // `after` from now, unless the link is stopping, kMaxQueued retries wait already, or a newer
+  // report under `key` was queued since.
+  void ScheduleRetry(const std::string& key, uint64_t seq, std::chrono::milliseconds after,
+                     std::function<void()> send);
   // A report under `key` numbered `seq` is delivered, refused or given up.
   void ReportDone(const std::string& key, uint64_t seq);
   // False when the task was dropped (stopping, or kMaxQueued reached).

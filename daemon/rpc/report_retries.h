@@ -2,15 +2,15 @@
 //
 // A report the coordinator did not answer or could not take is sent again later by the link's
 // sender thread. Some reports replace older ones of the same kind — a rank's newer registration
-// replaces its older one, a step's newer PERSISTED report (whose node manifest holds every rank
-// of the older one) replaces the older — and an older one must then never reach the coordinator
-// after the newer, or it would move the rank back or shrink the node's manifest. Such reports
-// carry a key ("registration of job j rank r", "PERSISTED of job j step s"); each report queued
-// under a key gets a number (one counter for all keys, never reused) and drops any retry waiting
-// under it, and a retry is kept only while its number is still the key's newest. The link
-// numbers a report in the same hold of its mutex that queues it, so numbers follow the queue's
-// order whichever threads report. Reports nothing replaces (a rank's
-// CAPTURED, say: repeats of it change nothing, in any order) have the empty key.
+// replaces its older one, a step's newer PERSISTED report (whose node manifest holds every rank of
+// the older one) replaces the older — and an older one must then never reach the coordinator after
+// the newer, or it would move the rank back or shrink the node's manifest. Such reports carry a key
+// ("registration of job j rank r", "PERSISTED of job j step s"); each report queued under a key
+// gets a number (one counter for all keys, never reused) and drops any retry waiting under it, and
+// a retry is kept only while its number is still the key's newest. The link numbers a report in the
+// same hold of its mutex that queues it, so numbers follow the queue's order whichever threads
+// report. Reports nothing replaces (a rank's CAPTURED, say: repeats of it change nothing, in any
+// order) have the empty key.
 //
 // Not thread-safe: the link guards it with its mutex.
 #pragma once

@@ -100,23 +100,13 @@ class ScriptedCoordinator final : public pb::Coordinator::CallbackService {
     for (auto& [reactor, status] : held) reactor->Finish(status);
   }
 
-  // The registrations received, once there are at least `n` (empty after 20 s without).
+  // The registrations (reports) received, once there are at least `n` (empty after 20 s
+  // without).
   std::vector<pb::ReportRegistrationRequest> WaitForRegistrations(size_t n) {
-    MutexLock lock(mu_);
-    if (!cv_.WaitFor(mu_, std::chrono::seconds(20),
-                     [&]() REQUIRES(mu_) { return registrations_.size() >= n; })) {
-      return {};
-    }
-    return registrations_;
+    return WaitForAtLeast(&ScriptedCoordinator::registrations_, n);
   }
-  // The reports received, once there are at least `n` (empty after 20 s without).
   std::vector<pb::ReportRanksRequest> WaitForReports(size_t n) {
-    MutexLock lock(mu_);
-    if (!cv_.WaitFor(mu_, std::chrono::seconds(20),
-                     [&]() REQUIRES(mu_) { return reports_.size() >= n; })) {
-      return {};
-    }
-    return reports_;
+    return WaitForAtLeast(&ScriptedCoordinator::reports_, n);
   }
   bool WaitForNodeRegistration() {
     MutexLock lock(mu_);
@@ -129,6 +119,17 @@ class ScriptedCoordinator final : public pb::Coordinator::CallbackService {
   }
 
  private:
+  // `received` names the member (registrations_ or reports_), read under the mutex.
+  template <class Request>
+  std::vector<Request> WaitForAtLeast(std::vector<Request> ScriptedCoordinator::*received,
+                                      size_t n) {
+    MutexLock lock(mu_);
+    if (!cv_.WaitFor(mu_, std::chrono::seconds(20),
+                     [&]() REQUIRES(mu_) { return (this->*received).size() >= n; })) {
+      return {};
+    }
+    return this->*received;
+  }
   static Scripted Next(std::deque<Scripted>& script) {
     if (script.empty()) return Scripted{grpc::Status::OK};
     Scripted next = script.front();

@@ -75,6 +75,15 @@ Status RefuseFencedReport(uint64_t epoch, uint64_t fenced_through, const std::st
                             "fenced node's reports from before are refused");
 }
 
+// The ranks a node manifest lists, sorted.
+std::vector<uint32_t> SortedRanks(const ckptd::v1::NodeManifest& m) {
+  std::vector<uint32_t> ranks;
+  ranks.reserve(m.ranks_size());
+  for (const auto& r : m.ranks()) ranks.push_back(r.rank());
+  std::sort(ranks.begin(), ranks.end());
+  return ranks;
+}
+
 }  // namespace
 
 CoordinatorCore::CoordinatorCore(Config config, FileSystem* fs, CommitEngine* shared_commit)
@@ -998,15 +1007,26 @@ void CoordinatorCore::NoteSkippedLayouts(const JobRecord& j, StepRecord& s,
 
 void CoordinatorCore::MergeAsReported(StepRecord& s,
                                       std::shared_ptr<const ckptd::v1::NodeManifest> m) {
+  std::vector<uint32_t> ranks = SortedRanks(*m);
+  if (auto held = s.manifests.find(m->node_id()); held != s.manifests.end()) {
+    // A report that arrives after a newer one (retried after its answer was lost, or re-sent
+    // on a reconnect) lists fewer of the node's ranks. A rank once persisted stays persisted and
+    // its bytes never change, so the manifest held describes all of it and more: keep it.
+    const std::vector<uint32_t> held_ranks = SortedRanks(*held->second);
+    if (ranks.size() < held_ranks.size() &&
+        std::includes(held_ranks.begin(), held_ranks.end(), ranks.begin(), ranks.end())) {
+      spdlog::info(
+          "job '{}' step {}: node '{}' reported {} of the {} ranks it reported before; "
+          "an older report arriving late, ignored",
+          m->job(), m->step(), EscapeForLog(m->node_id()), ranks.size(), held_ranks.size());
+      return;
+    }
+  }
   s.manifests.insert_or_assign(m->node_id(), m);
   if (s.merge_stale) return;
   // A node reports the step again each time another of its ranks persists, each manifest a
   // superset of the last: only the new ranks' part is merged. One that drops a rank it reported
-  // before is merged afresh, with every node's last report, at the commit.
-  std::vector<uint32_t> ranks;
-  ranks.reserve(m->ranks_size());
-  for (const auto& r : m->ranks()) ranks.push_back(r.rank());
-  std::sort(ranks.begin(), ranks.end());
+  // before and adds another is merged afresh, with every node's last report, at the commit.
   std::vector<uint32_t>& merged = s.merged_ranks[m->node_id()];
   if (!std::includes(ranks.begin(), ranks.end(), merged.begin(), merged.end())) {
     s.merge_stale = true;

@@ -11,9 +11,9 @@
 // Memory: each I/O thread owns one AlignedBuffer as long as the longest read of the call (at
 // most max_read_bytes, or one piece when a piece is longer), so a read of any size is bounded by
 // io_threads × that, plus the caller's destinations. Buffers outlive the call in a small
-// process-wide cache (ReadBufferCache): a daemon serving loads one after another would otherwise
-// fault in and zero io_threads fresh 16 MiB buffers per call — measured at 53k page faults for a
-// 256 MiB cold load — on the core it shares with capture.
+// process-wide cache (common/buffer_cache.h): a daemon serving loads one after another would
+// otherwise fault in and zero io_threads fresh 16 MiB buffers per call — measured at 53k page
+// faults for a 256 MiB cold load — on the core it shares with capture.
 #include "common/checkpoint_reader.h"
 
 #include <algorithm>
@@ -27,6 +27,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "common/buffer_cache.h"
 #include "common/checksum.h"
 #include "common/data_layout.h"
 #include "common/dtype.h"
@@ -179,52 +180,6 @@ std::vector<ReadOp> PlanReads(const std::vector<FilePieces>& files, uint64_t max
   return ops;
 }
 
-// Read buffers kept between calls. Bounded: at most kMaxRetained buffers of at most
-// kMaxRetainedBytes each (128 MiB at the defaults), so the cache is a fixed cost, never a leak
-// that grows with load size; larger buffers (a single piece longer than max_read_bytes) are freed.
-class ReadBufferCache {
- public:
-  static ReadBufferCache& Get() {
-    static ReadBufferCache cache;
-    return cache;
-  }
-  ReadBufferCache() { free_.reserve(kMaxRetained); }  // Give never allocates
-  // A retained buffer of at least `size` bytes, or a new (zero-filled) one.
-  AlignedBuffer Take(size_t size) {
-    {
-      MutexLock lock(mu_);
-      for (auto it = free_.begin(); it != free_.end(); ++it) {
-        if (it->size() >= size) {
-          AlignedBuffer b = std::move(*it);
-          free_.erase(it);
-          return b;
-        }
-      }
-    }
-    return AlignedBuffer(size);
-  }
-  void Give(AlignedBuffer b) {
-    if (b.size() == 0 || b.size() > kMaxRetainedBytes) return;
-    MutexLock lock(mu_);
-    if (free_.size() < kMaxRetained) free_.push_back(std::move(b));
-  }
-
- private:
-  static constexpr size_t kMaxRetained = 8;
-  static constexpr size_t kMaxRetainedBytes = 16ull << 20;
-  Mutex mu_;
-  std::vector<AlignedBuffer> free_ GUARDED_BY(mu_);
-};
-
-// One I/O thread's buffer for the length of a call, borrowed from and returned to the cache.
-struct BorrowedBuffer {
-  AlignedBuffer buffer;
-  BorrowedBuffer() = default;
-  BorrowedBuffer(const BorrowedBuffer&) = delete;
-  BorrowedBuffer& operator=(const BorrowedBuffer&) = delete;
-  ~BorrowedBuffer() { ReadBufferCache::Get().Give(std::move(buffer)); }
-};
-
 class PieceReader {
  public:
   PieceReader(const CheckpointReader::Options& options, std::atomic<uint64_t>* bytes_read)
@@ -243,16 +198,15 @@ class PieceReader {
         ops.size(), options_.io_threads, [&](BorrowedBuffer& borrowed, size_t i) -> Status {
           const ReadOp& op = ops[i];
           if (handles[op.file] == nullptr) return Status::Ok();
-          if (borrowed.buffer.size() < buffer_size) {
+          if (borrowed.size() < buffer_size) {
             try {
-              ReadBufferCache::Get().Give(std::move(borrowed.buffer));
-              borrowed.buffer = ReadBufferCache::Get().Take(buffer_size);
+              borrowed.Reserve(buffer_size);
             } catch (const std::bad_alloc&) {
               return ResourceExhausted("cannot allocate a read buffer of " +
                                        std::to_string(buffer_size) + " bytes");
             }
           }
-          return RunOne(files[op.file], *handles[op.file], op, borrowed.buffer, max_read, sink);
+          return RunOne(files[op.file], *handles[op.file], op, borrowed.buffer(), max_read, sink);
         });
   }
 

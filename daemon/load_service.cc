@@ -4,12 +4,14 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <future>
+#include <new>
 #include <random>
 #include <set>
 #include <thread>
 #include <tuple>
 #include <utility>
 
+#include "common/buffer_cache.h"
 #include "common/logging.h"
 #include "common/names.h"
 #include "common/step_layout.h"
@@ -448,7 +450,7 @@ Status LoadService::Stage(Prepared& p, const ckptd::v1::LoadPlanResponse& plan,
     s.cv.NotifyAll();
   };
   Status status = Status::Ok();
-  std::vector<std::byte> buffer;
+  BorrowedBuffer buffer;
   const uint64_t window = hot_->window_size();
   const std::string& job = p.request.job;
   for (size_t i = 0; i < ranges.size() && status.ok(); ++i) {
@@ -461,7 +463,13 @@ Status LoadService::Stage(Prepared& p, const ckptd::v1::LoadPlanResponse& plan,
     for (uint64_t pos = range.offset, end = range.offset + range.length; pos < end;) {
       const uint64_t n = std::min(end - pos, window - pos % window);
       if (hot_->Find(job, p.step, range.file, pos, n) == nullptr) {
-        buffer.resize(n);
+        try {
+          buffer.Reserve(n);
+        } catch (const std::bad_alloc&) {
+          status = ResourceExhausted(p.ctx + ": no memory for a read buffer of " +
+                                     std::to_string(n) + " bytes");
+          break;
+        }
         status = (*file)->PReadAll(buffer.data(), n, pos);
         if (!status.ok()) break;
         *bytes_read += n;
@@ -484,20 +492,31 @@ std::vector<CheckpointReader::FileRange> LoadService::FetchFromPeers(
   auto fetch_all = [&](const std::string& address,
                        const std::vector<const ckptd::v1::FileRange*>& ranges) {
     std::unique_ptr<PeerFetch> client = config_.connect_peer(address);
-    std::vector<std::byte> buffer;
+    // One hot-cache window per FETCH, into one buffer borrowed for the whole range list: no
+    // buffer longer than a window, and none faulted in afresh per load.
+    const uint64_t window = hot_->window_size();
+    BorrowedBuffer buffer;
     for (const auto* r : ranges) {
-      buffer.resize(r->length());
-      Status s =
-          client->Fetch(p.request.job, p.step, r->file(), r->offset(), r->length(), buffer.data());
-      if (!s.ok()) {
-        // Dead, stalled or wrong: not asked again by this load; storage has the bytes.
-        spdlog::warn("{}: fetch from peer {} failed, reading its ranges from storage: {}", p.ctx,
-                     address, s.ToString());
-        return;
+      for (uint64_t pos = r->offset(), end = r->offset() + r->length(); pos < end;) {
+        const uint64_t n = std::min(end - pos, window - pos % window);
+        Status s = Status::Ok();
+        try {
+          buffer.Reserve(n);
+        } catch (const std::bad_alloc&) {
+          s = ResourceExhausted("no memory for a fetch buffer of " + std::to_string(n) + " bytes");
+        }
+        if (s.ok()) s = client->Fetch(p.request.job, p.step, r->file(), pos, n, buffer.data());
+        if (!s.ok()) {
+          // Dead, stalled or wrong: not asked again by this load; storage has the bytes.
+          spdlog::warn("{}: fetch from peer {} failed, reading its ranges from storage: {}", p.ctx,
+                       address, s.ToString());
+          return;
+        }
+        hot_->InsertRead(p.request.job, p.step, r->file(), pos, buffer.data(), n);
+        MutexLock lock(mu);
+        arrived.push_back({r->file(), pos, n});
+        pos += n;
       }
-      hot_->InsertRead(p.request.job, p.step, r->file(), r->offset(), buffer.data(), r->length());
-      MutexLock lock(mu);
-      arrived.push_back({r->file(), r->offset(), r->length()});
     }
   };
   {

@@ -7,8 +7,10 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 #include <future>
+#include <new>
 #include <vector>
 
+#include "common/buffer_cache.h"
 #include "common/checksum.h"
 #include "common/logging.h"
 #include "common/names.h"
@@ -152,8 +154,23 @@ class PeerServer::Connection : public std::enable_shared_from_this<Connection> {
     auto self = shared_from_this();
     const bool posted = server_->pool_.Post([self, region = *region, reserved] {
       if (self->closed_) return;  // closed while queued (or the server stopping): no read
-      std::shared_ptr<std::byte[]> data(new std::byte[std::max<uint64_t>(region.length, 1)],
-                                        [reserved](std::byte* p) { delete[] p; });
+      // The reply's bytes go into a buffer from the shared cache, given back once sent: a node
+      // serving FETCH after FETCH does not fault in and zero a fresh one each time.
+      std::shared_ptr<AlignedBuffer> buffer;
+      try {
+        buffer = std::make_shared<AlignedBuffer>(
+            BufferCache::Shared().Take(std::max<uint64_t>(region.length, 1)));
+      } catch (const std::bad_alloc&) {
+        asio::post(self->server_->io_, [self, region] {
+          self->Reply(ResourceExhausted("peer: FETCH of " + DescribeRegion(region) +
+                                        ": no memory for the reply; read it elsewhere"),
+                      nullptr, 0, 0);
+        });
+        return;
+      }
+      std::shared_ptr<std::byte[]> data(buffer->data(), [buffer, reserved](std::byte*) {
+        BufferCache::Shared().Give(std::move(*buffer));
+      });
       Status status = self->server_->source_->Read(region, data.get());
       const uint64_t sum = status.ok() ? Xxh3(data.get(), region.length) : 0;
       asio::post(self->server_->io_, [self, status = std::move(status), data, region, sum] {

@@ -491,7 +491,7 @@ std::vector<CheckpointReader::FileRange> LoadService::FetchFromPeers(
   std::vector<CheckpointReader::FileRange> arrived;
   auto fetch_all = [&](const std::string& address,
                        const std::vector<const ckptd::v1::FileRange*>& ranges) {
-    std::unique_ptr<PeerFetch> client = config_.connect_peer(address);
+    std::unique_ptr<PeerFetch> client;  // connected at the first range not held here
     // One hot-cache window per FETCH, into one buffer borrowed for the whole range list: no
     // buffer longer than a window, and none faulted in afresh per load.
     const uint64_t window = hot_->window_size();
@@ -505,6 +505,15 @@ std::vector<CheckpointReader::FileRange> LoadService::FetchFromPeers(
         } catch (const std::bad_alloc&) {
           s = ResourceExhausted("no memory for a fetch buffer of " + std::to_string(n) + " bytes");
         }
+        if (s.ok() && config_.read_held_copy &&
+            config_.read_held_copy(p.request.job, p.step, r->file(), pos, n, buffer.data())) {
+          // This node holds a copy of that file for its own node (its peer pool): no network.
+          // Resident from here on, it counts as bytes from memory, not from peers.
+          hot_->InsertRead(p.request.job, p.step, r->file(), pos, buffer.data(), n);
+          pos += n;
+          continue;
+        }
+        if (s.ok() && client == nullptr) client = config_.connect_peer(address);
         if (s.ok()) s = client->Fetch(p.request.job, p.step, r->file(), pos, n, buffer.data());
         if (!s.ok()) {
           // Dead, stalled or wrong: not asked again by this load; storage has the bytes.

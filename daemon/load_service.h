@@ -19,8 +19,10 @@
 // reads the ranges this node serves into the hot cache, once per node and round of the plan
 // (other loads of the round on this node wait for that, and so does the data plane's FETCH of
 // each range — from the moment this node heard its plan, or asked for it: WaitStaged), (2)
-// fetches the ranges other nodes read over the data plane into the hot cache,
-// one thread per peer — a peer that fails is not asked again by this load — and (3) reads as
+// fetches the ranges other nodes read over the data plane into the hot cache, one window per
+// FETCH, one thread per peer — a peer that fails is not asked again by this load; a range this
+// node holds a copy of for another node (its peer pool) is copied from there instead, with no
+// network — and (3) reads as
 // above, so fetched bytes are verified against the manifest like any resident bytes, and
 // whatever did not arrive (a dead or stalled peer, a full pool) is read from storage. A failed
 // or absent plan is a load as before.
@@ -70,6 +72,12 @@ class LoadService {
     std::string node_id;
     std::function<std::string()> peer_address;  // this node's data plane; "" serves nothing
     std::function<std::unique_ptr<PeerFetch>(const std::string& address)> connect_peer;
+    // Copies [offset, offset + length) of a step's data file into `out` when this node holds
+    // it for another node (its peer pool, daemon/peer/peer_store.h); false when it does not.
+    // A planned fetch of such a range is served here instead of over the network. Null: none.
+    std::function<bool(const std::string& job, uint64_t step, const std::string& file,
+                       uint64_t offset, uint64_t length, std::byte* out)>
+        read_held_copy;
     // Longest a FETCH of a step waits for this node to read the ranges it serves.
     std::chrono::milliseconds staging_wait{std::chrono::seconds(30)};
     // The manifest of a memory-only step, from the coordinator; null: such steps do not load.

@@ -287,6 +287,11 @@ int RunDaemon(const DaemonConfig& config) {
           &metrics);
     };
   }
+  load_config.read_held_copy = [&peer_store](const std::string& job, uint64_t step,
+                                             const std::string& file, uint64_t offset,
+                                             uint64_t length, std::byte* out) {
+    return peer_store.Read(peer::Region{job, step, file, offset, length}, out);
+  };
   LoadService loads(io, load_config, fs, &commit, &hot);
 
   SessionServices services;

@@ -27,7 +27,10 @@
 // alive, and its holders in the peer-memory tier, proto/README.md §4.1). Every piece of such a
 // file is fetched from one of them — in turn, piece by piece — and nobody reads it from storage:
 // a replacement node restores a lost node's ranks from the lost node's holders. They are asked
-// for once, when the round is planned (O(ranks) in the coordinator), not at every ask.
+// for once, when the round is planned (O(ranks) in the coordinator), not at every ask. A node
+// that is itself one of a file's holders may be named as the source of its own pieces, or
+// another holder may: either way the loader copies them from its own peer pool, with no
+// network (daemon/load_service.h).
 //
 // Failure is always a storage read: a fetch that fails, stalls or returns bad bytes (the loader
 // verifies each checksum piece against the manifest, wherever its bytes came from) is read from

@@ -59,13 +59,27 @@ TEST_CASE(
     REQUIRE_OK(point);
     CHECK(*point == std::optional<uint64_t>(2));
   }
+  const char* const kReceived = "ckptd_peer_bytes_total{direction=\"received\"}";
+  std::vector<double> received_before;
+  for (int i = 1; i < kFour; ++i) received_before.push_back(Metric(*nodes[i], kReceived));
   LoadEveryRankAndCheck(ranks, 2);
   double from_storage = Metric(*replacement, "ckptd_read_bytes_total{source=\"storage\"}");
   for (int i = 1; i < kFour; ++i) {
     from_storage += Metric(*nodes[i], "ckptd_read_bytes_total{source=\"storage\"}");
   }
   CHECK(from_storage == 0);
-  CHECK(Metric(*replacement, "ckptd_peer_bytes_total{direction=\"received\"}") > 0);
+  const double replacement_received = Metric(*replacement, kReceived);
+  CHECK(replacement_received > 0);
+  // The replacement holds nothing and receives all four nodes' files. A survivor needs the three
+  // it did not write, and holds one of them for its node (--replicas 1): it copies that one from
+  // its own peer pool and receives only the other two over the network.
+  for (int i = 1; i < kFour; ++i) {
+    const double received = Metric(*nodes[i], kReceived) - received_before[i - 1];
+    INFO("n" << i << " received " << received << " bytes, the replacement "
+             << replacement_received);
+    CHECK(received > 0);
+    CHECK(received < 0.6 * replacement_received);
+  }
 
   // Every original daemon dies: no live daemon holds step 2 any more (the replacement only
   // loaded it), so the job's newest restorable step is the persisted one, and it loads.

@@ -20,8 +20,13 @@ after); the mean time of one load in the daemons (ckptd_load_duration_seconds, t
 included); and the daemons' storage reads (ckptd_read_bytes_total{source="storage"}, summed) over
 the step's unique bytes. Needs root (cgroup, drop_caches).
 
+The ranks load in step: all have registered and filled their memory before the first Load call,
+and none checks what it loaded before the last Load returned. The 4 "nodes" share this machine's
+cores, and on real nodes a rank's own work does not take another node's cores; --overlapped lets
+each rank go on as soon as it can instead (the only way before 2026-11-29).
+
   sudo /usr/bin/python3 bench/load/cold_across_nodes.py [--bin build/bin] [--tensors 88]
-       [--throttle 200MiB] [--rounds 2] [--json out.json]
+       [--throttle 200MiB] [--rounds 2] [--overlapped] [--json out.json]
 """
 import argparse
 import json
@@ -159,14 +164,33 @@ class Cluster:
         self.daemons = []
 
     def ranks(self, mode, extra):
+        """Runs one rank per daemon to the end; their outputs. A load moves in step (unless
+        --overlapped): every rank registered and filled before the first loads, every load
+        returned before the first checks what it loaded."""
+        in_step = mode == "load" and not self.args.overlapped
         procs = []
         for i, d in enumerate(self.daemons):
             procs.append(subprocess.Popen(
                 [os.path.join(self.args.bin, "ckpt_coordinator_rank"), mode, "--socket",
                  d["socket"], "--job", JOB, "--rank", str(i), "--world-size", str(NODES),
-                 "--tp", "1", "--tensors", str(self.args.tensors)] + extra,
+                 "--tp", "1", "--tensors", str(self.args.tensors)] + extra +
+                (["--in-step"] if in_step else []),
+                stdin=subprocess.PIPE if in_step else subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-        outs = [p.communicate()[0].decode() for p in procs]
+        heard = [b""] * len(procs)
+        for gate in (("ready", "loaded") if in_step else ()):
+            for i, p in enumerate(procs):
+                line = p.stdout.readline()
+                heard[i] += line
+                if line.decode().strip() != gate:
+                    for q in procs:
+                        q.kill()
+                    sys.exit("cold_across_nodes: rank %d said %r, not %r:\n%s" % (
+                        i, line, gate, (heard[i] + p.communicate()[0]).decode()))
+            for p in procs:
+                p.stdin.write(b"go\n")
+                p.stdin.flush()
+        outs = [(h + p.communicate()[0]).decode() for h, p in zip(heard, procs)]
         for p, out in zip(procs, outs):
             if p.returncode != 0:
                 sys.exit("cold_across_nodes: a rank failed (%d):\n%s" % (p.returncode, out))
@@ -193,6 +217,10 @@ def add_cluster_args(ap, doc, host_pool):
     ap.add_argument("--throttle", type=parse_bytes, default=parse_bytes("200MiB"),
                     help="read bytes/s of the storage disk, shared by the 4 daemons")
     ap.add_argument("--host-pool", default=host_pool)
+    ap.add_argument("--overlapped", action="store_true",
+                    help="let each rank fill its memory, load and check it as soon as it can, "
+                         "overlapping other ranks' loads on this machine's shared cores (before "
+                         "2026-11-29 the only way)")
 
 
 def main():
@@ -246,6 +274,7 @@ def main():
     reads = {m: statistics.median(x["storage_bytes"] for x in v) / unique
              for m, v in results.items()}
     summary = {"nodes": NODES, "unique_bytes": unique, "throttle_bytes_per_s": args.throttle,
+               "ranks_in_step": not args.overlapped,
                "rounds": results, "median_seconds": med, "storage_reads_over_unique": reads,
                "median_load_seconds": load,
                "time_ratio_planned_over_per_node": med["planned"] / med["per-node"],

@@ -31,7 +31,8 @@ starting the 4 rank processes to the last one done (each also registers before a
 element after); the mean load in a daemon (ckptd_load_duration_seconds); the live daemons'
 storage reads (ckptd_read_bytes_total{source="storage"}) and bytes received over the data plane
 (ckptd_peer_bytes_total{direction="received"}) during the load, over the step's unique bytes;
-and the ratio cold / peer of the job's load.
+and the ratio cold / peer of the job's load. The ranks load in step, as in the cold script (all
+filled before the first Load, none checking before the last returned; --overlapped: not).
 
 Replication throughput, from the peer mode's save: the bytes the daemons sent over the data plane
 (every one a PUT to a holder: no load has run yet) over the time from the first rank persisted to
@@ -47,7 +48,7 @@ for the coordinator to declare n0 lost (its watch stream closes when it dies, an
 plan names it; the lease, 10 s, is not waited for). Needs root (cgroup v1 blkio, drop_caches).
 
   sudo /usr/bin/python3 bench/peer/restore_from_peers.py [--bin build/bin] [--tensors 88]
-       [--throttle 200MiB] [--host-pool 1GiB] [--peer-pool 1GiB] [--rounds 2]
+       [--throttle 200MiB] [--host-pool 1GiB] [--peer-pool 1GiB] [--rounds 2] [--overlapped]
        [--json out.json]
 """
 import argparse
@@ -279,7 +280,8 @@ def summarise(args, results, unique, tcp):
     load = {m: median(results[m], "load_seconds") for m in modes}
     return {
         "nodes": cold.NODES, "unique_bytes": unique, "throttle_bytes_per_s": args.throttle,
-        "host_pool": args.host_pool, "peer_pool": args.peer_pool, "rounds": results,
+        "host_pool": args.host_pool, "peer_pool": args.peer_pool,
+        "ranks_in_step": not args.overlapped, "rounds": results,
         "median_seconds": {m: median(results[m], "seconds") for m in modes},
         "median_load_seconds": load,
         "median_daemon_load_seconds": {m: median(results[m], "daemon_load_seconds")

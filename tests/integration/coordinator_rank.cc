@@ -17,7 +17,12 @@
 //   load [--step N]: registers its layout, loads, checks every element; prints
 //        "loaded step <s> bytes <n> ... load_ns <start> <end>" (the Load call, on the monotonic
 //        clock that every process of the machine shares); exit 0 when every element matches, 3
-//        otherwise.
+//        otherwise. With --in-step it moves in step with the other ranks of a benchmark that
+//        runs several "nodes" on one machine: it prints "ready" once registered and filled,
+//        then waits for a line on stdin before it loads, and prints "loaded" and waits for
+//        another before it checks. So no rank's own work (filling 245 MiB, checking it) takes
+//        the cores from another rank's load while the job's load is timed: on real nodes it
+//        runs on cores of its own.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -38,6 +43,17 @@ namespace {
 int Fail(const std::string& what, const ckpt::Status& s) {
   std::fprintf(stderr, "ckpt_coordinator_rank: %s: %s\n", what.c_str(), s.ToString().c_str());
   return 1;
+}
+
+// With --in-step: says `what` on stdout and waits for a line on stdin (the benchmark's "go").
+bool InStep(bool in_step, const char* what) {
+  if (!in_step) return true;
+  std::printf("%s\n", what);
+  std::fflush(stdout);
+  for (char c = 0; std::fread(&c, 1, 1, stdin) == 1;) {
+    if (c == '\n') return true;
+  }
+  return false;  // the benchmark went away
 }
 
 // Now on the monotonic clock that every process of the machine shares, in nanoseconds.
@@ -65,6 +81,8 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps_text);
   app.add_option("--step", load_step);
   app.add_flag("--wait-replicated", wait_replicated);
+  bool in_step = false;
+  app.add_flag("--in-step", in_step, "load: wait on stdin before the load and before the check");
   std::string resume_fifo;
   app.add_option("--resume-fifo", resume_fifo);
   CLI11_PARSE(app, argc, argv);
@@ -133,10 +151,13 @@ int main(int argc, char** argv) {
   }
   if (mode == "load") {
     std::memset(base, 0xEE, model.total_bytes());
+    const ckpt::Status no_go = ckpt::Aborted("stdin closed before the benchmark's go");
+    if (!InStep(in_step, "ready")) return Fail("in step", no_go);
     const auto started = std::chrono::steady_clock::now();
     auto loaded = (*client)->Load(load_step);
     const auto ended = std::chrono::steady_clock::now();
     if (!loaded.ok()) return Fail("load", loaded.status());
+    if (!InStep(in_step, "loaded")) return Fail("in step", no_go);
     const uint64_t bad = model.CountMismatches(base, loaded->step);
     const auto ns = [](std::chrono::steady_clock::time_point t) {
       return static_cast<long long>(

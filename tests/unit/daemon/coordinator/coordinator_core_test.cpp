@@ -169,6 +169,16 @@ struct Fixture {
   void Saved(const std::string& node, uint64_t step, uint32_t world, std::vector<uint32_t> ranks) {
     Report(node, step, world, std::move(ranks), pb::STEP_STATE_PENDING);
   }
+  // Waits for job "j"'s `step` to end (as `node` hears it), checks that it committed, and
+  // returns its MANIFEST.
+  pb::Manifest CommittedManifest(uint64_t step, const std::string& node = "a") {
+    auto d = sinks[node]->WaitTerminal("j", step);
+    REQUIRE(d);
+    CHECK(d->state() == pb::STEP_STATE_COMMITTED);
+    auto m = ReadManifest(PosixFileSystem(), StepDir(config.storage_root, "j", step));
+    REQUIRE(m.ok());
+    return *m;
+  }
 };
 
 TEST_CASE("CoordinatorCore commits a step once every node persisted its ranks, in step order",
@@ -180,13 +190,9 @@ TEST_CASE("CoordinatorCore commits a step once every node persisted its ranks, i
   f.Persisted("b", 2, 4, {2, 3});  // step 2 complete, but step 1 is still in flight
   f.Persisted("a", 1, 4, {0, 1});
   f.Persisted("b", 1, 4, {2, 3});
-  auto d2 = f.sinks["b"]->WaitTerminal("j", 2);  // the sink whose order is checked next
-  REQUIRE(d2);
-  CHECK(d2->state() == pb::STEP_STATE_COMMITTED);
+  const pb::Manifest m = f.CommittedManifest(2, "b");  // the sink whose order is checked next
   CHECK(f.sinks["b"]->CommittedOrder("j") == std::vector<uint64_t>{1, 2});
-  auto m = ReadManifest(PosixFileSystem(), StepDir(f.config.storage_root, "j", 2));
-  REQUIRE(m.ok());
-  CHECK(m->ranks_size() == 4);
+  CHECK(m.ranks_size() == 4);
   CHECK(*f.core->Latest("j") == std::optional<uint64_t>(2));
 }
 
@@ -474,17 +480,13 @@ TEST_CASE("CoordinatorCore commits a node's growing reports, each rank once",
     f.Persisted("a", 1, 4, {1});
     f.Persisted("b", 1, 4, {2, 3});
   }
-  auto d = f.sinks["a"]->WaitTerminal("j", 1);
-  REQUIRE(d);
-  CHECK(d->state() == pb::STEP_STATE_COMMITTED);
-  auto m = ReadManifest(PosixFileSystem(), StepDir(f.config.storage_root, "j", 1));
-  REQUIRE(m.ok());
-  REQUIRE(m->ranks_size() == 4);
-  for (int r = 0; r < 4; ++r) CHECK(m->ranks(r).rank() == static_cast<uint32_t>(r));
-  REQUIRE(m->tensors_size() == 1);
-  REQUIRE(m->tensors(0).shards_size() == 4);
+  const pb::Manifest m = f.CommittedManifest(1);
+  REQUIRE(m.ranks_size() == 4);
+  for (int r = 0; r < 4; ++r) CHECK(m.ranks(r).rank() == static_cast<uint32_t>(r));
+  REQUIRE(m.tensors_size() == 1);
+  REQUIRE(m.tensors(0).shards_size() == 4);
   std::vector<uint32_t> writers;
-  for (const auto& s : m->tensors(0).shards()) writers.push_back(s.writer_rank());
+  for (const auto& s : m.tensors(0).shards()) writers.push_back(s.writer_rank());
   std::sort(writers.begin(), writers.end());
   CHECK(writers == std::vector<uint32_t>{0, 1, 2, 3});
   CHECK(f.core->CommitsMergedAfresh() == 0);
@@ -499,12 +501,7 @@ TEST_CASE("CoordinatorCore merges afresh a node whose report drops a rank and ad
   f.Persisted("a", 1, 5, {1, 2});  // rank 0 is persisted, but this manifest no longer has it
   f.Persisted("a", 1, 5, {0, 1, 2});
   f.Persisted("b", 1, 5, {3, 4});
-  auto d = f.sinks["a"]->WaitTerminal("j", 1);
-  REQUIRE(d);
-  CHECK(d->state() == pb::STEP_STATE_COMMITTED);
-  auto m = ReadManifest(PosixFileSystem(), StepDir(f.config.storage_root, "j", 1));
-  REQUIRE(m.ok());
-  CHECK(m->ranks_size() == 5);
+  CHECK(f.CommittedManifest(1).ranks_size() == 5);
   CHECK(f.core->CommitsMergedAfresh() == 1);
 }
 

@@ -1,6 +1,7 @@
 #include "daemon/coordinator/coordinator_core.h"
 
 #include <algorithm>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "common/logging.h"
@@ -73,6 +74,40 @@ Status RefuseFencedReport(uint64_t epoch, uint64_t fenced_through, const std::st
   return FailedPrecondition(ctx + ": made in the node's epoch " + std::to_string(epoch) +
                             ", which ended when the coordinator declared the node lost; a "
                             "fenced node's reports from before are refused");
+}
+
+// True when `m` is an older report of the node manifest `held` (same node and step): it lists
+// fewer ranks, and every rank, shard and skipped_under entry it has is in `held` exactly as it
+// is in `m`. A daemon reports a step again each time another rank persists, each report a
+// superset of the last, so a report overtaken by a newer one looks like this. Entries that
+// differ (a rank's file written anew) are not an older report: the commit merges afresh.
+bool OlderReportOf(const ckptd::v1::NodeManifest& m, const ckptd::v1::NodeManifest& held) {
+  if (m.ranks_size() >= held.ranks_size()) return false;
+  const auto contains = [](const auto& entries, const auto& entry) {
+    const std::string want = entry.SerializeAsString();
+    return std::any_of(entries.begin(), entries.end(),
+                       [&](const auto& e) { return e.SerializeAsString() == want; });
+  };
+  for (const auto& r : m.ranks()) {
+    if (!contains(held.ranks(), r)) return false;
+  }
+  for (const auto& u : m.skipped_under()) {
+    if (!contains(held.skipped_under(), u)) return false;
+  }
+  // Rare (only overtaken reports get here), so plainly: each tensor's shards as serialized bytes.
+  std::unordered_map<std::string, std::unordered_set<std::string>> held_shards;
+  for (const auto& t : held.tensors()) {
+    auto& shards = held_shards[t.name()];
+    for (const auto& shard : t.shards()) shards.insert(shard.SerializeAsString());
+  }
+  for (const auto& t : m.tensors()) {
+    auto it = held_shards.find(t.name());
+    if (it == held_shards.end() && t.shards_size() > 0) return false;
+    for (const auto& shard : t.shards()) {
+      if (it->second.count(shard.SerializeAsString()) == 0) return false;
+    }
+  }
+  return true;
 }
 
 // The ranks a node manifest lists, sorted.
@@ -688,7 +723,15 @@ Result<ckptd::v1::ReportRanksResponse> CoordinatorCore::ReportRanks(
         for (const auto& under : m.skipped_under()) named += under.shards();
         config_.on_skips(static_cast<size_t>(m.skipped_size()), named);
       }
-      if (!s.committing && !s.finishing_in_memory) {  // else a late copy the commit has
+      const auto held = s.manifests.find(req.node_id());
+      if (held != s.manifests.end() && OlderReportOf(m, *held->second)) {
+        // Retried after its answer was lost, or re-sent on a reconnect, and overtaken by a newer
+        // report: the manifest held already says all this and more (ranks above are counted).
+        spdlog::info(
+            "{}: a report of {} of the {} ranks this node reported before, each as "
+            "reported then: an older report arriving late, ignored",
+            ctx, m.ranks_size(), held->second->ranks_size());
+      } else if (!s.committing && !s.finishing_in_memory) {  // else a late copy the commit has
         NoteSkippedLayouts(j, s, m);
         MergeAsReported(s, std::make_shared<const ckptd::v1::NodeManifest>(m));
       }
@@ -1008,25 +1051,12 @@ void CoordinatorCore::NoteSkippedLayouts(const JobRecord& j, StepRecord& s,
 void CoordinatorCore::MergeAsReported(StepRecord& s,
                                       std::shared_ptr<const ckptd::v1::NodeManifest> m) {
   std::vector<uint32_t> ranks = SortedRanks(*m);
-  if (auto held = s.manifests.find(m->node_id()); held != s.manifests.end()) {
-    // A report that arrives after a newer one (retried after its answer was lost, or re-sent
-    // on a reconnect) lists fewer of the node's ranks. A rank once persisted stays persisted and
-    // its bytes never change, so the manifest held describes all of it and more: keep it.
-    const std::vector<uint32_t> held_ranks = SortedRanks(*held->second);
-    if (ranks.size() < held_ranks.size() &&
-        std::includes(held_ranks.begin(), held_ranks.end(), ranks.begin(), ranks.end())) {
-      spdlog::info(
-          "job '{}' step {}: node '{}' reported {} of the {} ranks it reported before; "
-          "an older report arriving late, ignored",
-          m->job(), m->step(), EscapeForLog(m->node_id()), ranks.size(), held_ranks.size());
-      return;
-    }
-  }
   s.manifests.insert_or_assign(m->node_id(), m);
   if (s.merge_stale) return;
   // A node reports the step again each time another of its ranks persists, each manifest a
-  // superset of the last: only the new ranks' part is merged. One that drops a rank it reported
-  // before and adds another is merged afresh, with every node's last report, at the commit.
+  // superset of the last: only the new ranks' part is merged (an older one arriving late was
+  // set aside before: OlderReportOf). One that drops a rank it reported before is merged afresh,
+  // with every node's last report, at the commit.
   std::vector<uint32_t>& merged = s.merged_ranks[m->node_id()];
   if (!std::includes(ranks.begin(), ranks.end(), merged.begin(), merged.end())) {
     s.merge_stale = true;

@@ -81,9 +81,9 @@
 //     commit thread (ManifestMerger); the commit itself finishes the merge (name order, replicas,
 //     skipped shards), validates and writes. A node reports again as more of its ranks persist,
 //     each report a superset of the last, and only the new ranks' part is merged. A report
-//     listing a strict subset of the node's last is an older one arriving late and is ignored;
-//     one that drops a rank and adds another makes the commit merge every node's last report
-//     afresh instead.
+//     listing a strict subset of the node's last, each of its entries as the last has it, is an
+//     older one arriving late and is ignored (before anything of it counts); any other report
+//     that drops a rank makes the commit merge every node's last report afresh instead.
 //
 // Cost model — what grows with what (R ranks on N nodes, L distinct layouts of T tensors,
 // S distinct shards; measured in bench/coordinator, bench/README.md "Coordinator"):

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <condition_variable>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -136,8 +137,10 @@ struct Fixture {
     }
     return *report;
   }
+  // `edit` changes the node manifest before it is sent.
   pb::ReportRanksResponse Persisted(const std::string& node, uint64_t step, uint32_t world,
-                                    std::vector<uint32_t> ranks, const std::string& job = "j") {
+                                    std::vector<uint32_t> ranks, const std::string& job = "j",
+                                    const std::function<void(pb::NodeManifest&)>& edit = {}) {
     std::filesystem::create_directories(StepDir(config.storage_root, job, step));
     pb::ReportRanksRequest req;
     req.set_node_id(node);
@@ -147,6 +150,7 @@ struct Fixture {
     req.set_state(pb::STEP_STATE_PERSISTED);
     for (uint32_t r : ranks) req.add_ranks(r);
     *req.mutable_node_manifest() = NodeManifestFor(job, step, world, node, ranks);
+    if (edit) edit(*req.mutable_node_manifest());
     auto resp = core->ReportRanks(req);
     REQUIRE(resp.ok());
     return *resp;
@@ -490,6 +494,23 @@ TEST_CASE("CoordinatorCore commits a node's growing reports, each rank once",
   std::sort(writers.begin(), writers.end());
   CHECK(writers == std::vector<uint32_t>{0, 1, 2, 3});
   CHECK(f.core->CommitsMergedAfresh() == 0);
+}
+
+TEST_CASE("CoordinatorCore fails the step when a smaller report's entries differ from the last",
+          "[coordinator_core]") {
+  Fixture f;
+  f.Start({"a", "b"});
+  f.Persisted("a", 1, 4, {0});
+  f.Persisted("a", 1, 4, {0, 1});
+  // Rank 0's file written anew (other checksums): not an older report, whatever its size.
+  f.Persisted("a", 1, 4, {0}, "j", [](pb::NodeManifest& m) {
+    m.mutable_tensors(0)->mutable_shards(0)->set_chunk_xxh3(0, 99);
+  });
+  f.Persisted("b", 1, 4, {2, 3});
+  auto d = f.sinks["a"]->WaitTerminal("j", 1);
+  REQUIRE(d);
+  CHECK(d->state() == pb::STEP_STATE_FAILED);
+  CHECK_FALSE(ReadManifest(PosixFileSystem(), StepDir(f.config.storage_root, "j", 1)).ok());
 }
 
 TEST_CASE("CoordinatorCore merges afresh a node whose report drops a rank and adds another",

@@ -34,10 +34,11 @@ class BufferCache {
 
   BufferCache() { free_.reserve(kMaxRetained); }  // Give never allocates
 
-  // A retained buffer of at least `size` bytes, or a new (zero-filled) one; throws
+  // The smallest retained buffer of at least `size` bytes, or a new (zero-filled) one; throws
   // std::bad_alloc when there is no memory for it.
   AlignedBuffer Take(size_t size);
-  // Keeps `b` for a later Take while there is room and it is not too large; frees it otherwise.
+  // Keeps `b` for a later Take unless it is too large; when kMaxRetained are kept already, `b`
+  // replaces the smallest of them if it is larger. Whatever is not kept is freed.
   void Give(AlignedBuffer b);
 
  private:

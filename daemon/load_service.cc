@@ -531,8 +531,16 @@ std::vector<CheckpointReader::FileRange> LoadService::FetchFromPeers(
   {
     std::vector<std::jthread> threads;
     for (const auto& [address, ranges] : by_peer) {
-      threads.emplace_back(
-          [&, &address = address, &ranges = ranges] { fetch_all(address, ranges); });
+      threads.emplace_back([&, &address = address, &ranges = ranges] {
+        try {
+          fetch_all(address, ranges);
+        } catch (const std::bad_alloc&) {
+          // Out of memory mid-fetch (a buffer, the cache's bookkeeping): what did not arrive is
+          // read from storage, as for a peer that failed.
+          spdlog::warn("{}: fetch from peer {} ran out of memory, reading the rest from storage",
+                       p.ctx, address);
+        }
+      });
     }
   }
   std::sort(arrived.begin(), arrived.end(), [](const auto& a, const auto& b) {

@@ -180,13 +180,16 @@ class Cluster:
         heard = [b""] * len(procs)
         for gate in (("ready", "loaded") if in_step else ()):
             for i, p in enumerate(procs):
-                line = p.stdout.readline()
-                heard[i] += line
-                if line.decode().strip() != gate:
+                while True:  # other lines (a log line) may come first
+                    line = p.stdout.readline()
+                    heard[i] += line
+                    if not line or line.decode(errors="replace").strip() == gate:
+                        break
+                if not line:
                     for q in procs:
                         q.kill()
-                    sys.exit("cold_across_nodes: rank %d said %r, not %r:\n%s" % (
-                        i, line, gate, (heard[i] + p.communicate()[0]).decode()))
+                    sys.exit("cold_across_nodes: rank %d ended before %r:\n%s" % (
+                        i, gate, (heard[i] + p.communicate()[0]).decode(errors="replace")))
             for p in procs:
                 p.stdin.write(b"go\n")
                 p.stdin.flush()

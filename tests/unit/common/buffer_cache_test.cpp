@@ -50,6 +50,29 @@ TEST_CASE("BufferCache keeps at most kMaxRetained buffers, none over kMaxRetaine
   CHECK(again.back().data()[0] == std::byte{0});
 }
 
+TEST_CASE("BufferCache lends the smallest buffer that fits, and keeps large ones over small",
+          "[buffer_cache]") {
+  BufferCache cache;
+  AlignedBuffer large = cache.Take(1 << 20);
+  AlignedBuffer small = cache.Take(4096);
+  std::byte* const large_at = large.data();
+  std::byte* const small_at = small.data();
+  cache.Give(std::move(large));
+  cache.Give(std::move(small));
+  AlignedBuffer b = cache.Take(4096);
+  CHECK(b.data() == small_at);  // not the 1 MiB one
+  cache.Give(std::move(b));
+  // Full of small buffers: a large one given back replaces one of them.
+  AlignedBuffer big = cache.Take(1 << 20);
+  CHECK(big.data() == large_at);
+  std::vector<AlignedBuffer> smalls;
+  for (size_t i = 0; i < BufferCache::kMaxRetained; ++i) smalls.push_back(cache.Take(4096));
+  for (auto& s : smalls) cache.Give(std::move(s));
+  cache.Give(std::move(big));
+  AlignedBuffer again = cache.Take(1 << 20);
+  CHECK(again.data() == large_at);
+}
+
 TEST_CASE("BorrowedBuffer grows on demand and goes back to the shared cache", "[buffer_cache]") {
   // Empty the shared cache first (other tests of this process may have left buffers in it).
   std::vector<AlignedBuffer> held;

@@ -499,13 +499,8 @@ std::vector<CheckpointReader::FileRange> LoadService::FetchFromPeers(
     for (const auto* r : ranges) {
       for (uint64_t pos = r->offset(), end = r->offset() + r->length(); pos < end;) {
         const uint64_t n = std::min(end - pos, window - pos % window);
-        Status s = Status::Ok();
-        try {
-          buffer.Reserve(n);
-        } catch (const std::bad_alloc&) {
-          s = ResourceExhausted("no memory for a fetch buffer of " + std::to_string(n) + " bytes");
-        }
-        if (s.ok() && config_.read_held_copy &&
+        buffer.Reserve(n);  // std::bad_alloc: see the thread below
+        if (config_.read_held_copy &&
             config_.read_held_copy(p.request.job, p.step, r->file(), pos, n, buffer.data())) {
           // This node holds a copy of that file for its own node (its peer pool): no network.
           // Resident from here on, it counts as bytes from memory, not from peers.
@@ -513,8 +508,8 @@ std::vector<CheckpointReader::FileRange> LoadService::FetchFromPeers(
           pos += n;
           continue;
         }
-        if (s.ok() && client == nullptr) client = config_.connect_peer(address);
-        if (s.ok()) s = client->Fetch(p.request.job, p.step, r->file(), pos, n, buffer.data());
+        if (client == nullptr) client = config_.connect_peer(address);
+        const Status s = client->Fetch(p.request.job, p.step, r->file(), pos, n, buffer.data());
         if (!s.ok()) {
           // Dead, stalled or wrong: not asked again by this load; storage has the bytes.
           spdlog::warn("{}: fetch from peer {} failed, reading its ranges from storage: {}", p.ctx,

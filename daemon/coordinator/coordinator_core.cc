@@ -110,15 +110,6 @@ bool OlderReportOf(const ckptd::v1::NodeManifest& m, const ckptd::v1::NodeManife
   return true;
 }
 
-// The ranks a node manifest lists, sorted.
-std::vector<uint32_t> SortedRanks(const ckptd::v1::NodeManifest& m) {
-  std::vector<uint32_t> ranks;
-  ranks.reserve(m.ranks_size());
-  for (const auto& r : m.ranks()) ranks.push_back(r.rank());
-  std::sort(ranks.begin(), ranks.end());
-  return ranks;
-}
-
 }  // namespace
 
 CoordinatorCore::CoordinatorCore(Config config, FileSystem* fs, CommitEngine* shared_commit)
@@ -1050,13 +1041,16 @@ void CoordinatorCore::NoteSkippedLayouts(const JobRecord& j, StepRecord& s,
 
 void CoordinatorCore::MergeAsReported(StepRecord& s,
                                       std::shared_ptr<const ckptd::v1::NodeManifest> m) {
-  std::vector<uint32_t> ranks = SortedRanks(*m);
   s.manifests.insert_or_assign(m->node_id(), m);
   if (s.merge_stale) return;
   // A node reports the step again each time another of its ranks persists, each manifest a
   // superset of the last: only the new ranks' part is merged (an older one arriving late was
   // set aside before: OlderReportOf). One that drops a rank it reported before is merged afresh,
   // with every node's last report, at the commit.
+  std::vector<uint32_t> ranks;
+  ranks.reserve(m->ranks_size());
+  for (const auto& r : m->ranks()) ranks.push_back(r.rank());
+  std::sort(ranks.begin(), ranks.end());
   std::vector<uint32_t>& merged = s.merged_ranks[m->node_id()];
   if (!std::includes(ranks.begin(), ranks.end(), merged.begin(), merged.end())) {
     s.merge_stale = true;

@@ -133,6 +133,20 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
   }
   Job& job = JobNamed(req.job);
   auto it = job.steps.find(req.step);
+  RankSave* replaced = nullptr;  // the held save this one replaces (SaveRequest::replace_held)
+  if (req.replace_held) {
+    RankSave* rs = nullptr;
+    if (it != job.steps.end() && !Terminal(it->second.state)) {
+      auto r = it->second.ranks.find(req.rank);
+      if (r != it->second.ranks.end()) rs = &r->second;
+    }
+    if (rs == nullptr || !rs->held || rs->session_id != req.session_id) {
+      return FailedPrecondition(ctx +
+                                ": this session holds no save of the step to replace (it "
+                                "was confirmed, or the step ended)");
+    }
+    replaced = rs;
+  }
   if (it == job.steps.end()) {
     uint64_t newest = job.newest_on_storage.value_or(0);
     for (const auto& [n, s] : job.steps) {
@@ -202,12 +216,20 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
     FailLocally(s, ckptd::v1::STEP_STATE_FAILED, reason);
     return InvalidArgument(ctx + ": " + reason);
   }
-  if (s.ranks.count(req.rank) != 0) return FailedPrecondition(ctx + ": this rank already saved it");
+  if (replaced == nullptr && s.ranks.count(req.rank) != 0) {
+    return FailedPrecondition(ctx + ": this rank already saved it");
+  }
+
   // The writer plan may leave this rank only part of what it registered.
   if (auto report = job.writers.Register(req.rank, req.world_size, req.session_id, req.plan)) {
     ReportRegistration(std::move(*report));
   }
   ASSIGN_OR_RETURN(req.plan, job.writers.Apply(req.rank, req.plan), ctx);
+  if (replaced != nullptr) {
+    // It read nothing: only the pool slots reserved for it go back.
+    ReleaseReserved(*replaced->capture);
+    replaced->capture.reset();
+  }
 
   auto capture = std::make_shared<CaptureJob>();
   capture->job = req.job;
@@ -244,8 +266,19 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
       [this, j = req.job, n = req.step, r = req.rank](Status st) { OnRankCaptured(j, n, r, st); });
   capture->on_persisted = tasks_.OnLoop(
       [this, j = req.job, n = req.step, r = req.rank](Status st) { OnRankPersisted(j, n, r, st); });
+  if (replaced != nullptr) {
+    // The rank's place in the step (its report, its keep in the hot cache) stays.
+    replaced->capture = capture;
+    replaced->extra = std::move(req.extra);
+    replaced->sync_input = std::move(req.sync_input);
+    replaced->held = req.hold;
+    if (req.hold) return SaveOutcome{false, {}, true};
+    StartCapture(s, std::move(capture));
+    return SaveOutcome{};
+  }
   s.ranks[req.rank] = RankSave{req.session_id, req.pid, capture, std::move(req.extra)};
   s.ranks[req.rank].sync_input = std::move(req.sync_input);
+  s.ranks[req.rank].held = req.hold;
   if (replicas_ > 0 && (holders_.size() >= replicas_ || holders_planning_)) {
     // Until its bytes reached the holders, a newer step must not push them out of memory (pool
     // pressure still may: capture wins, and the replication then fails and says so). Without
@@ -257,16 +290,39 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
         hot_, [job = req.job, step = req.step](HotCache* hot) { hot->Unkeep(job, step); });
   }
   Report(s, ckptd::v1::STEP_STATE_PENDING, {req.rank});
+  if (req.hold) return SaveOutcome{false, {}, true};
+  StartCapture(s, std::move(capture));
+  return SaveOutcome{};
+}
+
+void NodeState::StartCapture(Step& s, std::shared_ptr<CaptureJob> capture) {
   if (s.deferred) {
     s.deferred_captures.push_back(std::move(capture));
-    return SaveOutcome{};
+    return;
   }
   if (s.state == ckptd::v1::STEP_STATE_PENDING) SetState(s, ckptd::v1::STEP_STATE_CAPTURING);
   // Start the capture after this handler returns, i.e. after the session has sent the Save
   // reply: waking a CPU-bound capture thread first delays the reply on a busy machine.
   tasks_.Later(
       [this, capture = std::move(capture)]() mutable { capture_->Submit(std::move(capture)); });
-  return SaveOutcome{};
+}
+
+bool NodeState::ConfirmSave(const std::string& job, uint64_t step, uint32_t rank,
+                            uint64_t session_id) {
+  Step* s = FindStep(job, step);
+  if (s == nullptr || Terminal(s->state)) return false;
+  auto it = s->ranks.find(rank);
+  if (it == s->ranks.end() || !it->second.held || it->second.session_id != session_id) {
+    return false;
+  }
+  it->second.held = false;
+  StartCapture(*s, it->second.capture);
+  return true;
+}
+
+void NodeState::ReleaseReserved(CaptureJob& capture) {
+  for (HostPool::SlotId slot : capture.reserved_slots) pool_->Release(slot);
+  capture.reserved_slots.clear();
 }
 
 void NodeState::OnRankCaptured(const std::string& job, uint64_t step, uint32_t rank, Status st) {
@@ -459,12 +515,20 @@ void NodeState::SetState(Step& s, StepState state) {
   Publish(s);
   ResolveWaiters(s);
   if (Terminal(state)) {
-    // Deferred captures of a failed step never started: they hold no files, nothing to wait for.
+    // Deferred and held captures of a failed step never started: they hold no files, nothing to
+    // wait for, only the pool slots reserved for them.
     for (auto& c : s.deferred_captures) {
+      ReleaseReserved(*c);
       auto it = s.ranks.find(c->rank);
       if (it != s.ranks.end()) it->second.finished = true;
     }
     s.deferred_captures.clear();
+    for (auto& [r, rs] : s.ranks) {
+      if (!rs.held) continue;
+      rs.held = false;
+      if (rs.capture) ReleaseReserved(*rs.capture);
+      rs.finished = true;
+    }
     tasks_.Later([this, job = s.job] { StartDeferred(job); });
   }
 }

@@ -29,6 +29,10 @@
 //     Abandon is never missed; a rank that re-attaches saying its save of a step went out on
 //     a connection that broke (Hello.lost_step) aborts that step, which can never complete; a
 //     failed capture or write fails the step;
+//   * a held save (SaveRequest::hold, proto/README.md) is accepted and reported like any other
+//     but its capture is only built: it starts on ConfirmSave, or is replaced, unread, by the
+//     session's next save of the step (replace_held); a step that ends first gives its reserved
+//     pool slots back;
 //   * at most max_steps_in_flight steps per job capture or persist at once; a newer save is
 //     accepted but its capture waits until an older step ends (felt in wait_snapshot);
 //   * a failed or aborted step is never committed: its captures are cancelled and, once the
@@ -135,6 +139,10 @@ class NodeState : public CoordinatorPort::Handler {
     std::string extra;
     ckptd::v1::FullPolicy on_full = ckptd::v1::FULL_POLICY_WAIT;
     bool memory_only = false;  // Save.memory_only: captured and replicated, never written
+    // Save.hold: accepted, but nothing is read until ConfirmSave. Save.replace_held: replaces
+    // this session's held save of the step (which read nothing) with this one.
+    bool hold = false;
+    bool replace_held = false;
     // Called on the loop when the rank's capture finished, before it counts as captured: the
     // session reads what its trainer already sent (an Abandon may be among it), then calls
     // `caught_up` exactly once, on the loop — at once, or later when that input waits behind a
@@ -144,9 +152,15 @@ class NodeState : public CoordinatorPort::Handler {
   struct SaveOutcome {
     bool skipped = false;
     std::string reason;
+    bool held = false;  // SaveRequest::hold: nothing is read until ConfirmSave
   };
   // Accepts the save and starts its capture; returns at once (no copying here).
   Result<SaveOutcome> StartSave(SaveRequest request);
+
+  // The held save (SaveRequest::hold) of `step` by this session may be read now: its capture
+  // starts (or waits behind older steps like any other). Returns false, changing nothing, when
+  // the session holds no save of the step (replaced, ended, or made by another session).
+  bool ConfirmSave(const std::string& job, uint64_t step, uint32_t rank, uint64_t session_id);
 
   // `done` runs when `rank` has captured `step` (OK), or the step failed (its reason).
   void WaitCaptured(const std::string& job, uint64_t step, uint32_t rank, Done done);
@@ -212,6 +226,8 @@ class NodeState : public CoordinatorPort::Handler {
     int32_t pid = 0;
     std::shared_ptr<CaptureJob> capture;
     std::string extra;
+    // A held save (SaveRequest::hold): `capture` is built but not submitted until ConfirmSave.
+    bool held = false;
     bool captured = false;
     bool persisted = false;
     bool finished = false;  // the capture job let go of its files
@@ -316,6 +332,12 @@ class NodeState : public CoordinatorPort::Handler {
   void FailLocally(Step& s, ckptd::v1::StepState state, const std::string& reason);
   static size_t ActiveSteps(const Job& job);
   void StartDeferred(const std::string& job);
+  // Starts a capture built by StartSave or released by ConfirmSave: at once, or after the
+  // older steps that defer the step.
+  void StartCapture(Step& s, std::shared_ptr<CaptureJob> capture);
+  // The pool slots reserved for a capture that will never start (replaced while held, or its
+  // step ended while it was deferred or held) go back.
+  void ReleaseReserved(CaptureJob& capture);
 
   static bool Terminal(ckptd::v1::StepState s);
   Step* FindStep(const std::string& job, uint64_t step);

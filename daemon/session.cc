@@ -32,7 +32,7 @@ struct Session::InFlightRegistration {
 namespace {
 // The newest local protocol this daemon speaks, and the oldest client it still accepts (the
 // previous release's): a daemon upgraded under running jobs keeps serving their clients.
-constexpr uint32_t kProtocolVersion = 2;
+constexpr uint32_t kProtocolVersion = 3;
 constexpr uint32_t kOldestProtocolVersion = 1;
 }  // namespace
 
@@ -183,6 +183,13 @@ void Session::Handle(const ckptd::v1::ClientMessage& m, std::vector<UniqueFd> fd
       Send(reply);
       return;
     }
+    case ckptd::v1::ClientMessage::kConfirmSave:
+      // One-way: a confirm that finds nothing held (the step ended meanwhile) changes nothing.
+      if (!services_->node->ConfirmSave(job_, m.confirm_save().step(), rank_, id_)) {
+        spdlog::debug("session {}: confirm of step {} found no held save", id_,
+                      m.confirm_save().step());
+      }
+      return;
     default:
       SendError(id, InvalidArgument("unknown request type " + std::to_string(m.body_case())));
       return;
@@ -433,6 +440,9 @@ void Session::HandleSave(uint64_t id, const ckptd::v1::Save& save) {
   req.extra = save.extra();
   req.on_full = save.on_full();
   req.memory_only = save.memory_only();
+  // Held saves are protocol 3: an older client never asks for one.
+  req.hold = protocol_ >= 3 && save.hold();
+  req.replace_held = protocol_ >= 3 && save.replace_held();
   // Before this rank's capture counts as complete, everything the trainer sent until then is
   // read: an Abandon written before the trainer touched the memory is seen in time.
   req.sync_input = [weak = weak_from_this()](std::function<void()> caught_up) {
@@ -453,6 +463,7 @@ void Session::HandleSave(uint64_t id, const ckptd::v1::Save& save) {
   reply.mutable_save()->set_step(save.step());
   reply.mutable_save()->set_skipped(outcome->skipped);
   reply.mutable_save()->set_reason(outcome->reason);
+  reply.mutable_save()->set_held(outcome->held);
   Send(reply);
 }
 

@@ -29,6 +29,17 @@ bool Equal(PyObject* a, PyObject* b) {
   return r == 1;
 }
 
+// CPython's version tag of a dict (PEP 509): a value no other dict and no other state of this
+// dict ever had. Public in the headers until 3.12, which deprecates it: there, 0 (unknown).
+uint64_t DictVersion(PyObject* dict) {
+#if PY_VERSION_HEX < 0x030C0000
+  return reinterpret_cast<PyDictObject*>(dict)->ma_version_tag;
+#else
+  (void)dict;
+  return 0;
+#endif
+}
+
 }  // namespace
 
 LayoutCheck::LayoutCheck(py::dict tensors, py::object tensor_type, py::object tensor_probe)
@@ -58,6 +69,8 @@ LayoutCheck::LayoutCheck(py::dict tensors, py::object tensor_type, py::object te
   Py_XDECREF(shape);
   PyErr_Clear();
 
+  dict_ = tensors;
+  dict_version_ = DictVersion(tensors.ptr());
   entries_.reserve(static_cast<size_t>(PyDict_Size(tensors.ptr())));
   PyObject* name = nullptr;
   PyObject* value = nullptr;
@@ -171,25 +184,25 @@ py::object LayoutCheck::Shape(PyObject* tensor) const {
   return py::reinterpret_steal<py::object>(r);
 }
 
-bool LayoutCheck::SameEntry(const Entry& e, PyObject* name, PyObject* value) const {
+bool LayoutCheck::SameObjects(const Entry& e, PyObject* name, PyObject* value) const {
   if (!Equal(name, e.name.ptr())) return false;
-  PyObject* tensor = value;
-  py::object shard_tensor;
-  if (e.geometry.is_none()) {
-    if (value != e.value.ptr()) return false;  // another tensor object
-  } else {
-    // A Shard/FlatShard, possibly built anew for this call: same tensor, equal geometry.
-    shard_tensor = AttrOrNone(value, "tensor");
-    if (shard_tensor.ptr() != e.tensor.ptr()) return false;
-    if (reinterpret_cast<PyObject*>(Py_TYPE(value)) != PyTuple_GET_ITEM(e.geometry.ptr(), 0)) {
-      return false;
-    }
-    for (size_t i = 0; i < std::size(kGeometryFields); ++i) {
-      py::object field = AttrOrNone(value, kGeometryFields[i]);
-      if (!Equal(field.ptr(), PyTuple_GET_ITEM(e.geometry.ptr(), i + 1))) return false;
-    }
-    tensor = shard_tensor.ptr();
+  if (value == e.value.ptr()) return true;
+  if (e.geometry.is_none()) return false;  // another tensor object
+  // A Shard/FlatShard, possibly built anew for this call: same tensor, equal geometry.
+  py::object shard_tensor = AttrOrNone(value, "tensor");
+  if (shard_tensor.ptr() != e.tensor.ptr()) return false;
+  if (reinterpret_cast<PyObject*>(Py_TYPE(value)) != PyTuple_GET_ITEM(e.geometry.ptr(), 0)) {
+    return false;
   }
+  for (size_t i = 0; i < std::size(kGeometryFields); ++i) {
+    py::object field = AttrOrNone(value, kGeometryFields[i]);
+    if (!Equal(field.ptr(), PyTuple_GET_ITEM(e.geometry.ptr(), i + 1))) return false;
+  }
+  return true;
+}
+
+bool LayoutCheck::SameMemory(const Entry& e) const {
+  PyObject* tensor = e.tensor.ptr();
   if (e.probed_type != nullptr) return SameProbed(e, tensor);
   const uintptr_t p = DataPtr(tensor);
   if (PyErr_Occurred() != nullptr) {
@@ -205,7 +218,35 @@ bool LayoutCheck::SameEntry(const Entry& e, PyObject* name, PyObject* value) con
   return Equal(shape.ptr(), e.shape.ptr());
 }
 
+bool LayoutCheck::SameObjects(py::dict tensors) const {
+  // The very dict registered, not modified since (a trainer that saves the same dict each
+  // step): the same names and objects without reading them.
+  if (tensors.ptr() == dict_.ptr() && dict_version_ != 0 &&
+      DictVersion(tensors.ptr()) == dict_version_) {
+    return true;
+  }
+  if (static_cast<size_t>(PyDict_Size(tensors.ptr())) != entries_.size()) return false;
+  PyObject* name = nullptr;
+  PyObject* value = nullptr;
+  Py_ssize_t pos = 0;
+  size_t i = 0;
+  while (PyDict_Next(tensors.ptr(), &pos, &name, &value)) {
+    if (i >= entries_.size() || !SameObjects(entries_[i], name, value)) return false;
+    ++i;
+  }
+  return i == entries_.size();
+}
+
+bool LayoutCheck::SameMemory() const {
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (probe_ != nullptr) PrefetchAhead(i);
+    if (!SameMemory(entries_[i])) return false;
+  }
+  return true;
+}
+
 bool LayoutCheck::Matches(py::dict tensors) const {
+  // One pass over both: each entry's objects and then its memory while the entry is at hand.
   if (static_cast<size_t>(PyDict_Size(tensors.ptr())) != entries_.size()) return false;
   PyObject* name = nullptr;
   PyObject* value = nullptr;
@@ -214,10 +255,16 @@ bool LayoutCheck::Matches(py::dict tensors) const {
   while (PyDict_Next(tensors.ptr(), &pos, &name, &value)) {
     if (i >= entries_.size()) return false;
     if (probe_ != nullptr) PrefetchAhead(i);
-    if (!SameEntry(entries_[i], name, value)) return false;
+    if (!SameObjects(entries_[i], name, value) || !SameMemory(entries_[i])) return false;
     ++i;
   }
   return i == entries_.size();
+}
+
+py::dict LayoutCheck::Registered() const {
+  py::dict out;
+  for (const Entry& e : entries_) out[e.name] = e.value;
+  return out;
 }
 
 SlotWatch::SlotWatch(py::list lengths, py::list slots) {
@@ -295,6 +342,15 @@ void BindLayoutCheck(py::module_& m) {
       .def("matches", &LayoutCheck::Matches, py::arg("tensors"),
            "True when the dict has the same names in order, the same tensors at the same "
            "addresses with the same shapes, and the same shard geometry.")
+      .def("same_objects", py::overload_cast<py::dict>(&LayoutCheck::SameObjects, py::const_),
+           py::arg("tensors"),
+           "The first half of matches(): the same names in order, the same tensor objects, the "
+           "same shard geometry. Reads no tensor.")
+      .def("same_memory", py::overload_cast<>(&LayoutCheck::SameMemory, py::const_),
+           "The second half of matches(): every registered tensor still at its address with "
+           "its shape.")
+      .def("registered", &LayoutCheck::Registered,
+           "The registered dict {name: value}, as it was given.")
       .def("__len__", &LayoutCheck::size)
       .def_property_readonly("probed", &LayoutCheck::probed,
                              "How many entries are read through the TensorProbe.");

@@ -50,8 +50,19 @@ class LayoutCheck {
   LayoutCheck(pybind11::dict tensors, pybind11::object tensor_type,
               pybind11::object tensor_probe = pybind11::none());
 
-  // True when `tensors` still describes exactly the remembered memory (see above).
+  // True when `tensors` still describes exactly the remembered memory (see above):
+  // SameObjects(tensors) && SameMemory(), in one pass.
   bool Matches(pybind11::dict tensors) const;
+  // The two halves, for a caller that sends a held save after the first and checks the second
+  // off the trainer's path (ckptd/__init__.py): the same names and tensor objects (and shard
+  // geometry), reading only the dict and this check — a few ns per entry; and every remembered
+  // tensor still at its address with its shape — the part that reads each tensor's objects.
+  // SameObjects of the very dict object registered, not modified since (CPython's dict version
+  // tag, where the headers have it), reads nothing of it.
+  bool SameObjects(pybind11::dict tensors) const;
+  bool SameMemory() const;
+  // The registered dict {name: value}, rebuilt from what is remembered.
+  pybind11::dict Registered() const;
 
   size_t size() const { return entries_.size(); }
   // How many entries the TensorProbe reads (0 without one).
@@ -78,7 +89,8 @@ class LayoutCheck {
   // The tensor's data_ptr() and shape, through the cached C functions when there are any.
   uintptr_t DataPtr(PyObject* tensor) const;
   pybind11::object Shape(PyObject* tensor) const;
-  bool SameEntry(const Entry& e, PyObject* name, PyObject* value) const;
+  bool SameObjects(const Entry& e, PyObject* name, PyObject* value) const;
+  bool SameMemory(const Entry& e) const;
   // Registers e with the probe when it can read e's tensor and agrees with the bindings; false
   // when it disagrees (then the probe is not to be trusted for any entry).
   bool Probe(Entry& e);
@@ -95,6 +107,10 @@ class LayoutCheck {
   getter shape_get_ = nullptr;         // getter of the torch.Tensor.shape descriptor
   void* shape_closure_ = nullptr;
   std::vector<Entry> entries_;
+  // The dict registered and its version tag then (0: unknown): SameObjects of that same dict,
+  // unmodified, needs no pass over it.
+  pybind11::dict dict_;
+  uint64_t dict_version_ = 0;
 };
 
 // SlotWatch: "did any of these containers change?", for the structures a checkpointer walks to

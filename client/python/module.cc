@@ -183,14 +183,29 @@ class PyClient {
     ThrowIfError(st);
   }
 
-  void Save(uint64_t step, const py::bytes& extra, const std::string& on_full, uint64_t cuda_stream,
-            bool persist) {
+  bool Save(uint64_t step, const py::bytes& extra, const std::string& on_full, uint64_t cuda_stream,
+            bool persist, bool hold, bool replace_held) {
     const ckpt::OnFull policy = ParseOnFull(on_full);
     std::string blob = extra;  // copied with the GIL held
     ckpt::Status st;
+    bool held = false;
     {
       py::gil_scoped_release release;
-      st = client_->Save(step, ckpt::SaveOptions{blob, policy, ToStream(cuda_stream), persist});
+      ckpt::SaveOptions options{blob, policy, ToStream(cuda_stream), persist};
+      options.hold = hold;
+      options.replace_held = replace_held;
+      options.held = &held;
+      st = client_->Save(step, options);
+    }
+    ThrowIfError(st);
+    return held;
+  }
+
+  void ConfirmSave(uint64_t step) {
+    ckpt::Status st;
+    {
+      py::gil_scoped_release release;
+      st = client_->ConfirmSave(step);
     }
     ThrowIfError(st);
   }
@@ -260,6 +275,7 @@ class PyClient {
     return static_cast<double>(client_->call_timeout().count()) / 1000.0;
   }
   bool registered() const { return client_->registered(); }
+  uint32_t protocol() const { return client_->protocol(); }
   uint32_t reattaches() const { return client_->reattaches(); }
 
  private:
@@ -339,10 +355,16 @@ PYBIND11_MODULE(_ckptd, m) {
            "flat_offset, numel, fd, fd_offset, nbytes, device_ptr, partial). The fds stay the "
            "caller's; device_ptr != 0 marks CUDA memory; partial: saved in part on purpose.")
       .def("save", &PyClient::Save, py::arg("step"), py::arg("extra"), py::arg("on_full"),
-           py::arg("cuda_stream") = 0, py::arg("persist") = true,
+           py::arg("cuda_stream") = 0, py::arg("persist") = true, py::arg("hold") = false,
+           py::arg("replace_held") = false,
            "cuda_stream: the trainer's current stream (int handle) when CUDA tensors are "
            "registered; an event is recorded on it before the request is sent. persist=False: "
-           "a memory-only step (replicated to peers' memory, never written to storage).")
+           "a memory-only step (replicated to peers' memory, never written to storage). "
+           "hold: the daemon reads nothing until confirm_save(step), or until a save of the "
+           "step with replace_held replaces it. Returns whether the daemon holds the save "
+           "(an older daemon ignores hold).")
+      .def("confirm_save", &PyClient::ConfirmSave, py::arg("step"),
+           "Lets the daemon read the held save of `step`.")
       .def("wait_snapshot", &PyClient::WaitSnapshot, py::arg("timeout"))
       .def("wait", &PyClient::Wait, py::arg("step"), py::arg("state"), py::arg("timeout"))
       .def("latest", &PyClient::Latest, py::arg("restore_point") = false)
@@ -358,5 +380,6 @@ PYBIND11_MODULE(_ckptd, m) {
       .def_property_readonly("node_id", &PyClient::node_id)
       .def_property_readonly("call_timeout", &PyClient::call_timeout)
       .def_property_readonly("registered", &PyClient::registered)
+      .def_property_readonly("protocol", &PyClient::protocol)
       .def_property_readonly("reattaches", &PyClient::reattaches);
 }

@@ -79,7 +79,7 @@ using std::chrono::milliseconds;
 
 // The local protocol this client speaks (proto/ckptd/v1/local.proto): 2, and 1 with an older
 // daemon (no Ping, no Abandon).
-constexpr uint32_t kProtocolVersion = 2;
+constexpr uint32_t kProtocolVersion = 3;
 constexpr uint32_t kOldestProtocolVersion = 1;
 // A re-attach keeps trying to connect for at most this long within its call's deadline.
 constexpr milliseconds kReconnectWindow{1000};
@@ -316,11 +316,13 @@ class Client::Impl {
   Result<std::optional<uint64_t>> Latest(bool restore_point);
   Result<LoadResult> Load(const LoadOptions& options);
   Status Abandon(std::optional<uint64_t> step, std::string_view reason);
+  Status ConfirmSave(uint64_t step);
   void Close();
   const std::string& node_id() const { return node_id_; }
   milliseconds call_timeout() const { return call_timeout_; }
   bool registered() const { return registered_flag_.load(); }
   uint32_t reattaches() const { return reattaches_.load(); }
+  uint32_t protocol() const { return protocol_.load(); }
 
  private:
   struct OutgoingFrame {
@@ -403,6 +405,12 @@ class Client::Impl {
   // (0: none), until a re-attach's hello reports it (Hello.lost_step).
   // (step, generation).
   std::optional<std::pair<uint64_t, uint64_t>> unconfirmed_save_ GUARDED_BY(mu_);
+  // The Save the daemon holds (SaveOptions::hold) until ConfirmSave, and its connection.
+  struct HeldSave {
+    uint64_t step;
+    ConnectionPtr conn;
+  };
+  std::optional<HeldSave> held_save_ GUARDED_BY(mu_);
   // GPUs (ordinal → UUID) holding the registered CUDA tensors; Save records an event on each.
   std::map<int, std::string> cuda_devices_ GUARDED_BY(mu_);
 
@@ -416,6 +424,7 @@ class Client::Impl {
   milliseconds backoff_ GUARDED_BY(register_mu_){0};
   std::atomic<bool> registered_flag_{false};  // the daemon holds the registration
   std::atomic<uint32_t> reattaches_{0};
+  std::atomic<uint32_t> protocol_{0};  // of the newest connection
 
   Mutex close_mu_;
 };
@@ -842,6 +851,7 @@ Status Client::Impl::HelloOn(const ConnectionPtr& conn, Clock::time_point deadli
   {
     MutexLock lock(mu_);
     conn->protocol = hr.protocol_version();
+    protocol_.store(hr.protocol_version());
   }
   if (first) node_id_ = hr.node_id();
   if (lost_step) {
@@ -1094,6 +1104,19 @@ Status Client::Impl::Save(uint64_t step, const SaveOptions& options) {
   const CudaStream stream = options.stream;
   const auto deadline = PromptDeadline();
   const std::string what = "save of step " + std::to_string(step);
+  {
+    // One held save at a time: the daemon would read nothing of an older one until it ends.
+    MutexLock lock(mu_);
+    if (held_save_ && !held_save_->conn->broken &&
+        !(options.replace_held && held_save_->step == step)) {
+      return FailedPrecondition(what + ": step " + std::to_string(held_save_->step) +
+                                " is held (SaveOptions::hold); confirm or replace it first");
+    }
+    if (options.replace_held && (!held_save_ || held_save_->step != step)) {
+      return FailedPrecondition(what + ": no save of it is held to replace");
+    }
+    held_save_.reset();
+  }
   RETURN_IF_ERROR(Attached(deadline).status(), what);  // re-registers after a re-attach
   OutgoingFrame frame;
   pb::Save* save = frame.message.mutable_save();
@@ -1117,6 +1140,9 @@ Status Client::Impl::Save(uint64_t step, const SaveOptions& options) {
   save->set_extra(std::string(options.extra));
   save->set_on_full(options.on_full == OnFull::kSkip ? pb::FULL_POLICY_SKIP : pb::FULL_POLICY_WAIT);
   save->set_memory_only(!options.persist);
+  save->set_hold(options.hold);
+  save->set_replace_held(options.replace_held);
+  if (options.held != nullptr) *options.held = false;
   {
     // From here on, what is known of this step number comes from this save (WaitSnapshot
     // trusts the step's events); an older save's record would be stale.
@@ -1157,9 +1183,36 @@ Status Client::Impl::Save(uint64_t step, const SaveOptions& options) {
     // on_full = skip and the pool had no room: nothing of this step is saved.
     return Status(StatusCode::kResourceExhausted, what + " " + reply->save().reason());
   }
+  if (options.held != nullptr) *options.held = reply->save().held();
   MutexLock lock(mu_);
   last_saved_step_ = step;
   last_saved_generation_ = conn->generation;
+  if (reply->save().held()) held_save_ = HeldSave{step, conn};
+  return Status::Ok();
+}
+
+Status Client::Impl::ConfirmSave(uint64_t step) {
+  ConnectionPtr conn;
+  {
+    MutexLock lock(mu_);
+    if (closed_) return Status(StatusCode::kCancelled, "the client is closed");
+    if (!held_save_ || held_save_->step != step) {
+      return FailedPrecondition("confirm of step " + std::to_string(step) +
+                                ": no save of it is held");
+    }
+    conn = held_save_->conn;
+    held_save_.reset();
+    if (conn->broken) {
+      return Unavailable("confirm of step " + std::to_string(step) + ": " +
+                         Lost("the connection broke after the save, which aborted the step"));
+    }
+  }
+  pb::ClientMessage confirm;
+  confirm.mutable_confirm_save()->set_step(step);
+  if (!SendOneWay(conn, std::move(confirm), Clock::now() + call_timeout_)) {
+    return Unavailable("confirm of step " + std::to_string(step) + ": " +
+                       Lost("it could not be sent in time"));
+  }
   return Status::Ok();
 }
 
@@ -1171,6 +1224,7 @@ Status Client::Impl::Abandon(std::optional<uint64_t> step, std::string_view reas
     if (!step) step = last_saved_step_;
     if (!step) return Status::Ok();
     if (last_saved_step_ == step) last_saved_step_.reset();
+    if (held_save_ && held_save_->step == *step) held_save_.reset();  // aborted, never confirmed
     // A broken connection already aborted every step of this rank that was not captured.
     if (closed_ || !connection_.ok() || conn_ == nullptr) return Status::Ok();
     conn = conn_;
@@ -1409,6 +1463,7 @@ Status Client::Save(uint64_t step, std::string_view extra, OnFull on_full, CudaS
 Status Client::Save(uint64_t step, const SaveOptions& options) {
   return impl_->Save(step, options);
 }
+Status Client::ConfirmSave(uint64_t step) { return impl_->ConfirmSave(step); }
 Status Client::WaitSnapshot(std::optional<milliseconds> timeout) {
   return impl_->WaitSnapshot(timeout);
 }
@@ -1432,5 +1487,6 @@ const std::string& Client::node_id() const { return impl_->node_id(); }
 std::chrono::milliseconds Client::call_timeout() const { return impl_->call_timeout(); }
 bool Client::registered() const { return impl_->registered(); }
 uint32_t Client::reattaches() const { return impl_->reattaches(); }
+uint32_t Client::protocol() const { return impl_->protocol(); }
 
 }  // namespace ckpt

@@ -108,7 +108,7 @@ TEST_CASE("client: hello introduces the rank and Connect returns the daemon's no
   CHECK(hello->message.request_id() != 0);
   CHECK(hello->fds.empty());
   const pb::Hello& h = hello->message.hello();
-  CHECK(h.protocol_version() == 2);
+  CHECK(h.protocol_version() == 3);
   CHECK(h.reattach() == 0);
   CHECK(h.job() == "job-a");
   CHECK(h.rank() == 1);
@@ -253,6 +253,50 @@ TEST_CASE("client: replies are matched to their requests by id", "[client]") {
   auto loaded = Finish(daemon, load);
   REQUIRE_OK(loaded);
   CHECK(loaded->step == 42);
+}
+
+TEST_CASE("client: a held save is held only when the daemon says so, and confirmed by step",
+          "[client]") {
+  ckpt::testing::TempDir dir;
+  FakeDaemon daemon(dir / "ckptd.sock");
+  auto client = ConnectTo(daemon, Options(daemon.path()));
+  bool held = true;
+  ckpt::SaveOptions options;
+  options.hold = true;
+  options.held = &held;
+
+  // A daemon that ignores Save.hold (protocol 2) answers without `held`: it reads at once.
+  auto save = std::async(std::launch::async, [&] { return client->Save(5, options); });
+  auto r = daemon.Next();
+  REQUIRE(r);
+  REQUIRE(r->message.has_save());
+  CHECK(r->message.save().hold());
+  CHECK_FALSE(r->message.save().replace_held());
+  pb::DaemonMessage reply;
+  reply.mutable_save()->set_step(5);
+  daemon.Reply(r->message.request_id(), reply);
+  REQUIRE_OK(Finish(daemon, save));
+  CHECK_FALSE(held);
+  CHECK(client->ConfirmSave(5).code() == ckpt::StatusCode::kFailedPrecondition);
+
+  // Held: the next save waits for its confirm, which goes out as ConfirmSave of that step.
+  save = std::async(std::launch::async, [&] { return client->Save(6, options); });
+  r = daemon.Next();
+  REQUIRE(r);
+  REQUIRE(r->message.has_save());
+  reply.mutable_save()->set_step(6);
+  reply.mutable_save()->set_held(true);
+  daemon.Reply(r->message.request_id(), reply);
+  REQUIRE_OK(Finish(daemon, save));
+  CHECK(held);
+  const ckpt::Status refused = client->Save(7);
+  CHECK(refused.code() == ckpt::StatusCode::kFailedPrecondition);
+  CHECK_THAT(refused.message(), Catch::Contains("step 6 is held"));
+  REQUIRE_OK(client->ConfirmSave(6));
+  r = daemon.Next();
+  REQUIRE(r);
+  REQUIRE(r->message.has_confirm_save());
+  CHECK(r->message.confirm_save().step() == 6);
 }
 
 TEST_CASE("client: save, wait and wait_snapshot send what the caller asked for", "[client]") {

@@ -244,5 +244,5 @@ TEST_CASE(
   REQUIRE(reply);
   REQUIRE(reply->has_error());
   CHECK_THAT(reply->error().message(),
-             Catch::Contains("protocol version 0") && Catch::Contains("1 to 2"));
+             Catch::Contains("protocol version 0") && Catch::Contains("1 to 3"));
 }

@@ -193,7 +193,7 @@ inline void AnswerHello(FakeDaemon& daemon, uint32_t protocol = 2, uint32_t expe
   auto hello = daemon.Next();
   REQUIRE(hello);
   REQUIRE(hello->message.has_hello());
-  CHECK(hello->message.hello().protocol_version() == 2);
+  CHECK(hello->message.hello().protocol_version() == 3);
   CHECK(hello->message.hello().reattach() == expect_reattach);
   pb::DaemonMessage reply;
   reply.mutable_hello()->set_protocol_version(protocol);

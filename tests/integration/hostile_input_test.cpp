@@ -129,7 +129,7 @@ TEST_CASE("hostile: a catalogue of hostile clients gets clear errors and a good 
     // (A newer client is answered in this daemon's version: it is the client that downgrades.)
     pb::Hello version = MakeHello("version");
     version.set_protocol_version(0);
-    ExpectHelloRefused(daemon.socket(), version, {"protocol version 0", "1 to 2"});
+    ExpectHelloRefused(daemon.socket(), version, {"protocol version 0", "1 to 3"});
     REQUIRE(!PathExists(dir / "b"));
     REQUIRE(!PathExists("/abs"));
   }

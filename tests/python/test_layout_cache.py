@@ -146,6 +146,60 @@ class ClientLayoutTest(util.DaemonTestCase):
             c.wait_snapshot()
 
 
+class HeldSaveTest(util.DaemonTestCase):
+    """After its first save a Client sends a step held (ckptd/held_save.py): the daemon reads
+    nothing until the client's thread has checked the registered tensors' memory and confirmed.
+    """
+
+    def test_the_check_thread_confirms_while_the_trainer_is_elsewhere(self):
+        with self.daemon.client("held-thread") as c, self.daemon.client("held-thread") as other:
+            self.assertGreaterEqual(c._c.protocol, 3)
+            w = torch.arange(1024, dtype=torch.float32)
+            c.save(1, {"w": w})
+            c.wait(1, "committed", timeout=60)
+            w.add_(1)
+            c.save(2, {"w": w})
+            self.assertIsNotNone(c._held._thread)  # it went out held
+            # This trainer makes no call into ckptd: only the thread can confirm step 2.
+            other.wait(2, "committed", timeout=60)
+            out = torch.zeros(1024)
+            other.load({"w": out}, step=2)
+            self.assertTrue(torch.equal(out, torch.arange(1024, dtype=torch.float32) + 1))
+
+    def test_the_dict_may_change_after_save(self):
+        with self.daemon.client("held-dict") as c:
+            w = torch.arange(64, dtype=torch.float32)
+            d = {"w": w}
+            c.save(1, d)
+            c.wait_snapshot()
+            c.save(2, d)
+            d["w"] = torch.full((64,), -1.0)  # the dict, not the tensor: step 2 is still w
+            c.wait_snapshot()
+            c.wait(2, "committed", timeout=60)
+            out = torch.zeros(64)
+            c.load({"w": out}, step=2)
+            self.assertTrue(torch.equal(out, torch.arange(64, dtype=torch.float32)))
+
+    def test_replaced_memory_is_saved_as_it_was_at_save(self):
+        # Found either by the thread or by wait_snapshot: the step is sent again, from the
+        # tensors' memory at save(), never from the old registration.
+        with self.daemon.client("held-moved") as c:
+            ts = {"t%d" % i: torch.full((256,), float(i)) for i in range(64)}
+            c.save(1, ts)
+            c.wait_snapshot()
+            for step in range(2, 6):
+                ts["t7"].data = torch.full((256,), 100.0 * step)
+                ts["t9"].resize_(128)
+                ts["t9"].fill_(-float(step))
+                c.save(step, ts)
+                c.wait_snapshot()
+            c.wait(5, "committed", timeout=60)
+            out = {k: torch.zeros(v.shape) for k, v in ts.items()}
+            c.load(out, step=5)
+            for k, v in ts.items():
+                self.assertTrue(torch.equal(out[k], v), k)
+
+
 class CheckpointerLayoutTest(util.DaemonTestCase):
     def restore(self, job, step, model, optimizer):
         with self.daemon.client(job) as c:
@@ -231,6 +285,61 @@ class CheckpointerLayoutTest(util.DaemonTestCase):
                                 None)
             train_step(model, optimizer, 5)
         self.run_change("ck-param", change)
+
+
+class CheckpointerHeldSaveTest(util.DaemonTestCase):
+    """A Checkpointer save after the first goes out held (ckptd/held_save.py); when the walk it
+    was sent with no longer holds, the fence walks again — before the optimizer steps, but after
+    a forward pass and an LR scheduler step: the step must still be what the trainer held at
+    save(), never what it held at the fence."""
+
+    def test_state_appears_and_the_fence_comes_after_forward_and_scheduler(self):
+        model, optimizer = build()
+        sched = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+        with self.daemon.client("ck-held") as c:
+            ck = ckptd.torch.Checkpointer(c, model, optimizer, on_error="raise")
+            ck.save(1)  # no optimizer state yet: the walk has none
+            ck.fence()
+            train_step(model, optimizer, 2)  # the optimizer state appears (the hook fences)
+            want = snapshot(model, optimizer)
+            ck.save(2)  # held, over a walk without the state
+            sched.step()  # the learning rate halves
+            with torch.no_grad():
+                model(torch.randn(16, 8) * 5)  # BatchNorm statistics move
+            train_step(model, optimizer, 3)  # the hook's fence walks again first
+            c.wait(2, "committed", timeout=60)
+            got = CheckpointerLayoutTest.restore(self, "ck-held", 2, *build(seed=70))
+            self.assertEqual(set(got), set(want))
+            for k, v in want.items():
+                if torch.is_tensor(v):
+                    self.assertTrue(torch.equal(got[k], v), "%s differs" % k)
+                else:
+                    self.assertEqual(got[k], v, k)
+            ck.remove_hook()
+
+    def test_a_buffer_added_before_a_held_save_fails_that_step_only(self):
+        model, optimizer = build()
+        with self.daemon.client("ck-buffer") as c:
+            ck = ckptd.torch.Checkpointer(c, model, optimizer, on_error="raise")
+            train_step(model, optimizer, 1)
+            ck.save(1)
+            ck.fence()
+            model.register_buffer("added", torch.full((3,), 5.0))
+            ck.save(2)  # held over the walk without the buffer
+            with self.assertRaises(ckptd.Error) as failed:
+                ck.fence()  # its value at save() is not known: the step is given up
+            self.assertIn("'added' appeared", str(failed.exception))
+            with self.assertRaises(ckptd.Error):
+                c.wait(2, "committed", timeout=60)
+            ck.save(3)  # walked at save(): the buffer is in it
+            ck.fence()
+            c.wait(3, "committed", timeout=60)
+            fresh_model, fresh_opt = build(seed=80)
+            fresh_model.register_buffer("added", torch.zeros(3))
+            with self.daemon.client("ck-buffer") as r:
+                ckptd.torch.Checkpointer(r, fresh_model, fresh_opt, on_error="raise").load(3)
+            self.assertTrue(torch.equal(fresh_model.added, torch.full((3,), 5.0)))
+            ck.remove_hook()
 
 
 class OptimizerLayoutTest(util.DaemonTestCase):

@@ -167,6 +167,16 @@ struct SaveOptions {
   // kReplicated)), or fails when it could not be replicated; waits for kPersisted or
   // kCommitted fail with kFailedPrecondition. Every rank must save a step the same way.
   bool persist = true;
+  // A held save (daemon protocol 3): the daemon accepts the step but reads none of the memory
+  // until ConfirmSave(step), or until a Save of the same step with replace_held replaces it.
+  // For bindings that verify their registration off the trainer's path (the Python client's
+  // layout check): the save returns at once, the check runs meanwhile, and only memory that
+  // passed it is read. Until it is confirmed, a held save is not captured: WaitSnapshot waits,
+  // and closing the connection aborts the step. An older daemon ignores `hold` and starts the
+  // capture at once: `held`, when set, receives whether the daemon holds the save.
+  bool hold = false;
+  bool replace_held = false;  // replaces this client's held save of the step (registered anew)
+  bool* held = nullptr;
 };
 
 // Everything a load can be asked for; Load(step, strict[, stream]) is the common case.
@@ -225,6 +235,11 @@ class Client {
   Status Save(uint64_t step, std::string_view extra, OnFull on_full, CudaStream stream);
   // The general form (a memory-only step, see SaveOptions).
   Status Save(uint64_t step, const SaveOptions& options);
+
+  // Lets the daemon read the held save of `step` (SaveOptions::hold). Returns once the request
+  // is in the socket, never waiting for the daemon; a step that ended meanwhile is left alone.
+  // kUnavailable when the connection broke since the save (which aborted the held step).
+  Status ConfirmSave(uint64_t step);
 
   // Waits until this rank's most recent Save is captured: after OK the saved memory may be
   // modified again. Errors: the step's failure reason from the daemon (e.g. kAborted,
@@ -287,6 +302,9 @@ class Client {
   bool registered() const;
   // How often this client connected again after losing its connection.
   uint32_t reattaches() const;
+  // The local protocol version of the newest connection (proto/README.md, "Versions"; 0 before
+  // the first). 3 and later hold saves (SaveOptions::hold).
+  uint32_t protocol() const;
 
  private:
   class Impl;

@@ -34,6 +34,7 @@ import threading
 
 from ._ckptd import Error  # noqa: F401  (re-exported: ckptd.Error)
 from . import _ckptd
+from .held_save import HeldSave, HeldSaves
 
 __all__ = ["Client", "Shard", "FlatShard", "Error", "LoadInfo", "DEFAULT_SOCKET", "dtype_name",
            "load_checkpoint"]
@@ -397,6 +398,8 @@ class Client:
         self._c = _ckptd.Client(job, rank, world_size, self.socket, local_rank,
                                 10.0 if connect_timeout is None else connect_timeout,
                                 call_timeout)
+        # The step the daemon holds unread while its registration check runs (held_save.py).
+        self._held = HeldSaves(self._c.confirm_save)
 
     @property
     def call_timeout(self):
@@ -412,6 +415,26 @@ class Client:
     def node_id(self):
         """The daemon's node id."""
         return self._c.node_id
+
+    def _settle(self):
+        """Confirms the held save, or — when its tensors' memory changed since they were
+        registered — registers them as they are now and sends the step again in its place
+        (held_save.py). The daemon read nothing of it meanwhile."""
+        save = self._held.settle()
+        if save is None:
+            return
+        try:
+            save.resend()
+        except BaseException as e:
+            self._c.abandon(save.step, "its tensors changed since they were registered and "
+                            "could not be registered again: %s" % (e,))
+            raise
+
+    def _send_again(self, step, tensors, extra, on_full, persist):
+        """Registers ``tensors`` and sends ``step`` in place of its held save (Save.replace_held),
+        whose check failed: the daemon read nothing of it."""
+        self._register(tensors)
+        self._c.save(step, extra, on_full, _cuda_stream(self._cuda), persist, False, True)
 
     def _register(self, tensors):
         if not hasattr(tensors, "items"):
@@ -435,8 +458,11 @@ class Client:
             # their storages*: neither their ids nor their memory can be reused meanwhile, so a
             # tensor whose .data was replaced cannot come back at the old address (and the old
             # descriptor number) and pass for the registered one.
-            self._layout = _ckptd.LayoutCheck(dict(tensors), _import_torch().Tensor,
-                                              _tensor_probe())
+            # The dict itself when it is one (not a subclass, whose order may not be the
+            # dict's): a save of the same dict, unmodified, is then known without a pass.
+            self._layout = _ckptd.LayoutCheck(
+                tensors if type(tensors) is dict else dict(tensors), _import_torch().Tensor,
+                _tensor_probe())
             self._registered = tuple(kept)
             self._registered_storages = tuple(_storage_object(t) for t in kept)
             self._cuda = _cuda_device(kept)
@@ -452,8 +478,43 @@ class Client:
         """save() of the registered tensors, for a caller that has just checked
         :meth:`_registered_as` (ckptd.torch.Checkpointer): the same request without a second
         layout check."""
+        self._settle()
         self._c.save(_as_uint(step, "step"), bytes(extra), on_full, _cuda_stream(self._cuda),
                      bool(persist))
+
+    def _save_held(self, step, tensors, extra, on_full, persist, watch=None, resend=None):
+        """The save of a dict whose names and tensor objects are the registered ones: the step
+        goes out held, and its memory is checked after (held_save.py). False when that cannot
+        be (nothing registered, other objects, a daemon before protocol 3): save() then checks
+        and registers first. ``watch()``, when given, is checked with the memory (the
+        Checkpointer's walk), and ``resend()`` then replaces the default re-send, which
+        registers ``tensors`` as the check remembers them."""
+        check = self._layout
+        if (check is None or not isinstance(tensors, dict) or not self._c.registered
+                or self._c.protocol < 3 or not check.same_objects(tensors)):
+            return False
+        held = self._c.save(step, extra, on_full, _cuda_stream(self._cuda), persist, True, False)
+        if watch is None:
+            verify = check.same_memory
+        else:
+            def verify():
+                return watch() and check.same_memory()
+        if resend is None:
+            def resend():
+                # What save() was given: its names and objects were checked to be these.
+                self._send_again(step, check.registered(), extra, on_full, persist)
+        if held:
+            self._held.hold(HeldSave(step, verify, resend))
+            return True
+        # The connection was made again meanwhile, to a daemon that reads at once: check now.
+        if not verify():
+            self._c.abandon(step, "its tensors changed since they were registered, and the "
+                            "daemon (an older version) read them at once")
+            raise _error("save of step %d: a tensor's memory changed since it was registered, and "
+                         "this daemon does not hold saves (local protocol < 3), so it read the "
+                         "old memory: the step is abandoned; the next save registers anew"
+                         % step, "ABORTED")
+        return True
 
     def save(self, step, tensors, extra=b"", on_full="wait", persist=True):
         """Checkpoint ``tensors`` ({name: torch.Tensor | Shard | FlatShard}) as ``step``.
@@ -475,6 +536,9 @@ class Client:
             raise _error('on_full must be "wait" or "skip", not %r' % (on_full,))
         if not isinstance(persist, bool):
             raise _error("persist must be True or False, not %r" % (persist,))
+        self._settle()
+        if self._save_held(step, tensors, extra, on_full, persist):
+            return
         self._register(tensors)
         self._c.save(step, extra, on_full, _cuda_stream(self._cuda), persist)
 
@@ -484,6 +548,7 @@ class Client:
         tensors must still be left alone — or given up with :meth:`abandon` first. UNAVAILABLE
         when the connection broke after the save (that step commits only if the daemon had
         captured it; the tensors are free)."""
+        self._settle()
         self._c.wait_snapshot(_as_timeout(timeout))
 
     def wait(self, step, state="committed", timeout=None):
@@ -496,6 +561,7 @@ class Client:
         if state not in ("captured", "persisted", "committed", "replicated"):
             raise _error('state must be "captured", "persisted", "committed" or "replicated", '
                          'not %r' % (state,))
+        self._settle()
         self._c.wait(_as_uint(step, "step"), state, _as_timeout(timeout))
 
     def latest(self):
@@ -528,6 +594,7 @@ class Client:
             step = _as_uint(step, "step")
         if job is not None and not isinstance(job, str):
             raise _error("job must be a string, not %r" % (job,))
+        self._settle()  # a held save must not read what this load writes
         self._register(tensors)
         (loaded, extra, from_memory, from_storage, missing, extra_rank, saved_world,
          from_peers) = self._c.load(step, bool(strict), _cuda_stream(self._cuda), job or "")
@@ -541,10 +608,14 @@ class Client:
         Returns at once (it never waits for the daemon)."""
         if step is not None:
             step = _as_uint(step, "step")
+        self._held.drop(step)
         self._c.abandon(step, str(reason))
 
     def close(self):
         """Close the connection (idempotent). Calls waiting in other threads raise CANCELLED."""
+        # A held save is left unconfirmed: like any save not captured yet, closing the
+        # connection aborts it (the daemon read nothing of it).
+        self._held.close()
         self._c.close()
         with self._lock:
             self._layout = None

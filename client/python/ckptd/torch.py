@@ -130,7 +130,9 @@ class _SaveLayout:
     first step, a new param group, a replaced Parameter or submodule, a state tensor swapped —
     fails it, and the save walks again. Changes inside a tensor (``param.data = ...``, a resize)
     are not the walk's business: the client's layout check compares every registered tensor's
-    address and shape at each save and re-registers what moved.
+    address and shape at each save and re-registers what moved. Both checks run after a save
+    that went out held (ckptd/held_save.py; Checkpointer._save_held), and a failed one walks
+    again at the fence.
 
     Values that change every step without changing the layout are read at every save: the
     param groups' hyper-parameters (an LR scheduler), non-tensor optimizer state, the buffers
@@ -343,6 +345,9 @@ class Checkpointer:
         self.on_error = on_error
         self.fence_timeout = fence_timeout
         self._staging = {}              # buffer name -> its shared staging copy
+        # While a held save is walked again at its fence: buffers are taken from their staging
+        # copies as save() left them, not copied anew (_send_again).
+        self._staging_frozen = False
         self.loaded_extra_state = None
         self.last_restore = None        # {step, bytes_from_memory/_storage/_peers} of load()
         self.last_error = None          # the last failure of a save or a fence
@@ -488,6 +493,13 @@ class Checkpointer:
 
     def _stage(self, name, buf):
         s = self._staging.get(name)
+        if self._staging_frozen:
+            if s is None:
+                # A buffer that appeared before the save but after the walk it was sent with:
+                # its value at save() is gone (the forward pass since may have changed it).
+                raise _fail("buffer %r appeared since the previous save; this step cannot be "
+                            "saved as it was, and the next save walks the model anew" % name)
+            return s
         if s is None or s.dtype != buf.dtype or s.shape != buf.shape or s.device != buf.device:
             # On the buffer's device: for CUDA, the copy below is enqueued on the current stream
             # before save() records its event there, so the daemon copies the staged values.
@@ -523,6 +535,15 @@ class Checkpointer:
                 % (step, self._fence_timeout()), "DEADLINE_EXCEEDED"))
             return
         layout = self._layout
+        if layout is not None:
+            try:
+                held = self._save_held(step, layout, on_full, persist)
+            except ckptd.Error as e:
+                self._failed("save", step, e)
+                return
+            if held:
+                self._snapshot_pending = step
+                return
         if layout is not None and not self._refresh(layout):
             layout = None
         if layout is None:
@@ -530,12 +551,8 @@ class Checkpointer:
         # Per save, only what changes between steps is pickled: the groups' hyper-parameters
         # (an LR scheduler), non-tensor optimizer state, extra_state; the optimizer's layout was
         # pickled once by the walk (ckptd/checkpointer_meta.py).
-        groups = [{k: v for k, v in group.items() if k != "params"}
-                  for group in (self.optimizer.param_groups if self.optimizer else ())]
-        dynamic = {}
-        for pname, key, st in layout.dynamic:
-            dynamic.setdefault(pname, {})[key] = st[key]
-        extra = checkpointer_meta.encode(step, layout.model_other, layout.layout, groups, dynamic,
+        extra = checkpointer_meta.encode(step, layout.model_other, layout.layout,
+                                         self._hyper_parameters(), self._dynamic_state(layout),
                                          self._user_state())
         try:
             if layout.checked:
@@ -546,6 +563,60 @@ class Checkpointer:
             self._failed("save", step, e)
             return
         self._snapshot_pending = step
+
+    def _save_held(self, step, layout, on_full, persist):
+        """The save as a held save over the last walk (ckptd/held_save.py): only the buffers are
+        copied and the metadata encoded here; the walk's watch and the registration are checked
+        after the step went out, and a change re-walks at the fence (_send_again). False when it
+        cannot be (a model walked at every save, a buffer that needs a new staging tensor, a
+        client or daemon that does not hold saves): save() walks or checks first. Raises what
+        the save raises."""
+        if not layout.cacheable:
+            return False
+        for name, buf in layout.staged:
+            if self._stage(name, buf) is not layout.tensors[name]:
+                return False  # the buffer changed shape or dtype: a new staging tensor
+        groups = self._hyper_parameters()
+        user = self._user_state()
+        try:
+            extra = checkpointer_meta.encode(step, layout.model_other, layout.layout, groups,
+                                             self._dynamic_state(layout), user)
+        except Exception:
+            return False  # the walk no longer matches the optimizer: walk again, as before
+
+        def resend():
+            self._send_again(step, groups, user, on_full, persist)
+
+        return self.client._save_held(step, layout.sharded, extra, on_full, persist,
+                                      watch=layout.watch.unchanged, resend=resend)
+
+    def _send_again(self, step, groups, user, on_full, persist):
+        """A held save whose check failed, at its fence (the optimizer has not stepped since the
+        save): walk again, with the buffers as save() staged them and the hyper-parameters and
+        extra state save() read, register, and send the step in place of the held one."""
+        self._staging_frozen = True
+        try:
+            layout = _SaveLayout(self)
+        except BaseException:
+            self._layout = None  # the next save walks at save() time
+            raise
+        finally:
+            self._staging_frozen = False
+        self._layout = layout
+        extra = checkpointer_meta.encode(step, layout.model_other, layout.layout, groups,
+                                         self._dynamic_state(layout), user)
+        self.client._send_again(step, layout.sharded, extra, on_full, persist)
+
+    def _hyper_parameters(self):
+        return [{k: v for k, v in group.items() if k != "params"}
+                for group in (self.optimizer.param_groups if self.optimizer else ())]
+
+    @staticmethod
+    def _dynamic_state(layout):
+        dynamic = {}
+        for pname, key, st in layout.dynamic:
+            dynamic.setdefault(pname, {})[key] = st[key]
+        return dynamic
 
     def _refresh(self, layout):
         """Brings the cached layout up to date for a save: copies the buffers into their staging

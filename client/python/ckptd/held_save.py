@@ -1,0 +1,113 @@
+"""Held saves: a save() that costs the same at 10,000 tensors as at 300.
+
+After its first save a Client sends only the step — if its registration still describes the
+tensors. Proving that means reading every tensor's PyTorch objects (its address and shape:
+``param.data = ...``, ``resize_`` and ``set_`` change them under the same tensor object), and
+after a training step those objects are cold: ~90 ns per tensor, most of a millisecond at 10,000
+tensors, paid inside save(). The rest of the proof — the same names, the same tensor objects —
+reads only the dict and costs a few nanoseconds per entry.
+
+So save() does only the cheap half and sends the step as a *held* save (local protocol 3,
+proto/README.md): the daemon accepts it, with every check and answer of a save, but reads none
+of the memory until the client confirms it. The expensive half runs meanwhile on this module's
+thread, which gets the GIL whenever the trainer lets go of it (a CUDA synchronize, backward,
+data loading), and confirms the step when the memory checks out. The contract already forbids
+touching the saved tensors until wait_snapshot() returns, so a check made any time before then
+sees the memory the save meant.
+
+When the check fails, the daemon has read nothing: on the trainer's thread (re-registering may
+move storages into shared memory, which must not race the training loop), the client registers
+the tensors as they are now and sends the step again in place of the held one (Save.replace_held).
+The checkpoint holds what the trainer held at save(); the step is never lost.
+
+ckptd.torch.Checkpointer sends its saves held too, and its check adds the walk's SlotWatch (has
+the model or the optimizer changed shape?). Its re-send walks again at the fence, after a forward
+pass and perhaps an LR scheduler step: it takes the buffers from the staging copies save() made,
+and the hyper-parameters and extra_state save() read (Checkpointer._send_again). A buffer added
+between two saves has no staging copy, and its value at save() is gone: that one step fails,
+and the next save walks at save() time.
+
+Every call that needs the step settled — the next save, wait_snapshot, wait, load, close —
+settles it first on the trainer's thread: confirmed at once if the thread already checked it,
+else checked there (what save() used to pay, now paid only by a trainer that waits at once).
+"""
+
+import threading
+
+
+class HeldSave:
+    """A step the daemon holds unread. ``verify()``: True while what was registered still
+    describes the tensors (it needs the GIL, nothing else, and may run on any thread).
+    ``resend()``: on the trainer's thread, registers anew and sends the step again with
+    replace_held (ckptd.Client._send_again)."""
+
+    __slots__ = ("step", "verify", "resend", "failed")
+
+    def __init__(self, step, verify, resend):
+        self.step, self.verify, self.resend = step, verify, resend
+        self.failed = False  # the thread found a change; the trainer re-sends it
+
+
+class HeldSaves:
+    """The one held save of a Client, and the daemon thread that checks and confirms it.
+    ``confirm(step)`` sends ConfirmSave (the native client's confirm_save)."""
+
+    def __init__(self, confirm):
+        self._confirm = confirm
+        self._cv = threading.Condition()
+        self._held = None
+        self._thread = None
+        self._closed = False
+
+    def hold(self, save):
+        """The daemon holds ``save``: check it as soon as the GIL allows."""
+        with self._cv:
+            self._held = save
+            if self._thread is None or not self._thread.is_alive():  # none yet, or forked
+                self._thread = threading.Thread(target=self._run, name="ckptd-held-save",
+                                                daemon=True)
+                self._thread.start()
+            self._cv.notify()
+
+    def settle(self):
+        """On the trainer's thread: confirms the held save if its memory checks out and returns
+        None (also when nothing is held); otherwise returns it, taken, for the caller to send
+        again. Raises what confirm raises (UNAVAILABLE: the connection broke after the save,
+        which aborted the step)."""
+        with self._cv:
+            save, self._held = self._held, None
+            if save is None:
+                return None
+            if not save.failed and save.verify():
+                self._confirm(save.step)
+                return None
+            return save
+
+    def drop(self, step=None):
+        """Forgets the held save (of ``step``; None: whichever): it was abandoned."""
+        with self._cv:
+            if self._held is not None and (step is None or self._held.step == step):
+                self._held = None
+
+    def close(self):
+        with self._cv:
+            self._closed = True
+            self._held = None
+            self._cv.notify()
+
+    def _run(self):
+        from . import Error
+        with self._cv:
+            while not self._closed:
+                save = self._held
+                if save is None or save.failed:
+                    self._cv.wait()
+                    continue
+                if not save.verify():
+                    save.failed = True  # registering anew is the trainer thread's
+                    continue
+                self._held = None
+                try:
+                    self._confirm(save.step)
+                except Error:
+                    pass  # the connection broke, which aborted the step: the next wait says so

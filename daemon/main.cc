@@ -183,6 +183,7 @@ int RunDaemon(const DaemonConfig& config) {
     core.step_timeout = config.step_timeout;
     core.writer = std::string("ckptd ") + kVersion;
     core.refuse_recovered_steps = false;
+    core.nice = config.worker_nice;
     embedded =
         std::make_unique<InProcessCoordinator>(io, config.node_id, std::move(core), fs, &commit);
     auto recovered = embedded->Recover();

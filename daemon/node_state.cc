@@ -253,7 +253,7 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
                                 "the host pool is full (this rank needs " + std::to_string(needed) +
                                 " slots, " + std::to_string(pool_->free_slots()) + " are free)"};
       spdlog::warn("{}: {}", ctx, out.reason);
-      s.ranks[req.rank] = RankSave{req.session_id, req.pid, nullptr, {}, false, false, true};
+      s.ranks[req.rank] = RankSave{.session_id = req.session_id, .pid = req.pid, .finished = true};
       s.skipped = true;
       FailLocally(s, ckptd::v1::STEP_STATE_FAILED,
                   "rank " + std::to_string(req.rank) + " " + out.reason);

@@ -226,11 +226,11 @@ class NodeState : public CoordinatorPort::Handler {
     int32_t pid = 0;
     std::shared_ptr<CaptureJob> capture;
     std::string extra;
-    // A held save (SaveRequest::hold): `capture` is built but not submitted until ConfirmSave.
-    bool held = false;
     bool captured = false;
     bool persisted = false;
     bool finished = false;  // the capture job let go of its files
+    // A held save (SaveRequest::hold): `capture` is built but not submitted until ConfirmSave.
+    bool held = false;
     std::chrono::steady_clock::time_point accepted = std::chrono::steady_clock::now();
     std::chrono::steady_clock::time_point captured_at;
     std::function<void(std::function<void()>)> sync_input;  // SaveRequest::sync_input

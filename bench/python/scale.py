@@ -14,12 +14,16 @@ For each count N (default 300, 1,000, 3,000, 10,000), against one ckptd started 
   C++ client          bench_daemon's save section (the same daemon binary; 64 MiB in N tensors
                       of one memfd), run with --sections save when --cpp is given.
 
-Per row: median, p99 and max over --saves saves, and the descriptors this process holds
+Per row: median, p99 and max over --saves saves, the median of the wait_snapshot (Client) or
+fence (Checkpointer) called right after each save — where a held save's memory check runs when
+the client's thread has not run it yet (client/python/ckptd/held_save.py): this loop gives that
+thread no time, a training step would — and the descriptors this process holds
 (/proc/self/fd) after the saves. Goal (bench/README.md): p50 at 10,000 tensors ≤ 2× p50 at 300,
 Client.save p99 < 1 ms at 10,000; descriptors ≤ 64 for the 10,000-tensor Checkpointer.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/python/scale.py --bin build/bin \
         [--counts 300,1000,3000,10000] [--saves 60] [--dir /tmp] [--json out.json] [--cpp]
+        [--work-ms 20]
 """
 import argparse
 import json
@@ -51,13 +55,26 @@ def percentile(xs, q):
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
-def summary(times, first, n, what, fd_count):
+def summary(times, first, n, what, fd_count, fences):
     ms = [t * 1e3 for t in times]
     return {"what": what, "tensors": n, "first_ms": first * 1e3, "p50_ms": statistics.median(ms),
-            "p99_ms": percentile(ms, 0.99), "max_ms": max(ms), "saves": len(ms), "fds": fd_count}
+            "p99_ms": percentile(ms, 0.99), "max_ms": max(ms), "saves": len(ms), "fds": fd_count,
+            "fence_p50_ms": statistics.median(fences) * 1e3}
 
 
-def bench_client(daemon, n, saves, step0):
+def work(ms, _a=[]):
+    """About `ms` of GIL-free compute (matrix products), standing in for forward and backward
+    between a save and its fence. 0: none."""
+    if ms <= 0:
+        return
+    if not _a:
+        _a.append(torch.randn(256, 256))
+    end = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < end:
+        torch.mm(_a[0], _a[0])
+
+
+def bench_client(daemon, n, saves, step0, work_ms=0):
     client = daemon.client("scale-client-%d" % n)
     numel = (64 * MiB // 4) // n
     tensors = {"layer.%05d.weight" % i: torch.full((numel,), float(i)) for i in range(n)}
@@ -65,14 +82,18 @@ def bench_client(daemon, n, saves, step0):
     client.save(step0, tensors)
     first = time.perf_counter() - t0
     client.wait(step0, "committed", timeout=120)
-    times = []
+    times, fences = [], []
     for k in range(1, saves + 1):
         t0 = time.perf_counter()
         client.save(step0 + k, tensors)
-        times.append(time.perf_counter() - t0)
+        t1_save = time.perf_counter()
+        work(work_ms)
+        t1 = time.perf_counter()
         client.wait_snapshot()
+        times.append(t1_save - t0)
+        fences.append(time.perf_counter() - t1)
         client.wait(step0 + k, "committed", timeout=120)
-    row = summary(times, first, n, "Client.save", fds())
+    row = summary(times, first, n, "Client.save", fds(), fences)
     client.close()
     return row
 
@@ -87,7 +108,7 @@ def build_model(n):
     return model, opt
 
 
-def bench_checkpointer(daemon, n, saves, step0):
+def bench_checkpointer(daemon, n, saves, step0, work_ms=0):
     client = daemon.client("scale-ckpt-%d" % n)
     model, opt = build_model(n)
     ck = ckptd.torch.Checkpointer(client, model, opt, on_error="raise")
@@ -97,14 +118,18 @@ def bench_checkpointer(daemon, n, saves, step0):
     client.wait(step0, "committed", timeout=120)
     count = len(model.state_dict()) + sum(
         sum(1 for v in s.values() if torch.is_tensor(v)) for s in opt.state.values())
-    times = []
+    times, fences = [], []
     for k in range(1, saves + 1):
         t0 = time.perf_counter()
         ck.save(step0 + k)
-        times.append(time.perf_counter() - t0)
+        t1_save = time.perf_counter()
+        work(work_ms)
+        t1 = time.perf_counter()
         ck.fence()
+        times.append(t1_save - t0)
+        fences.append(time.perf_counter() - t1)
         client.wait(step0 + k, "committed", timeout=120)
-    row = summary(times, first, count, "Checkpointer.save", fds())
+    row = summary(times, first, count, "Checkpointer.save", fds(), fences)
     ck.remove_hook()
     client.close()
     return row
@@ -133,7 +158,7 @@ def bench_cpp(bin_dir, work, counts, saves):
         rows.append({"what": "C++ Client::Save", "tensors": int(m.group(2)), "first_ms": None,
                      "p50_ms": data[prefix + "p50_s"] * 1e3, "p99_ms": data[prefix + "p99_s"] * 1e3,
                      "max_ms": data[prefix + "max_s"] * 1e3, "saves": data[prefix + "samples"],
-                     "fds": None})
+                     "fds": None, "fence_p50_ms": None})
     rows.sort(key=lambda r: r["tensors"])
     return rows
 
@@ -146,6 +171,8 @@ def main():
     ap.add_argument("--saves", type=int, default=60)
     ap.add_argument("--json")
     ap.add_argument("--cpp", action="store_true", help="also run bench_daemon's save section")
+    ap.add_argument("--work-ms", type=float, default=0,
+                    help="GIL-free compute between each save and its fence (a training step)")
     args = ap.parse_args()
     counts = [int(c) for c in args.counts.split(",")]
     torch.set_num_threads(1)
@@ -155,22 +182,24 @@ def main():
         try:
             step = 1
             for n in counts:
-                rows.append(bench_client(daemon, n, args.saves, step))
+                rows.append(bench_client(daemon, n, args.saves, step, args.work_ms))
                 step += args.saves + 10
-                rows.append(bench_checkpointer(daemon, n, args.saves, step))
+                rows.append(bench_checkpointer(daemon, n, args.saves, step, args.work_ms))
                 step += args.saves + 10
         finally:
             daemon.stop()
         if args.cpp:
             rows += bench_cpp(args.bin, work, counts, args.saves)
-    print("load average %s; %d saves per row; descriptors of this process after the row"
-          % (loadavg(), args.saves))
-    print("| call | tensors | first save ms | p50 ms | p99 ms | max ms | fds |")
-    print("|---|--:|--:|--:|--:|--:|--:|")
+    print("load average %s; %d saves per row; %g ms of compute between save and fence; "
+          "descriptors of this process after the row" % (loadavg(), args.saves, args.work_ms))
+    print("| call | tensors | first save ms | p50 ms | p99 ms | max ms | fence p50 ms | fds |")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|")
     for r in rows:
-        print("| %s | %d | %s | %.3f | %.3f | %.3f | %s |" % (
+        print("| %s | %d | %s | %.3f | %.3f | %.3f | %s | %s |" % (
             r["what"], r["tensors"], "—" if r["first_ms"] is None else "%.1f" % r["first_ms"],
-            r["p50_ms"], r["p99_ms"], r["max_ms"], "—" if r["fds"] is None else r["fds"]))
+            r["p50_ms"], r["p99_ms"], r["max_ms"],
+            "—" if r["fence_p50_ms"] is None else "%.3f" % r["fence_p50_ms"],
+            "—" if r["fds"] is None else r["fds"]))
     for what in ("Client.save", "Checkpointer.save", "C++ Client::Save"):
         sel = [r for r in rows if r["what"] == what]
         if len(sel) >= 2:

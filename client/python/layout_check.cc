@@ -186,8 +186,14 @@ py::object LayoutCheck::Shape(PyObject* tensor) const {
 
 bool LayoutCheck::SameObjects(const Entry& e, PyObject* name, PyObject* value) const {
   if (!Equal(name, e.name.ptr())) return false;
+  // The registered object itself. For a Shard/FlatShard (mutable) SameMemory compares its
+  // fields, so that this half stays free of attribute reads for the same objects.
   if (value == e.value.ptr()) return true;
   if (e.geometry.is_none()) return false;  // another tensor object
+  return SameShard(e, value);
+}
+
+bool LayoutCheck::SameShard(const Entry& e, PyObject* value) const {
   // A Shard/FlatShard, possibly built anew for this call: same tensor, equal geometry.
   py::object shard_tensor = AttrOrNone(value, "tensor");
   if (shard_tensor.ptr() != e.tensor.ptr()) return false;
@@ -202,6 +208,8 @@ bool LayoutCheck::SameObjects(const Entry& e, PyObject* name, PyObject* value) c
 }
 
 bool LayoutCheck::SameMemory(const Entry& e) const {
+  // A registered Shard/FlatShard object may have been given another tensor or geometry since.
+  if (!e.geometry.is_none() && !SameShard(e, e.value.ptr())) return false;
   PyObject* tensor = e.tensor.ptr();
   if (e.probed_type != nullptr) return SameProbed(e, tensor);
   const uintptr_t p = DataPtr(tensor);

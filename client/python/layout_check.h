@@ -54,9 +54,10 @@ class LayoutCheck {
   // SameObjects(tensors) && SameMemory(), in one pass.
   bool Matches(pybind11::dict tensors) const;
   // The two halves, for a caller that sends a held save after the first and checks the second
-  // off the trainer's path (ckptd/__init__.py): the same names and tensor objects (and shard
-  // geometry), reading only the dict and this check — a few ns per entry; and every remembered
-  // tensor still at its address with its shape — the part that reads each tensor's objects.
+  // off the trainer's path (ckptd/__init__.py): the same names and objects (a Shard built anew:
+  // the same tensor and geometry), reading only the dict and this check — a few ns per entry;
+  // and every remembered tensor still at its address with its shape, and every remembered
+  // Shard object still with its tensor and geometry — the part that reads each tensor's objects.
   // SameObjects of the very dict object registered, not modified since (CPython's dict version
   // tag, where the headers have it), reads nothing of it.
   bool SameObjects(pybind11::dict tensors) const;
@@ -91,6 +92,8 @@ class LayoutCheck {
   pybind11::object Shape(PyObject* tensor) const;
   bool SameObjects(const Entry& e, PyObject* name, PyObject* value) const;
   bool SameMemory(const Entry& e) const;
+  // A Shard/FlatShard `value` with e's tensor (the same object) and e's geometry.
+  bool SameShard(const Entry& e, PyObject* value) const;
   // Registers e with the probe when it can read e's tensor and agrees with the bindings; false
   // when it disagrees (then the probe is not to be trusted for any entry).
   bool Probe(Entry& e);

@@ -1115,7 +1115,8 @@ Status Client::Impl::Save(uint64_t step, const SaveOptions& options) {
     if (options.replace_held && (!held_save_ || held_save_->step != step)) {
       return FailedPrecondition(what + ": no save of it is held to replace");
     }
-    held_save_.reset();
+    // A held save stays known until its replacement is accepted (or the step is abandoned).
+    if (held_save_ && held_save_->conn->broken) held_save_.reset();
   }
   RETURN_IF_ERROR(Attached(deadline).status(), what);  // re-registers after a re-attach
   OutgoingFrame frame;
@@ -1187,6 +1188,7 @@ Status Client::Impl::Save(uint64_t step, const SaveOptions& options) {
   MutexLock lock(mu_);
   last_saved_step_ = step;
   last_saved_generation_ = conn->generation;
+  held_save_.reset();  // none, or replaced by this save
   if (reply->save().held()) held_save_ = HeldSave{step, conn};
   return Status::Ok();
 }

@@ -157,6 +157,10 @@ class CoordinatorCore {
     // is released: every node drops its copies in memory (JobReleased). 0: never.
     std::chrono::milliseconds peer_job_ttl{std::chrono::minutes(30)};
     size_t finished_steps_kept = 64;  // per job, to answer late reports
+    // Nice value of the commit thread (thread_priority.h). In a daemon (the embedded
+    // coordinator) its worker_nice: merging and writing a step's manifest costs milliseconds of
+    // CPU per 10,000 tensors, which must not delay the trainers' next requests on a busy node.
+    int nice = 0;
     // A step the recovery scan removed is answered ABORTED when a daemon reports it again: it
     // was in flight on a live daemon when the coordinator restarted. False in process: the
     // daemon restarted with its coordinator, nothing of it is in flight, and a trainer may save
@@ -485,7 +489,7 @@ class CoordinatorCore {
   FileSystem* fs_;
   std::unique_ptr<CommitEngine> owned_commit_;
   CommitEngine* commit_;
-  TaskPool commit_thread_{1, 0, "commit"};
+  TaskPool commit_thread_{1, config_.nice, "commit"};
   TaskPool plan_thread_{1, 0, "plan"};
   Mutex mu_;
   CondVar cv_;

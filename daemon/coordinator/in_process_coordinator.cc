@@ -22,7 +22,11 @@ class InProcessCoordinator::LoopSink final : public NodeSink {
 InProcessCoordinator::InProcessCoordinator(boost::asio::io_context& io, std::string node_id,
                                            CoordinatorCore::Config config, FileSystem* fs,
                                            CommitEngine* commit)
-    : io_(io), node_id_(std::move(node_id)), core_(std::move(config), fs, commit) {}
+    : io_(io),
+      node_id_(std::move(node_id)),
+      nice_(config.nice),
+      core_(std::move(config), fs, commit),
+      worker_(1, nice_, "coord-report") {}
 
 InProcessCoordinator::~InProcessCoordinator() { Stop(); }
 

@@ -5,9 +5,10 @@
 // node state (node_state.h) only reports and applies decisions.
 //
 // Threads: calls arrive on the daemon's loop and are run, in order, on this adapter's own
-// thread (the core reads the storage root for some of them: never on the loop). The core's
-// events and answers are posted back onto the loop. The core commits on its own commit thread
-// through the daemon's CommitEngine (shared, so the pins of loads keep retention away).
+// thread (the core reads the storage root for some of them: never on the loop), which yields to
+// the loop and the trainers like the core's commit thread (CoordinatorCore::Config::nice). The
+// core's events and answers are posted back onto the loop. The core commits on its own commit
+// thread through the daemon's CommitEngine (shared, so the pins of loads keep retention away).
 // Start runs the core's recovery scan of the storage root before anything is served: a step
 // whose node manifest covers every rank is committed, any other leftover removed.
 #pragma once
@@ -49,8 +50,9 @@ class InProcessCoordinator final : public CoordinatorPort {
 
   boost::asio::io_context& io_;
   const std::string node_id_;
+  const int nice_;  // CoordinatorCore::Config::nice, for worker_ too
   CoordinatorCore core_;
-  TaskPool worker_{1, 0, "coord-report"};
+  TaskPool worker_;
   Handler* handler_ = nullptr;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // guards posts after Stop
 };

@@ -199,6 +199,28 @@ class HeldSaveTest(util.DaemonTestCase):
             for k, v in ts.items():
                 self.assertTrue(torch.equal(out[k], v), k)
 
+    def test_a_shard_object_given_another_tensor_is_saved_anew(self):
+        # The same Shard object in the same dict: only its fields say what changed.
+        with self.daemon.client("held-shard") as c:
+            a = torch.arange(8, dtype=torch.float32)
+            shard = ckptd.Shard(a, (16,), (0,), partial=True)
+            d = {"w": shard}
+            c.save(1, d)
+            c.wait_snapshot()
+            shard.tensor = torch.full((8,), 9.0)
+            c.save(2, d)
+            c.wait_snapshot()
+            shard.offsets = (8,)
+            c.save(3, d)
+            c.wait_snapshot()
+            c.wait(3, "committed", timeout=60)
+            with self.daemon.client("held-shard") as reader:
+                out = torch.zeros(8)
+                reader.load({"w": ckptd.Shard(out, (16,), (0,))}, step=2)
+                self.assertTrue(torch.equal(out, torch.full((8,), 9.0)))
+                reader.load({"w": ckptd.Shard(out, (16,), (8,))}, step=3)
+                self.assertTrue(torch.equal(out, torch.full((8,), 9.0)))
+
 
 class CheckpointerLayoutTest(util.DaemonTestCase):
     def restore(self, job, step, model, optimizer):
@@ -315,6 +337,43 @@ class CheckpointerHeldSaveTest(util.DaemonTestCase):
                     self.assertTrue(torch.equal(got[k], v), "%s differs" % k)
                 else:
                     self.assertEqual(got[k], v, k)
+            ck.remove_hook()
+
+    def test_a_buffer_the_forward_pass_replaces_is_saved_as_it_is_at_save(self):
+        class Ema(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = torch.nn.Linear(4, 4)
+                self.register_buffer("ema", torch.zeros(4))
+
+            def forward(self, x):
+                y = self.lin(x)
+                self.ema = self.ema * 0.5 + y.detach().mean(0)  # a new tensor each pass
+                return y
+
+        def step(model, opt, seed):
+            g = torch.Generator().manual_seed(seed)
+            model(torch.randn(8, 4, generator=g)).pow(2).sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        torch.manual_seed(5)
+        model = Ema()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with self.daemon.client("ck-ema") as c:
+            ck = ckptd.torch.Checkpointer(c, model, opt, on_error="raise")
+            step(model, opt, 1)
+            ck.save(1)
+            step(model, opt, 2)  # the walk's buffer object is no longer the module's
+            want = model.ema.clone()
+            ck.save(2)
+            step(model, opt, 3)  # moves ema on before the fence
+            c.wait(2, "committed", timeout=60)
+            fresh = Ema()
+            with self.daemon.client("ck-ema") as r:
+                ckptd.torch.Checkpointer(r, fresh, torch.optim.SGD(fresh.parameters(), lr=0.1),
+                                         on_error="raise").load(2)
+            self.assertTrue(torch.equal(fresh.ema, want))
             ck.remove_hook()
 
     def test_a_buffer_added_before_a_held_save_fails_that_step_only(self):

@@ -594,7 +594,10 @@ class Client:
             step = _as_uint(step, "step")
         if job is not None and not isinstance(job, str):
             raise _error("job must be a string, not %r" % (job,))
-        self._settle()  # a held save must not read what this load writes
+        if self._held.pending():
+            # A save not yet read: it must be read before this load writes into the tensors.
+            self._settle()
+            self._c.wait_snapshot(None)
         self._register(tensors)
         (loaded, extra, from_memory, from_storage, missing, extra_rank, saved_world,
          from_peers) = self._c.load(step, bool(strict), _cuda_stream(self._cuda), job or "")

@@ -78,10 +78,15 @@ class HeldSaves:
             save, self._held = self._held, None
             if save is None:
                 return None
-            if not save.failed and save.verify():
+            if not save.failed and _verified(save):
                 self._confirm(save.step)
                 return None
             return save
+
+    def pending(self):
+        """Whether a held save waits to be settled."""
+        with self._cv:
+            return self._held is not None
 
     def drop(self, step=None):
         """Forgets the held save (of ``step``; None: whichever): it was abandoned."""
@@ -103,7 +108,7 @@ class HeldSaves:
                 if save is None or save.failed:
                     self._cv.wait()
                     continue
-                if not save.verify():
+                if not _verified(save):
                     save.failed = True  # registering anew is the trainer thread's
                     continue
                 self._held = None
@@ -111,3 +116,12 @@ class HeldSaves:
                     self._confirm(save.step)
                 except Error:
                     pass  # the connection broke, which aborted the step: the next wait says so
+
+
+def _verified(save):
+    """save.verify(), with anything it raises taken for "changed": the re-send path then
+    registers anew and reports what is wrong properly."""
+    try:
+        return bool(save.verify())
+    except Exception:  # noqa: BLE001 - a check that cannot tell must not confirm
+        return False

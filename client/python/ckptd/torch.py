@@ -25,6 +25,7 @@ What is saved, per rank:
   so its optimizer layout and user state come from that rank (``last_restore["extra_rank"]``).
 """
 
+import pickle
 import random
 import sys
 import time
@@ -161,6 +162,14 @@ class _SaveLayout:
         buffers = {id(b): b for b in ck.model.buffers()} if ck.copy_buffers else {}
         self.staged = [(name, buffers[id(v)]) for name, v in ck.model.state_dict(
             keep_vars=True).items() if id(v) in buffers] if buffers else []
+        # Where each staged buffer lives, (module._buffers, name): a held save stages a buffer
+        # only while it is still that module's (Checkpointer._save_held).
+        owners = {}
+        for m in ck.model.modules():
+            for key, b in m._buffers.items():
+                if b is not None:
+                    owners.setdefault(id(b), (m._buffers, key))
+        self.staged_from = [(name, buf, owners[id(buf)]) for name, buf in self.staged]
         self.opt_meta, self.order, self.group_names, self.dynamic = {}, [], [], []
         opt = ck.optimizer
         if opt is not None:
@@ -573,27 +582,31 @@ class Checkpointer:
         the save raises."""
         if not layout.cacheable:
             return False
-        for name, buf in layout.staged:
-            if self._stage(name, buf) is not layout.tensors[name]:
-                return False  # the buffer changed shape or dtype: a new staging tensor
-        groups = self._hyper_parameters()
-        user = self._user_state()
+        for name, buf, (owner, key) in layout.staged_from:
+            # The buffer object the walk found, still the module's (a forward pass that assigns
+            # a new tensor instead of updating it in place replaces it): else walk again now,
+            # while its value is the one to save.
+            if owner.get(key) is not buf or self._stage(name, buf) is not layout.tensors[name]:
+                return False  # or it changed shape or dtype: a new staging tensor
         try:
-            extra = checkpointer_meta.encode(step, layout.model_other, layout.layout, groups,
-                                             self._dynamic_state(layout), user)
+            extra = checkpointer_meta.encode(step, layout.model_other, layout.layout,
+                                             self._hyper_parameters(),
+                                             self._dynamic_state(layout), self._user_state())
         except Exception:
             return False  # the walk no longer matches the optimizer: walk again, as before
 
         def resend():
-            self._send_again(step, groups, user, on_full, persist)
+            self._send_again(step, extra, on_full, persist)
 
         return self.client._save_held(step, layout.sharded, extra, on_full, persist,
                                       watch=layout.watch.unchanged, resend=resend)
 
-    def _send_again(self, step, groups, user, on_full, persist):
+    def _send_again(self, step, extra, on_full, persist):
         """A held save whose check failed, at its fence (the optimizer has not stepped since the
         save): walk again, with the buffers as save() staged them and the hyper-parameters and
-        extra state save() read, register, and send the step in place of the held one."""
+        extra state save() pickled into ``extra``, register, and send the step in place of the
+        held one."""
+        saved = pickle.loads(extra)
         self._staging_frozen = True
         try:
             layout = _SaveLayout(self)
@@ -603,8 +616,9 @@ class Checkpointer:
         finally:
             self._staging_frozen = False
         self._layout = layout
-        extra = checkpointer_meta.encode(step, layout.model_other, layout.layout, groups,
-                                         self._dynamic_state(layout), user)
+        extra = checkpointer_meta.encode(step, layout.model_other, layout.layout,
+                                         saved["param_groups"], self._dynamic_state(layout),
+                                         saved["extra_state"])
         self.client._send_again(step, layout.sharded, extra, on_full, persist)
 
     def _hyper_parameters(self):

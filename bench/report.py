@@ -2,7 +2,8 @@
 """bench/run's report: one table of ratios from the benchmarks' JSON, the plots, the README.
 
 Reads what bench/run left in --results (machine.json, storage.json, daemon.json,
-daemon_cache.json, load.json, stall.json, pyload.json, rss.json; any may be missing when a benchmark was skipped or failed) and:
+daemon_cache.json, load.json, stall.json, pyload.json, pyscale.json, rss.json; any may be missing
+when a benchmark was skipped or failed) and:
   - prints one table: first the goals of the numbers page (each a ratio to a baseline measured
     in the same run), then every row of every benchmark's own table;
   - writes summary.json (the same rows) and summary.md (the table as Markdown);
@@ -51,7 +52,7 @@ def mbps(bytes_per_s):
 # ---------------------------------------------------------------------------- goals
 
 def goal_rows(r):
-    """The five goals of the numbers page, where their benchmark ran."""
+    """The goals of the numbers page, where their benchmark ran."""
     out = []
     stall = r.get("stall")
     if stall and stall.get("sizes"):
@@ -104,6 +105,25 @@ def goal_rows(r):
         if t["metric"].startswith("hot restore,"):
             out.append(row("load", "GOAL hot restore vs cold load", t["ckptd"], t["baseline"],
                            t["ratio"], ">= 5x", t["ratio"] >= 5))
+    rows = (r.get("pyscale") or {}).get("rows", [])
+    for what in ("Client.save", "Checkpointer.save"):
+        sel = sorted((x for x in rows if x["what"] == what), key=lambda x: x["tensors"])
+        if len(sel) >= 2:
+            lo, hi = sel[0], sel[-1]
+            ratio = hi["p50_ms"] / lo["p50_ms"]
+            out.append(row("pyscale", "GOAL %s p50 at %d tensors vs at %d" % (
+                what, hi["tensors"], lo["tensors"]), "%.3f ms" % hi["p50_ms"],
+                "%.3f ms" % lo["p50_ms"], ratio, "<= 2x", ratio <= 2))
+        if what == "Client.save" and sel:
+            hi = sel[-1]
+            out.append(row("pyscale", "GOAL Client.save p99 at %d tensors" % hi["tensors"],
+                           "%.3f ms" % hi["p99_ms"], "1 ms", hi["p99_ms"], "< 1 ms",
+                           hi["p99_ms"] < 1))
+        if what == "Checkpointer.save" and sel and sel[-1].get("fds") is not None:
+            hi = sel[-1]
+            out.append(row("pyscale", "GOAL trainer descriptors, Checkpointer of %d tensors"
+                           % hi["tensors"], str(hi["fds"]), "64", hi["fds"], "<= 64",
+                           hi["fds"] <= 64))
     if "capture.bytes_per_s" in daemon:
         c, m = daemon["capture.bytes_per_s"], daemon["capture.memcpy_bytes_per_s"]
         out.append(row("daemon", "capture (save -> snapshot) vs single-thread memcpy", mbps(c),
@@ -376,7 +396,7 @@ def main():
 
     r = {name: load_json(args.results, name)
          for name in ("machine", "storage", "daemon", "daemon_cache", "load", "stall", "pyload",
-                      "rss")}
+                      "pyscale", "rss")}
     machine = r["machine"] or {}
     goals, rows = goal_rows(r), all_rows(r)
     print("== bench/run summary (%s run, %s, load average at start %s, at end %s)%s\n" % (

@@ -23,7 +23,7 @@ Client.save p99 < 1 ms at 10,000; descriptors ≤ 64 for the 10,000-tensor Check
 
     PYTHONPATH=build/python /usr/bin/python3 bench/python/scale.py --bin build/bin \
         [--counts 300,1000,3000,10000] [--saves 60] [--dir /tmp] [--json out.json] [--cpp]
-        [--work-ms 20]
+        [--work-ms 20] [--plot out.png] [--from-json earlier.json --plot out.png]
 """
 import argparse
 import json
@@ -163,6 +163,32 @@ def bench_cpp(bin_dir, work, counts, saves):
     return rows
 
 
+def plot(rows, path):
+    """p50 and p99 of each call against tensor count, on log axes (matplotlib, no display)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for what, color in (("Client.save", "C0"), ("Checkpointer.save", "C1"),
+                        ("C++ Client::Save", "C2")):
+        sel = sorted((r for r in rows if r["what"] == what), key=lambda r: r["tensors"])
+        if not sel:
+            continue
+        xs = [r["tensors"] for r in sel]
+        ax.plot(xs, [r["p50_ms"] for r in sel], "o-", color=color, label=what + " p50")
+        ax.plot(xs, [r["p99_ms"] for r in sel], "s--", color=color, alpha=0.5,
+                label=what + " p99")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("tensors per rank")
+    ax.set_ylabel("save() latency, ms")
+    ax.set_title("save() latency vs tensor count (Python and C++ clients)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bin", default="build/bin")
@@ -171,12 +197,21 @@ def main():
     ap.add_argument("--saves", type=int, default=60)
     ap.add_argument("--json")
     ap.add_argument("--cpp", action="store_true", help="also run bench_daemon's save section")
+    ap.add_argument("--plot", help="write the latency-vs-tensor-count plot here (PNG)")
+    ap.add_argument("--from-json", help="plot and print the rows of an earlier --json instead "
+                    "of measuring")
     ap.add_argument("--work-ms", type=float, default=0,
                     help="GIL-free compute between each save and its fence (a training step)")
     args = ap.parse_args()
     counts = [int(c) for c in args.counts.split(",")]
     torch.set_num_threads(1)
     rows = []
+    if args.from_json:
+        with open(args.from_json) as f:
+            rows = json.load(f)["rows"]
+        if args.plot:
+            plot(rows, args.plot)
+        return
     with tempfile.TemporaryDirectory(prefix="ckpt-scale-", dir=args.dir) as work:
         daemon = Daemon(args.bin, work, 1 << 30, [])
         try:
@@ -208,7 +243,9 @@ def main():
                   % (what, hi["tensors"], lo["tensors"], hi["p50_ms"] / lo["p50_ms"]))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "loadavg": loadavg()}, f, indent=1)
+            json.dump({"rows": rows, "loadavg": loadavg(), "work_ms": args.work_ms}, f, indent=1)
+    if args.plot:
+        plot(rows, args.plot)
 
 
 if __name__ == "__main__":

@@ -69,6 +69,12 @@ class ReportTest(unittest.TestCase):
         write(os.path.join(self.out, "rss.json"), {"pools": [
             {"pool_bytes": p * MiB, "rss_bytes": (p + 8) * MiB} for p in (256, 1024)],
             "table": []})
+        write(os.path.join(self.out, "pyscale.json"), {"rows": [
+            {"what": what, "tensors": n, "p50_ms": p50, "p99_ms": p99, "fds": fds}
+            for what, n, p50, p99, fds in (("Client.save", 300, 0.25, 0.4, 308),
+                                           ("Client.save", 10000, 0.30, 1.5, 10008),
+                                           ("Checkpointer.save", 296, 0.2, 0.4, 11),
+                                           ("Checkpointer.save", 10000, 0.5, 2.0, 11))]})
         self.readme = os.path.join(self.tmp.name, "README.md")
         with open(self.readme, "w") as f:
             f.write("# Title\n\nbefore\n\n<!-- bench/run: generated section, rewritten by "
@@ -106,6 +112,12 @@ class ReportTest(unittest.TestCase):
         self.assertFalse(self.goal(summary, "GOAL cold load")["met"])  # 0.8 < 0.9
         self.assertTrue(self.goal(summary, "GOAL hot restore")["met"])
         self.assertIn("goals missed: GOAL cold load", out)
+        flat = self.goal(summary, "GOAL Client.save p50")
+        self.assertAlmostEqual(flat["ratio"], 0.30 / 0.25, places=6)
+        self.assertTrue(flat["met"])
+        self.assertFalse(self.goal(summary, "GOAL Checkpointer.save p50")["met"])  # 2.5x
+        self.assertFalse(self.goal(summary, "GOAL Client.save p99")["met"])  # 1.5 ms
+        self.assertTrue(self.goal(summary, "GOAL trainer descriptors")["met"])  # 11
         # Every benchmark's own rows follow, tagged with the benchmark.
         self.assertIn(("daemon", "flush 1.5 GiB"),
                       [(r["bench"], r["metric"]) for r in summary["rows"]])

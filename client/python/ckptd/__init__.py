@@ -49,6 +49,8 @@ _torch = None
 _dtype_to_name = None
 _name_to_dtype = None
 _probe = False  # not looked for yet; then None or _ckptd_torch.probe()'s capsule
+# Held saves (ckptd/held_save.py); $CKPTD_HELD_SAVES=0 checks every save before it is sent.
+_HELD_SAVES = os.environ.get("CKPTD_HELD_SAVES", "1") != "0"
 
 
 def _error(message, code="INVALID_ARGUMENT"):
@@ -482,6 +484,11 @@ class Client:
         self._c.save(_as_uint(step, "step"), bytes(extra), on_full, _cuda_stream(self._cuda),
                      bool(persist))
 
+    def _can_hold(self):
+        """Whether saves may go out held: the daemon speaks local protocol 3, and
+        $CKPTD_HELD_SAVES is not 0."""
+        return _HELD_SAVES and self._c.protocol >= 3
+
     def _save_held(self, step, tensors, extra, on_full, persist, watch=None, resend=None):
         """The save of a dict whose names and tensor objects are the registered ones: the step
         goes out held, and its memory is checked after (held_save.py). False when that cannot
@@ -490,8 +497,8 @@ class Client:
         Checkpointer's walk), and ``resend()`` then replaces the default re-send, which
         registers ``tensors`` as the check remembers them."""
         check = self._layout
-        if (check is None or not isinstance(tensors, dict) or not self._c.registered
-                or self._c.protocol < 3 or not check.same_objects(tensors)):
+        if (not self._can_hold() or check is None or not isinstance(tensors, dict)
+                or not self._c.registered or not check.same_objects(tensors)):
             return False
         held = self._c.save(step, extra, on_full, _cuda_stream(self._cuda), persist, True, False)
         if watch is None:

@@ -580,7 +580,7 @@ class Checkpointer:
         cannot be (a model walked at every save, a buffer that needs a new staging tensor, a
         client or daemon that does not hold saves): save() walks or checks first. Raises what
         the save raises."""
-        if not layout.cacheable:
+        if not layout.cacheable or not self.client._can_hold():
             return False
         for name, buf, (owner, key) in layout.staged_from:
             # The buffer object the walk found, still the module's (a forward pass that assigns

@@ -51,7 +51,7 @@ class LayoutCheck {
               pybind11::object tensor_probe = pybind11::none());
 
   // True when `tensors` still describes exactly the remembered memory (see above):
-  // SameObjects(tensors) && SameMemory(), in one pass.
+  // SameObjects(tensors) && SameMemory().
   bool Matches(pybind11::dict tensors) const;
   // The two halves, for a caller that sends a held save after the first and checks the second
   // off the trainer's path (ckptd/__init__.py): the same names and objects (a Shard built anew:

@@ -50,6 +50,16 @@ def snapshot(model, optimizer):
     return out
 
 
+def assert_same_state(test, got, want):
+    """`got` (a restored snapshot()) is `want`, key for key, tensors bit for bit."""
+    test.assertEqual(set(got), set(want))
+    for k, v in want.items():
+        if torch.is_tensor(v):
+            test.assertTrue(torch.equal(got[k], v), "%s differs" % k)
+        else:
+            test.assertEqual(got[k], v, k)
+
+
 class ClientLayoutTest(util.DaemonTestCase):
     def save_and_load(self, client, step, tensors, into):
         client.save(step, tensors)
@@ -235,13 +245,7 @@ class CheckpointerLayoutTest(util.DaemonTestCase):
         ck.save(step)
         ck.fence()
         ck.client.wait(step, "committed", timeout=60)
-        got = self.restore(job, step, *fresh)
-        self.assertEqual(set(got), set(want))
-        for k, v in want.items():
-            if torch.is_tensor(v):
-                self.assertTrue(torch.equal(got[k], v), "%s differs" % k)
-            else:
-                self.assertEqual(got[k], v, k)
+        assert_same_state(self, self.restore(job, step, *fresh), want)
 
     def run_change(self, job, change, fresh_after=build):
         model, optimizer = build()
@@ -331,12 +335,7 @@ class CheckpointerHeldSaveTest(util.DaemonTestCase):
             train_step(model, optimizer, 3)  # the hook's fence walks again first
             c.wait(2, "committed", timeout=60)
             got = CheckpointerLayoutTest.restore(self, "ck-held", 2, *build(seed=70))
-            self.assertEqual(set(got), set(want))
-            for k, v in want.items():
-                if torch.is_tensor(v):
-                    self.assertTrue(torch.equal(got[k], v), "%s differs" % k)
-                else:
-                    self.assertEqual(got[k], v, k)
+            assert_same_state(self, got, want)
             ck.remove_hook()
 
     def test_a_buffer_the_forward_pass_replaces_is_saved_as_it_is_at_save(self):

@@ -176,6 +176,36 @@ class HeldSaveTest(util.DaemonTestCase):
             other.load({"w": out}, step=2)
             self.assertTrue(torch.equal(out, torch.arange(1024, dtype=torch.float32) + 1))
 
+    def test_a_wait_on_another_thread_leaves_the_resend_to_the_trainer(self):
+        import threading
+        with self.daemon.client("held-other-thread") as c:
+            w = torch.arange(64, dtype=torch.float32)
+            c.save(1, {"w": w})
+            c.wait_snapshot()
+            w.data = torch.full((64,), 4.0)  # the check of step 2 fails
+            c.save(2, {"w": w})
+            sent_by = []
+            send_again = c._send_again
+            c._send_again = lambda *a: (sent_by.append(threading.get_ident()), send_again(*a))
+            # Another thread settles first: it must not register (that would move the trainer's
+            # tensors under it), so step 2 stays held for the trainer.
+            other = threading.Thread(target=c._settle)
+            other.start()
+            other.join()
+            self.assertEqual(sent_by, [])
+            self.assertTrue(c._held.pending())
+            seen = []
+            waiter = threading.Thread(target=lambda: seen.append(
+                c.wait(2, "committed", timeout=60)))
+            waiter.start()
+            c.wait_snapshot()  # the trainer sends it again
+            waiter.join()
+            self.assertEqual(sent_by, [threading.get_ident()])
+            self.assertEqual(seen, [None])
+            out = torch.zeros(64)
+            c.load({"w": out}, step=2)
+            self.assertTrue(torch.equal(out, torch.full((64,), 4.0)))
+
     def test_the_dict_may_change_after_save(self):
         with self.daemon.client("held-dict") as c:
             w = torch.arange(64, dtype=torch.float32)

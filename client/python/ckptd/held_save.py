@@ -27,9 +27,10 @@ and the hyper-parameters and extra_state save() read (Checkpointer._send_again).
 between two saves has no staging copy, and its value at save() is gone: that one step fails,
 and the next save walks at save() time.
 
-Every call that needs the step settled — the next save, wait_snapshot, wait, load, close —
-settles it first on the trainer's thread: confirmed at once if the thread already checked it,
-else checked there (what save() used to pay, now paid only by a trainer that waits at once).
+Every call that needs the step settled — the next save, wait_snapshot, wait, load — settles it
+first: confirmed at once if the thread already checked it, else checked there (what save() used
+to pay, now paid only by a trainer that waits at once). Only the thread that saved sends a step
+again; a wait() on another thread that finds the check failed leaves that to it.
 """
 
 import threading
@@ -41,11 +42,12 @@ class HeldSave:
     ``resend()``: on the trainer's thread, registers anew and sends the step again with
     replace_held (ckptd.Client._send_again)."""
 
-    __slots__ = ("step", "verify", "resend", "failed")
+    __slots__ = ("step", "verify", "resend", "failed", "thread")
 
     def __init__(self, step, verify, resend):
         self.step, self.verify, self.resend = step, verify, resend
         self.failed = False  # the thread found a change; the trainer re-sends it
+        self.thread = threading.get_ident()  # the trainer's: the one that saved
 
 
 class HeldSaves:
@@ -70,17 +72,23 @@ class HeldSaves:
             self._cv.notify()
 
     def settle(self):
-        """On the trainer's thread: confirms the held save if its memory checks out and returns
-        None (also when nothing is held); otherwise returns it, taken, for the caller to send
-        again. Raises what confirm raises (UNAVAILABLE: the connection broke after the save,
-        which aborted the step)."""
+        """Confirms the held save if its memory checks out and returns None (also when nothing
+        is held). Otherwise, on the thread that saved, returns it, taken, for the caller to send
+        again; on any other thread (a wait() from a monitoring thread) leaves it for that one —
+        registering anew touches the trainer's tensors. Raises what confirm raises (UNAVAILABLE:
+        the connection broke after the save, which aborted the step)."""
         with self._cv:
-            save, self._held = self._held, None
+            save = self._held
             if save is None:
                 return None
             if not save.failed and _verified(save):
+                self._held = None
                 self._confirm(save.step)
                 return None
+            save.failed = True
+            if save.thread != threading.get_ident():
+                return None
+            self._held = None
             return save
 
     def pending(self):

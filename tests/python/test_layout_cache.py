@@ -187,9 +187,9 @@ class HeldSaveTest(util.DaemonTestCase):
             sent_by = []
             send_again = c._send_again
             c._send_again = lambda *a: (sent_by.append(threading.get_ident()), send_again(*a))
-            # Another thread settles first: it must not register (that would move the trainer's
-            # tensors under it), so step 2 stays held for the trainer.
-            other = threading.Thread(target=c._settle)
+            # A monitor's wait settles first: it must not register (that would move the
+            # trainer's tensors under it), so step 2 stays held for the trainer.
+            other = threading.Thread(target=lambda: c._settle(owner=False))
             other.start()
             other.join()
             self.assertEqual(sent_by, [])
@@ -205,6 +205,21 @@ class HeldSaveTest(util.DaemonTestCase):
             out = torch.zeros(64)
             c.load({"w": out}, step=2)
             self.assertTrue(torch.equal(out, torch.full((64,), 4.0)))
+
+    def test_a_save_made_on_a_thread_that_ended_is_sent_again_by_a_wait(self):
+        import threading
+        with self.daemon.client("held-ended") as c:
+            w = torch.arange(64, dtype=torch.float32)
+            c.save(1, {"w": w})
+            c.wait_snapshot()
+            w.data = torch.full((64,), 6.0)
+            saver = threading.Thread(target=lambda: c.save(2, {"w": w}))
+            saver.start()
+            saver.join()
+            c.wait(2, "committed", timeout=60)  # nobody else will: this wait sends it again
+            out = torch.zeros(64)
+            c.load({"w": out}, step=2)
+            self.assertTrue(torch.equal(out, torch.full((64,), 6.0)))
 
     def test_the_dict_may_change_after_save(self):
         with self.daemon.client("held-dict") as c:
@@ -403,6 +418,32 @@ class CheckpointerHeldSaveTest(util.DaemonTestCase):
                 ckptd.torch.Checkpointer(r, fresh, torch.optim.SGD(fresh.parameters(), lr=0.1),
                                          on_error="raise").load(2)
             self.assertTrue(torch.equal(fresh.ema, want))
+            ck.remove_hook()
+
+    def test_a_shared_buffer_one_module_replaces_is_saved_as_it_is_at_save(self):
+        shared = torch.ones(4)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+        model[0].register_buffer("scale", shared)
+        model[1].register_buffer("scale", shared)  # the same tensor in two modules
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with self.daemon.client("ck-shared") as c:
+            ck = ckptd.torch.Checkpointer(c, model, opt, on_error="raise")
+            train_step(model, opt, 1)
+            ck.save(1)
+            train_step(model, opt, 2)  # the hook fences step 1
+            model[1].scale = model[1].scale * 3  # only the second module's
+            ck.save(2)
+            model[1].scale.fill_(-1)  # after save(): not step 2's
+            train_step(model, opt, 3)
+            c.wait(2, "committed", timeout=60)
+            fresh = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+            fresh[0].register_buffer("scale", torch.zeros(4))
+            fresh[1].register_buffer("scale", torch.zeros(4))
+            with self.daemon.client("ck-shared") as r:
+                ckptd.torch.Checkpointer(r, fresh, torch.optim.SGD(fresh.parameters(), lr=0.1),
+                                         on_error="raise").load(2)
+            self.assertTrue(torch.equal(fresh[0].scale, torch.ones(4)))
+            self.assertTrue(torch.equal(fresh[1].scale, torch.full((4,), 3.0)))
             ck.remove_hook()
 
     def test_a_buffer_added_before_a_held_save_fails_that_step_only(self):

@@ -418,11 +418,12 @@ class Client:
         """The daemon's node id."""
         return self._c.node_id
 
-    def _settle(self):
+    def _settle(self, owner=True):
         """Confirms the held save, or — when its tensors' memory changed since they were
         registered — registers them as they are now and sends the step again in its place
-        (held_save.py). The daemon read nothing of it meanwhile."""
-        save = self._held.settle()
+        (held_save.py). The daemon read nothing of it meanwhile. ``owner``: the caller is about
+        to change the tensors or save them (save, wait_snapshot, load), not a monitor's wait."""
+        save = self._held.settle(owner)
         if save is None:
             return
         try:
@@ -568,7 +569,7 @@ class Client:
         if state not in ("captured", "persisted", "committed", "replicated"):
             raise _error('state must be "captured", "persisted", "committed" or "replicated", '
                          'not %r' % (state,))
-        self._settle()
+        self._settle(owner=False)
         self._c.wait(_as_uint(step, "step"), state, _as_timeout(timeout))
 
     def latest(self):

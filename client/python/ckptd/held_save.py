@@ -29,8 +29,10 @@ and the next save walks at save() time.
 
 Every call that needs the step settled — the next save, wait_snapshot, wait, load — settles it
 first: confirmed at once if the thread already checked it, else checked there (what save() used
-to pay, now paid only by a trainer that waits at once). Only the thread that saved sends a step
-again; a wait() on another thread that finds the check failed leaves that to it.
+to pay, now paid only by a trainer that waits at once). A step is sent again by a save,
+wait_snapshot or load (the calls that come before the tensors change), or by any call of the
+thread that saved; a wait() on another thread — a monitor — that finds the check failed leaves
+it to them.
 """
 
 import threading
@@ -47,7 +49,7 @@ class HeldSave:
     def __init__(self, step, verify, resend):
         self.step, self.verify, self.resend = step, verify, resend
         self.failed = False  # the thread found a change; the trainer re-sends it
-        self.thread = threading.get_ident()  # the trainer's: the one that saved
+        self.thread = threading.current_thread()  # the one that saved
 
 
 class HeldSaves:
@@ -71,12 +73,14 @@ class HeldSaves:
                 self._thread.start()
             self._cv.notify()
 
-    def settle(self):
+    def settle(self, owner):
         """Confirms the held save if its memory checks out and returns None (also when nothing
-        is held). Otherwise, on the thread that saved, returns it, taken, for the caller to send
-        again; on any other thread (a wait() from a monitoring thread) leaves it for that one —
-        registering anew touches the trainer's tensors. Raises what confirm raises (UNAVAILABLE:
-        the connection broke after the save, which aborted the step)."""
+        is held). Otherwise returns it, taken, for the caller to send again — if the caller
+        ``owner``s the tensors (a save, wait_snapshot or load: calls that precede changing
+        them), or is the thread that saved, or that thread has ended; else (a wait() on a
+        monitoring thread) it is left for them: registering anew moves the trainer's tensors.
+        Raises what confirm raises (UNAVAILABLE: the connection broke after the save, which
+        aborted the step)."""
         with self._cv:
             save = self._held
             if save is None:
@@ -86,7 +90,8 @@ class HeldSaves:
                 self._confirm(save.step)
                 return None
             save.failed = True
-            if save.thread != threading.get_ident():
+            if not (owner or save.thread is threading.current_thread()
+                    or not save.thread.is_alive()):
                 return None
             self._held = None
             return save

@@ -162,14 +162,14 @@ class _SaveLayout:
         buffers = {id(b): b for b in ck.model.buffers()} if ck.copy_buffers else {}
         self.staged = [(name, buffers[id(v)]) for name, v in ck.model.state_dict(
             keep_vars=True).items() if id(v) in buffers] if buffers else []
-        # Where each staged buffer lives, (module._buffers, name): a held save stages a buffer
-        # only while it is still that module's (Checkpointer._save_held).
+        # Where each staged buffer lives, (module._buffers, key) by its state_dict name (a buffer
+        # shared by two modules has two): a held save stages a buffer only while it is still
+        # that module's (Checkpointer._save_held).
         owners = {}
-        for m in ck.model.modules():
-            for key, b in m._buffers.items():
-                if b is not None:
-                    owners.setdefault(id(b), (m._buffers, key))
-        self.staged_from = [(name, buf, owners[id(buf)]) for name, buf in self.staged]
+        for prefix, m in ck.model.named_modules(remove_duplicate=False):
+            for key in m._buffers:
+                owners[prefix + "." + key if prefix else key] = (m._buffers, key)
+        self.staged_from = [(name, buf, owners[name]) for name, buf in self.staged]
         self.opt_meta, self.order, self.group_names, self.dynamic = {}, [], [], []
         opt = ck.optimizer
         if opt is not None:

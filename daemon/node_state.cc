@@ -266,31 +266,26 @@ Result<NodeState::SaveOutcome> NodeState::StartSave(SaveRequest req) {
       [this, j = req.job, n = req.step, r = req.rank](Status st) { OnRankCaptured(j, n, r, st); });
   capture->on_persisted = tasks_.OnLoop(
       [this, j = req.job, n = req.step, r = req.rank](Status st) { OnRankPersisted(j, n, r, st); });
-  if (replaced != nullptr) {
-    // The rank's place in the step (its report, its keep in the hot cache) stays.
-    replaced->capture = capture;
-    replaced->extra = std::move(req.extra);
-    replaced->sync_input = std::move(req.sync_input);
-    replaced->held = req.hold;
-    if (req.hold) return SaveOutcome{false, {}, true};
-    StartCapture(s, std::move(capture));
-    return SaveOutcome{};
+  RankSave* rs = replaced;  // a replacement keeps the rank's place: its report, its keep
+  if (rs == nullptr) {
+    rs = &(s.ranks[req.rank] = RankSave{.session_id = req.session_id, .pid = req.pid});
+    if (replicas_ > 0 && (holders_.size() >= replicas_ || holders_planning_)) {
+      // Until its bytes reached the holders, a newer step must not push them out of memory
+      // (pool pressure still may: capture wins, and the replication then fails and says so).
+      // Without enough holders, and none planned, nothing is sent, and the save costs nothing
+      // more. (Holders that arrive before the persist get an unkept send: safe, as each window
+      // is copied out under a pin.)
+      hot_->Keep(req.job, req.step);
+      rs->hot_keep = std::shared_ptr<void>(
+          hot_, [job = req.job, step = req.step](HotCache* hot) { hot->Unkeep(job, step); });
+    }
+    Report(s, ckptd::v1::STEP_STATE_PENDING, {req.rank});
   }
-  s.ranks[req.rank] = RankSave{req.session_id, req.pid, capture, std::move(req.extra)};
-  s.ranks[req.rank].sync_input = std::move(req.sync_input);
-  s.ranks[req.rank].held = req.hold;
-  if (replicas_ > 0 && (holders_.size() >= replicas_ || holders_planning_)) {
-    // Until its bytes reached the holders, a newer step must not push them out of memory (pool
-    // pressure still may: capture wins, and the replication then fails and says so). Without
-    // enough holders, and none planned, nothing is sent, and the save costs nothing more.
-    // (Holders that arrive before the persist get an unkept send: safe, as each window is
-    // copied out under a pin.)
-    hot_->Keep(req.job, req.step);
-    s.ranks[req.rank].hot_keep = std::shared_ptr<void>(
-        hot_, [job = req.job, step = req.step](HotCache* hot) { hot->Unkeep(job, step); });
-  }
-  Report(s, ckptd::v1::STEP_STATE_PENDING, {req.rank});
-  if (req.hold) return SaveOutcome{false, {}, true};
+  rs->capture = capture;
+  rs->extra = std::move(req.extra);
+  rs->sync_input = std::move(req.sync_input);
+  rs->held = req.hold;
+  if (req.hold) return SaveOutcome{.held = true};
   StartCapture(s, std::move(capture));
   return SaveOutcome{};
 }

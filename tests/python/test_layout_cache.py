@@ -13,6 +13,7 @@ ones the trainer held at the second save — never the first save's, never anoth
 import importlib.util
 import os
 import pickle
+import threading
 import unittest
 
 import torch
@@ -161,6 +162,12 @@ class HeldSaveTest(util.DaemonTestCase):
     nothing until the client's thread has checked the registered tensors' memory and confirmed.
     """
 
+    def assert_step(self, client, step, want):
+        """Step `step` of `client`'s job holds `want` as tensor "w"."""
+        out = torch.zeros(want.shape)
+        client.load({"w": out}, step=step)
+        self.assertTrue(torch.equal(out, want))
+
     def test_the_check_thread_confirms_while_the_trainer_is_elsewhere(self):
         with self.daemon.client("held-thread") as c, self.daemon.client("held-thread") as other:
             self.assertGreaterEqual(c._c.protocol, 3)
@@ -172,12 +179,9 @@ class HeldSaveTest(util.DaemonTestCase):
             self.assertIsNotNone(c._held._thread)  # it went out held
             # This trainer makes no call into ckptd: only the thread can confirm step 2.
             other.wait(2, "committed", timeout=60)
-            out = torch.zeros(1024)
-            other.load({"w": out}, step=2)
-            self.assertTrue(torch.equal(out, torch.arange(1024, dtype=torch.float32) + 1))
+            self.assert_step(other, 2, torch.arange(1024, dtype=torch.float32) + 1)
 
     def test_a_wait_on_another_thread_leaves_the_resend_to_the_trainer(self):
-        import threading
         with self.daemon.client("held-other-thread") as c:
             w = torch.arange(64, dtype=torch.float32)
             c.save(1, {"w": w})
@@ -202,12 +206,9 @@ class HeldSaveTest(util.DaemonTestCase):
             waiter.join()
             self.assertEqual(sent_by, [threading.get_ident()])
             self.assertEqual(seen, [None])
-            out = torch.zeros(64)
-            c.load({"w": out}, step=2)
-            self.assertTrue(torch.equal(out, torch.full((64,), 4.0)))
+            self.assert_step(c, 2, torch.full((64,), 4.0))
 
     def test_a_save_made_on_a_thread_that_ended_is_sent_again_by_a_wait(self):
-        import threading
         with self.daemon.client("held-ended") as c:
             w = torch.arange(64, dtype=torch.float32)
             c.save(1, {"w": w})
@@ -217,9 +218,7 @@ class HeldSaveTest(util.DaemonTestCase):
             saver.start()
             saver.join()
             c.wait(2, "committed", timeout=60)  # nobody else will: this wait sends it again
-            out = torch.zeros(64)
-            c.load({"w": out}, step=2)
-            self.assertTrue(torch.equal(out, torch.full((64,), 6.0)))
+            self.assert_step(c, 2, torch.full((64,), 6.0))
 
     def test_the_dict_may_change_after_save(self):
         with self.daemon.client("held-dict") as c:
@@ -231,9 +230,7 @@ class HeldSaveTest(util.DaemonTestCase):
             d["w"] = torch.full((64,), -1.0)  # the dict, not the tensor: step 2 is still w
             c.wait_snapshot()
             c.wait(2, "committed", timeout=60)
-            out = torch.zeros(64)
-            c.load({"w": out}, step=2)
-            self.assertTrue(torch.equal(out, torch.arange(64, dtype=torch.float32)))
+            self.assert_step(c, 2, torch.arange(64, dtype=torch.float32))
 
     def test_replaced_memory_is_saved_as_it_was_at_save(self):
         # Found either by the thread or by wait_snapshot: the step is sent again, from the

@@ -485,10 +485,16 @@ class Client:
         self._c.save(_as_uint(step, "step"), bytes(extra), on_full, _cuda_stream(self._cuda),
                      bool(persist))
 
-    def _can_hold(self):
-        """Whether saves may go out held: the daemon speaks local protocol 3, and
-        $CKPTD_HELD_SAVES is not 0."""
-        return _HELD_SAVES and self._c.protocol >= 3
+    def _holdable(self, tensors):
+        """The registration's LayoutCheck when a save of ``tensors`` may go out held — the daemon
+        speaks local protocol 3, $CKPTD_HELD_SAVES is not 0, and the dict has the registered
+        names and objects — else None."""
+        check = self._layout
+        if (not _HELD_SAVES or self._c.protocol < 3 or check is None
+                or not isinstance(tensors, dict) or not self._c.registered
+                or not check.same_objects(tensors)):
+            return None
+        return check
 
     def _save_held(self, step, tensors, extra, on_full, persist, watch=None, resend=None):
         """The save of a dict whose names and tensor objects are the registered ones: the step
@@ -497,9 +503,8 @@ class Client:
         and registers first. ``watch()``, when given, is checked with the memory (the
         Checkpointer's walk), and ``resend()`` then replaces the default re-send, which
         registers ``tensors`` as the check remembers them."""
-        check = self._layout
-        if (not self._can_hold() or check is None or not isinstance(tensors, dict)
-                or not self._c.registered or not check.same_objects(tensors)):
+        check = self._holdable(tensors)
+        if check is None:
             return False
         held = self._c.save(step, extra, on_full, _cuda_stream(self._cuda), persist, True, False)
         if watch is None:

@@ -580,8 +580,8 @@ class Checkpointer:
         cannot be (a model walked at every save, a buffer that needs a new staging tensor, a
         client or daemon that does not hold saves): save() walks or checks first. Raises what
         the save raises."""
-        if not layout.cacheable or not self.client._can_hold():
-            return False
+        if not layout.cacheable or self.client._holdable(layout.sharded) is None:
+            return False  # decided before any copy: the path below would make them again
         for name, buf, (owner, key) in layout.staged_from:
             # The buffer object the walk found, still the module's (a forward pass that assigns
             # a new tensor instead of updating it in place replaces it): else walk again now,

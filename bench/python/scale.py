@@ -23,7 +23,11 @@ Client.save p99 < 1 ms at 10,000; descriptors ≤ 64 for the 10,000-tensor Check
 
     PYTHONPATH=build/python /usr/bin/python3 bench/python/scale.py --bin build/bin \
         [--counts 300,1000,3000,10000] [--saves 60] [--dir /tmp] [--json out.json] [--cpp]
-        [--work-ms 20] [--plot out.png] [--from-json earlier.json --plot out.png]
+        [--work-ms 20] [--on-full skip] [--plot out.png] [--from-json earlier.json --plot out.png]
+
+--on-full skip saves with on_full="skip", which the client does not post: save() waits for the
+daemon's answer (the pool never fills here, so nothing is skipped). Against the default, it
+measures what posting a save takes off the trainer's path (ckpt::SaveOptions::post).
 """
 import argparse
 import json
@@ -74,7 +78,7 @@ def work(ms, _a=[]):
         torch.mm(_a[0], _a[0])
 
 
-def bench_client(daemon, n, saves, step0, work_ms=0):
+def bench_client(daemon, n, saves, step0, work_ms=0, on_full="wait"):
     client = daemon.client("scale-client-%d" % n)
     numel = (64 * MiB // 4) // n
     tensors = {"layer.%05d.weight" % i: torch.full((numel,), float(i)) for i in range(n)}
@@ -85,7 +89,7 @@ def bench_client(daemon, n, saves, step0, work_ms=0):
     times, fences = [], []
     for k in range(1, saves + 1):
         t0 = time.perf_counter()
-        client.save(step0 + k, tensors)
+        client.save(step0 + k, tensors, on_full=on_full)
         t1_save = time.perf_counter()
         work(work_ms)
         t1 = time.perf_counter()
@@ -108,7 +112,7 @@ def build_model(n):
     return model, opt
 
 
-def bench_checkpointer(daemon, n, saves, step0, work_ms=0):
+def bench_checkpointer(daemon, n, saves, step0, work_ms=0, on_full="wait"):
     client = daemon.client("scale-ckpt-%d" % n)
     model, opt = build_model(n)
     ck = ckptd.torch.Checkpointer(client, model, opt, on_error="raise")
@@ -121,7 +125,7 @@ def bench_checkpointer(daemon, n, saves, step0, work_ms=0):
     times, fences = [], []
     for k in range(1, saves + 1):
         t0 = time.perf_counter()
-        ck.save(step0 + k)
+        ck.save(step0 + k, on_full=on_full)
         t1_save = time.perf_counter()
         work(work_ms)
         t1 = time.perf_counter()
@@ -202,6 +206,8 @@ def main():
                     "of measuring")
     ap.add_argument("--work-ms", type=float, default=0,
                     help="GIL-free compute between each save and its fence (a training step)")
+    ap.add_argument("--on-full", choices=("wait", "skip"), default="wait",
+                    help="skip: saves that wait for the daemon's answer (not posted)")
     args = ap.parse_args()
     counts = [int(c) for c in args.counts.split(",")]
     torch.set_num_threads(1)
@@ -217,16 +223,18 @@ def main():
         try:
             step = 1
             for n in counts:
-                rows.append(bench_client(daemon, n, args.saves, step, args.work_ms))
+                rows.append(bench_client(daemon, n, args.saves, step, args.work_ms, args.on_full))
                 step += args.saves + 10
-                rows.append(bench_checkpointer(daemon, n, args.saves, step, args.work_ms))
+                rows.append(bench_checkpointer(daemon, n, args.saves, step, args.work_ms,
+                                                   args.on_full))
                 step += args.saves + 10
         finally:
             daemon.stop()
         if args.cpp:
             rows += bench_cpp(args.bin, work, counts, args.saves)
     print("load average %s; %d saves per row; %g ms of compute between save and fence; "
-          "descriptors of this process after the row" % (loadavg(), args.saves, args.work_ms))
+          "on_full=%s; descriptors of this process after the row"
+          % (loadavg(), args.saves, args.work_ms, args.on_full))
     print("| call | tensors | first save ms | p50 ms | p99 ms | max ms | fence p50 ms | fds |")
     print("|---|--:|--:|--:|--:|--:|--:|--:|")
     for r in rows:
@@ -243,7 +251,8 @@ def main():
                   % (what, hi["tensors"], lo["tensors"], hi["p50_ms"] / lo["p50_ms"]))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "loadavg": loadavg(), "work_ms": args.work_ms}, f, indent=1)
+            json.dump({"rows": rows, "loadavg": loadavg(), "work_ms": args.work_ms,
+                       "on_full": args.on_full}, f, indent=1)
     if args.plot:
         plot(rows, args.plot)
 

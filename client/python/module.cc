@@ -184,7 +184,7 @@ class PyClient {
   }
 
   bool Save(uint64_t step, const py::bytes& extra, const std::string& on_full, uint64_t cuda_stream,
-            bool persist, bool hold, bool replace_held) {
+            bool persist, bool hold, bool replace_held, bool post) {
     const ckpt::OnFull policy = ParseOnFull(on_full);
     std::string blob = extra;  // copied with the GIL held
     ckpt::Status st;
@@ -195,6 +195,7 @@ class PyClient {
       options.hold = hold;
       options.replace_held = replace_held;
       options.held = &held;
+      options.post = post;
       st = client_->Save(step, options);
     }
     ThrowIfError(st);
@@ -356,13 +357,15 @@ PYBIND11_MODULE(_ckptd, m) {
            "caller's; device_ptr != 0 marks CUDA memory; partial: saved in part on purpose.")
       .def("save", &PyClient::Save, py::arg("step"), py::arg("extra"), py::arg("on_full"),
            py::arg("cuda_stream") = 0, py::arg("persist") = true, py::arg("hold") = false,
-           py::arg("replace_held") = false,
+           py::arg("replace_held") = false, py::arg("post") = false,
            "cuda_stream: the trainer's current stream (int handle) when CUDA tensors are "
            "registered; an event is recorded on it before the request is sent. persist=False: "
            "a memory-only step (replicated to peers' memory, never written to storage). "
            "hold: the daemon reads nothing until confirm_save(step), or until a save of the "
            "step with replace_held replaces it. Returns whether the daemon holds the save "
-           "(an older daemon ignores hold).")
+           "(an older daemon ignores hold). post: returns once the request is written; the "
+           "daemon's answer is taken, and a refusal raised, by the next save or "
+           "wait_snapshot.")
       .def("confirm_save", &PyClient::ConfirmSave, py::arg("step"),
            "Lets the daemon read the held save of `step`.")
       .def("wait_snapshot", &PyClient::WaitSnapshot, py::arg("timeout"))

@@ -33,12 +33,22 @@
 // instead of stalling the trainer. A WaitSnapshot for a step saved on a broken connection
 // reports kUnavailable; that step commits only if the old daemon had captured it.
 //
+// Posted saves (SaveOptions::post). A Save normally waits for its answer: three thread wake-ups
+// (the daemon's loop, this client's reader, the caller), each of which can wait milliseconds for
+// a CPU on a busy node. A posted Save is written and returns; the daemon reads a session's
+// frames in order, so a ConfirmSave, Abandon or WaitSnapshot written after it is handled after
+// it. Its answer stays a pending call (`posted_`) that the next Save or WaitSnapshot takes
+// (TakePosted) and finishes exactly as the Save would have (FinishSave): a refusal is returned
+// there, and a daemon silent past the save's own deadline gets the step abandoned there —
+// before the trainer may touch the memory, since the fence comes first.
+//
 // Register may need several frames (at most kMaxFdsPerFrame fds and ~8 MiB each). They are
 // written back to back under one hold of `send_mu` so no other request interleaves with a
 // half-sent set, and every frame's id points at the same pending call: the daemon answers the
 // last one, and an early Error on any of them ends the call too.
 //
-// Lock order: register_mu_ (held by Register and re-attach) → Connection::send_mu → mu_.
+// Lock order: post_mu_ (Save, and WaitSnapshot taking a posted answer) → register_mu_ (held by
+// Register and re-attach) → Connection::send_mu → mu_.
 // close_mu_ is taken only by Close, which takes mu_ but never while holding it.
 #include "ckpt/client.h"
 
@@ -366,6 +376,28 @@ class Client::Impl {
   Result<pb::DaemonMessage> Call(const ConnectionPtr& conn, std::vector<OutgoingFrame> frames,
                                  pb::DaemonMessage::BodyCase expected, Limits limits,
                                  std::string_view what, bool* unsent = nullptr);
+  // Call's two halves. Send writes the frames, each under a fresh request id registered first,
+  // within `send_deadline`; Await waits for the reply (started at `start`, for messages). Await
+  // forgets the call when its deadline passes, unless `keep_on_deadline` (someone awaits it
+  // again later).
+  Result<std::shared_ptr<PendingCall>> Send(const ConnectionPtr& conn,
+                                            std::vector<OutgoingFrame> frames,
+                                            Clock::time_point send_deadline, std::string_view what,
+                                            bool* unsent);
+  Result<pb::DaemonMessage> Await(const ConnectionPtr& conn,
+                                  const std::shared_ptr<PendingCall>& call,
+                                  pb::DaemonMessage::BodyCase expected, Limits limits,
+                                  Clock::time_point start, std::string_view what,
+                                  bool keep_on_deadline = false);
+  // What a Save returns once its answer is in (or its call failed): records the accepted step,
+  // abandons one whose answer came too late. `posted`: a posted save, whose held record was made
+  // when it was written (and may have been confirmed since).
+  Status FinishSave(uint64_t step, const std::string& what, const ConnectionPtr& conn,
+                    Result<pb::DaemonMessage> reply, bool* held, bool posted);
+  // Takes the answer to the posted save, if one is outstanding (SaveOptions::post), waiting
+  // until `deadline` at most (and never past the save's own): what that Save would have
+  // returned. kDeadlineExceeded with the save still outstanding when `deadline` came first.
+  Status TakePosted(std::optional<Clock::time_point> deadline) REQUIRES(post_mu_);
   // Call on the attached connection (re-attaching first if it broke, within `attach_deadline`);
   // a connection found broken before the request went out is re-attached once more.
   Result<pb::DaemonMessage> CallAttached(std::vector<OutgoingFrame> frames,
@@ -411,6 +443,19 @@ class Client::Impl {
     ConnectionPtr conn;
   };
   std::optional<HeldSave> held_save_ GUARDED_BY(mu_);
+  // The posted Save whose answer nobody took yet (SaveOptions::post). Reset by an Abandon of
+  // its step: its answer no longer matters.
+  struct PostedSave {
+    uint64_t step;
+    std::string what;
+    std::shared_ptr<PendingCall> call;
+    ConnectionPtr conn;
+    Clock::time_point start;
+    Clock::time_point deadline;
+  };
+  std::shared_ptr<PostedSave> posted_ GUARDED_BY(mu_);
+  // Serializes Save and the taking of a posted save's answer: one thread takes it, once.
+  Mutex post_mu_ ACQUIRED_BEFORE(register_mu_);
   // GPUs (ordinal → UUID) holding the registered CUDA tensors; Save records an event on each.
   std::map<int, std::string> cuda_devices_ GUARDED_BY(mu_);
 
@@ -590,6 +635,18 @@ Result<pb::DaemonMessage> Client::Impl::Call(const ConnectionPtr& conn,
                                              pb::DaemonMessage::BodyCase expected, Limits limits,
                                              std::string_view what, bool* unsent) {
   const auto start = Clock::now();
+  // Writing never takes longer than a prompt call may, whatever the call's own limit.
+  const auto send_deadline =
+      limits.deadline ? std::min(*limits.deadline, start + call_timeout_) : start + call_timeout_;
+  ASSIGN_OR_RETURN(std::shared_ptr<PendingCall> call,
+                   Send(conn, std::move(frames), send_deadline, what, unsent));
+  return Await(conn, call, expected, limits, start, what);
+}
+
+Result<std::shared_ptr<Client::Impl::PendingCall>> Client::Impl::Send(
+    const ConnectionPtr& conn, std::vector<OutgoingFrame> frames, Clock::time_point send_deadline,
+    std::string_view what, bool* unsent) {
+  const auto start = Clock::now();
   if (unsent != nullptr) *unsent = false;
   auto call = std::make_shared<PendingCall>();
   {
@@ -620,47 +677,50 @@ Result<pb::DaemonMessage> Client::Impl::Call(const ConnectionPtr& conn,
           " bytes cannot be framed (limit " + std::to_string(kMaxFrameBytes) + ")");
     }
   }
-  // Writing never takes longer than a prompt call may, whatever the call's own limit.
-  const auto send_deadline =
-      limits.deadline ? std::min(*limits.deadline, start + call_timeout_) : start + call_timeout_;
-  {
-    Connection::SendHold send_lock(conn->send_mu);
-    if (!send_lock.TryUntil(send_deadline)) {
-      forget();
-      return DeadlineExceeded(std::string(what) + " timed out after " +
-                              Ms(std::chrono::ceil<milliseconds>(Clock::now() - start)) +
-                              ": another request is still being written to ckptd at " +
-                              options_.socket);
-    }
-    size_t total_sent = 0;
-    for (size_t i = 0; i < frames.size(); ++i) {
-      size_t sent = 0;
-      Status st =
-          SendFrameUntil(conn->socket.get(), payloads[i], frames[i].fds, send_deadline, &sent);
-      total_sent += sent;
-      if (st.ok()) continue;
-      forget();
-      if (st.code() == StatusCode::kDeadlineExceeded && total_sent == 0) {
-        // Nothing went out: the stream is intact, the daemon just takes nothing (frozen?).
-        return DeadlineExceeded(std::string(what) + " timed out after " + Ms(call_timeout_) +
-                                ": ckptd at " + options_.socket + " takes no input");
-      }
-      // The stream may hold part of a request now: this connection cannot be used any more.
-      conn->Shutdown();
-      Break(conn.get(), Unavailable(Lost(st.message())));
-      if (unsent != nullptr && total_sent == 0) *unsent = true;
-      return st.code() == StatusCode::kDeadlineExceeded
-                 ? DeadlineExceeded(std::string(what) + " timed out after " + Ms(call_timeout_) +
-                                    " while writing to ckptd at " + options_.socket)
-                 : Unavailable(Lost(st.message()));
-    }
+  Connection::SendHold send_lock(conn->send_mu);
+  if (!send_lock.TryUntil(send_deadline)) {
+    forget();
+    return DeadlineExceeded(std::string(what) + " timed out after " +
+                            Ms(std::chrono::ceil<milliseconds>(Clock::now() - start)) +
+                            ": another request is still being written to ckptd at " +
+                            options_.socket);
   }
+  size_t total_sent = 0;
+  for (size_t i = 0; i < frames.size(); ++i) {
+    size_t sent = 0;
+    Status st =
+        SendFrameUntil(conn->socket.get(), payloads[i], frames[i].fds, send_deadline, &sent);
+    total_sent += sent;
+    if (st.ok()) continue;
+    forget();
+    if (st.code() == StatusCode::kDeadlineExceeded && total_sent == 0) {
+      // Nothing went out: the stream is intact, the daemon just takes nothing (frozen?).
+      return DeadlineExceeded(std::string(what) + " timed out after " + Ms(call_timeout_) +
+                              ": ckptd at " + options_.socket + " takes no input");
+    }
+    // The stream may hold part of a request now: this connection cannot be used any more.
+    conn->Shutdown();
+    Break(conn.get(), Unavailable(Lost(st.message())));
+    if (unsent != nullptr && total_sent == 0) *unsent = true;
+    return st.code() == StatusCode::kDeadlineExceeded
+               ? DeadlineExceeded(std::string(what) + " timed out after " + Ms(call_timeout_) +
+                                  " while writing to ckptd at " + options_.socket)
+               : Unavailable(Lost(st.message()));
+  }
+  return call;
+}
+
+Result<pb::DaemonMessage> Client::Impl::Await(const ConnectionPtr& conn,
+                                              const std::shared_ptr<PendingCall>& call,
+                                              pb::DaemonMessage::BodyCase expected, Limits limits,
+                                              Clock::time_point start, std::string_view what,
+                                              bool keep_on_deadline) {
   const auto probe_every = std::max(milliseconds(10), call_timeout_ / 4);
   MutexLock lock(mu_);
   while (!call->done && !conn->broken && !closed_) {
     const auto now = Clock::now();
     if (limits.deadline && now >= *limits.deadline) {
-      ForgetLocked(*call);  // a late reply finds no id and is dropped
+      if (!keep_on_deadline) ForgetLocked(*call);  // a late reply finds no id and is dropped
       return DeadlineExceeded(std::string(what) + " timed out after " +
                               Ms(std::chrono::ceil<milliseconds>(*limits.deadline - start)) +
                               " waiting for ckptd at " + options_.socket);
@@ -1102,8 +1162,14 @@ Status Client::Impl::RegisterLocked(const ConnectionPtr& conn, std::span<const H
 
 Status Client::Impl::Save(uint64_t step, const SaveOptions& options) {
   const CudaStream stream = options.stream;
-  const auto deadline = PromptDeadline();
+  const auto start = Clock::now();
+  const auto deadline = start + call_timeout_;
   const std::string what = "save of step " + std::to_string(step);
+  MutexLock post_lock(post_mu_);
+  if (Status st = TakePosted(deadline); !st.ok()) {
+    // A save is answered before the next one goes out, as if it had waited for its answer.
+    return Status(st.code(), what + " not sent: " + st.message());
+  }
   {
     // One held save at a time: the daemon would read nothing of an older one until it ends.
     MutexLock lock(mu_);
@@ -1153,13 +1219,49 @@ Status Client::Impl::Save(uint64_t step, const SaveOptions& options) {
   std::vector<OutgoingFrame> frames;
   frames.push_back(std::move(frame));
   ConnectionPtr conn;
-  auto reply = CallAttached(std::move(frames), pb::DaemonMessage::kSave, Limits{deadline, false},
-                            deadline, what, &conn);
+  if (!options.post) {
+    auto reply = CallAttached(std::move(frames), pb::DaemonMessage::kSave, Limits{deadline, false},
+                              deadline, what, &conn);
+    return FinishSave(step, what, conn, std::move(reply), options.held, /*posted=*/false);
+  }
+  // Posted: written, and answered later (TakePosted). As CallAttached, a connection found broken
+  // before anything went out is made again once.
+  Result<std::shared_ptr<PendingCall>> call = Unavailable(Lost("not sent"));
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto attached = Attached(deadline);
+    if (!attached.ok()) {
+      call = attached.status().WithContext(what);
+      break;
+    }
+    conn = *attached;
+    bool unsent = false;
+    call = Send(conn, attempt == 0 ? frames : std::move(frames), deadline, what, &unsent);
+    if (call.ok() || !unsent) break;
+  }
+  if (!call.ok()) return FinishSave(step, what, conn, call.status(), options.held, false);
+  MutexLock lock(mu_);
+  // Whatever becomes of it, this rank does not save the step again (Hello.lost_step).
+  unconfirmed_save_.emplace(step, conn->generation);
+  const bool held = options.hold && conn->protocol >= 3;
+  if (options.held != nullptr) *options.held = held;
+  // Held from now on, for ConfirmSave; a refusal taken later ends it.
+  held_save_.reset();
+  if (held) held_save_ = HeldSave{step, conn};
+  posted_ = std::make_shared<PostedSave>(PostedSave{step, what, *call, conn, start, deadline});
+  return Status::Ok();
+}
+
+Status Client::Impl::FinishSave(uint64_t step, const std::string& what, const ConnectionPtr& conn,
+                                Result<pb::DaemonMessage> reply, bool* held, bool posted) {
   {
     // Whatever became of it, this rank does not save the step again: if the connection breaks,
     // the next re-attach says so (Hello.lost_step).
     MutexLock lock(mu_);
-    unconfirmed_save_.emplace(step, conn != nullptr ? conn->generation : 0);
+    if (!posted) unconfirmed_save_.emplace(step, conn != nullptr ? conn->generation : 0);
+    if (posted && (!reply.ok() || reply->save().skipped()) && held_save_ &&
+        held_save_->step == step && held_save_->conn == conn) {
+      held_save_.reset();  // refused: nothing is held (a confirm sent meanwhile is ignored)
+    }
   }
   if (!reply.ok()) {
     if (conn == nullptr) return reply.status();
@@ -1184,13 +1286,38 @@ Status Client::Impl::Save(uint64_t step, const SaveOptions& options) {
     // on_full = skip and the pool had no room: nothing of this step is saved.
     return Status(StatusCode::kResourceExhausted, what + " " + reply->save().reason());
   }
-  if (options.held != nullptr) *options.held = reply->save().held();
+  if (held != nullptr) *held = reply->save().held();
   MutexLock lock(mu_);
   last_saved_step_ = step;
   last_saved_generation_ = conn->generation;
-  held_save_.reset();  // none, or replaced by this save
-  if (reply->save().held()) held_save_ = HeldSave{step, conn};
+  if (!posted) {
+    held_save_.reset();  // none, or replaced by this save
+    if (reply->save().held()) held_save_ = HeldSave{step, conn};
+  }
   return Status::Ok();
+}
+
+Status Client::Impl::TakePosted(std::optional<Clock::time_point> deadline) {
+  std::shared_ptr<PostedSave> posted;
+  {
+    MutexLock lock(mu_);
+    posted = posted_;
+  }
+  if (posted == nullptr) return Status::Ok();
+  const bool own_deadline = !deadline || posted->deadline <= *deadline;
+  auto reply = Await(posted->conn, posted->call, pb::DaemonMessage::kSave,
+                     Limits{own_deadline ? posted->deadline : *deadline, false}, posted->start,
+                     posted->what, /*keep_on_deadline=*/!own_deadline);
+  if (!own_deadline && !reply.ok() && reply.status().code() == StatusCode::kDeadlineExceeded) {
+    return reply.status();  // the caller's time is up, not the save's: it stays outstanding
+  }
+  {
+    MutexLock lock(mu_);
+    if (posted_ != posted) return Status::Ok();  // abandoned meanwhile: its answer is moot
+    posted_.reset();
+  }
+  return FinishSave(posted->step, posted->what, posted->conn, std::move(reply), nullptr,
+                    /*posted=*/true);
 }
 
 Status Client::Impl::ConfirmSave(uint64_t step) {
@@ -1223,6 +1350,11 @@ Status Client::Impl::Abandon(std::optional<uint64_t> step, std::string_view reas
   uint32_t protocol = 0;
   {
     MutexLock lock(mu_);
+    if (posted_ && (!step || *step == posted_->step)) {
+      step = posted_->step;  // the most recent save, its answer not taken: it no longer matters
+      ForgetLocked(*posted_->call);
+      posted_.reset();
+    }
     if (!step) step = last_saved_step_;
     if (!step) return Status::Ok();
     if (last_saved_step_ == step) last_saved_step_.reset();
@@ -1250,6 +1382,12 @@ Status Client::Impl::Abandon(std::optional<uint64_t> step, std::string_view reas
 
 Status Client::Impl::WaitSnapshot(std::optional<milliseconds> timeout) {
   const auto start = Clock::now();
+  {
+    // A posted save's refusal is this fence's answer (its step is not captured, and never will
+    // be: the memory is free).
+    MutexLock post_lock(post_mu_);
+    RETURN_IF_ERROR(TakePosted(timeout ? std::optional(start + *timeout) : std::nullopt));
+  }
   std::optional<uint64_t> step;
   ConnectionPtr conn;
   {
@@ -1420,6 +1558,7 @@ void Client::Impl::Close() {
     MutexLock lock(mu_);
     if (closed_) return;
     closed_ = true;
+    posted_.reset();
     connection_ = Status(StatusCode::kCancelled, "connection to ckptd at " + options_.socket +
                                                      " was closed by Client::Close()");
     conn = std::move(conn_);

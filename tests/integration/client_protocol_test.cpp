@@ -299,6 +299,101 @@ TEST_CASE("client: a held save is held only when the daemon says so, and confirm
   CHECK(r->message.confirm_save().step() == 6);
 }
 
+TEST_CASE("client: a posted save returns once written, and the next call takes its answer",
+          "[client]") {
+  ckpt::testing::TempDir dir;
+  FakeDaemon daemon(dir / "ckptd.sock");
+  ClientOptions client_options = Options(daemon.path());
+  client_options.call_timeout = milliseconds(300);
+  auto client = ConnectTo(daemon, client_options, /*protocol=*/3);
+  bool held = false;
+  ckpt::SaveOptions options;
+  options.hold = true;
+  options.post = true;
+  options.held = &held;
+  pb::DaemonMessage reply;
+  auto answer_save = [&](const Received& r, uint64_t step) {
+    reply.Clear();
+    reply.mutable_save()->set_step(step);
+    reply.mutable_save()->set_held(true);
+    daemon.Reply(r.message.request_id(), reply);
+  };
+
+  // Returns with nothing answered (no std::async: a wait for the answer would hang here); the
+  // confirm goes out behind it, and the fence takes the answer before it asks its own question.
+  REQUIRE_OK(client->Save(5, options));
+  CHECK(held);
+  auto r = daemon.Next();
+  REQUIRE(r);
+  REQUIRE(r->message.has_save());
+  CHECK(r->message.save().step() == 5);
+  CHECK(r->message.save().hold());
+  REQUIRE_OK(client->ConfirmSave(5));
+  auto confirm = daemon.Next();
+  REQUIRE(confirm);
+  REQUIRE(confirm->message.has_confirm_save());
+  auto snapshot = std::async(std::launch::async, [&] { return client->WaitSnapshot(); });
+  answer_save(*r, 5);
+  auto w = daemon.Next();
+  REQUIRE(w);
+  REQUIRE(w->message.has_wait_snapshot());
+  reply.Clear();
+  reply.mutable_wait()->set_step(5);
+  reply.mutable_wait()->set_state(pb::STEP_STATE_CAPTURED);
+  daemon.Reply(w->message.request_id(), reply);
+  REQUIRE_OK(Finish(daemon, snapshot));
+
+  // A refusal is the fence's answer; the fence asks nothing more (the next frame is a Latest).
+  REQUIRE_OK(client->Save(6, options));
+  r = daemon.Next();
+  REQUIRE(r);
+  daemon.ReplyError(r->message.request_id(), StatusCode::kFailedPrecondition,
+                    "job job-a step 6: this rank already saved it");
+  ckpt::Status s = client->WaitSnapshot();
+  CHECK(s.code() == StatusCode::kFailedPrecondition);
+  CHECK(s.message() == "job job-a step 6: this rank already saved it");
+  ExpectNextIsLatest(daemon, *client);
+
+  // Or the next save's, which is then not sent; the refused held save is held no more.
+  REQUIRE_OK(client->Save(7, options));
+  r = daemon.Next();
+  REQUIRE(r);
+  daemon.ReplyError(r->message.request_id(), StatusCode::kInvalidArgument, "step 7: no");
+  s = client->Save(8);
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(s.message(), Catch::Contains("save of step 8 not sent") && Catch::Contains("step 7"));
+  ExpectNextIsLatest(daemon, *client);
+  CHECK(client->ConfirmSave(7).code() == StatusCode::kFailedPrecondition);
+
+  // A daemon that never answers: the fence gives up after call_timeout, naming the step, and
+  // abandons it (the trainer is about to change the memory).
+  REQUIRE_OK(client->Save(9, options));
+  r = daemon.Next();
+  REQUIRE(r);
+  s = client->WaitSnapshot();
+  CHECK(s.code() == StatusCode::kDeadlineExceeded);
+  CHECK_THAT(s.message(), Catch::Contains("step 9"));
+  auto abandon = daemon.Next();
+  REQUIRE(abandon);
+  REQUIRE(abandon->message.has_abandon());
+  CHECK(abandon->message.abandon().step() == 9);
+  answer_save(*r, 9);  // late: dropped
+  ExpectNextIsLatest(daemon, *client);
+
+  // A fence with a shorter timeout leaves the save outstanding; Abandon() names it.
+  REQUIRE_OK(client->Save(10, options));
+  r = daemon.Next();
+  REQUIRE(r);
+  s = client->WaitSnapshot(milliseconds(20));
+  CHECK(s.code() == StatusCode::kDeadlineExceeded);
+  CHECK_THAT(s.message(), Catch::Contains("step 10"));
+  REQUIRE_OK(client->Abandon());
+  abandon = daemon.Next();
+  REQUIRE(abandon);
+  REQUIRE(abandon->message.has_abandon());
+  CHECK(abandon->message.abandon().step() == 10);
+}
+
 TEST_CASE("client: save, wait and wait_snapshot send what the caller asked for", "[client]") {
   ckpt::testing::TempDir dir;
   FakeDaemon daemon(dir / "ckptd.sock");

@@ -113,8 +113,23 @@ class ApiTest(util.DaemonTestCase):
         t = torch.ones(16)
         c.save(5, {"t": t})
         c.wait_snapshot()
-        e = self.assertError("FAILED_PRECONDITION", c.save, 5, {"t": t})
-        self.assertTrue(str(e))
+        # A save of the registered tensors is posted: it returns once written, and the daemon's
+        # refusal comes with the fence...
+        c.save(5, {"t": t})
+        self.assertError("FAILED_PRECONDITION", c.wait_snapshot, contains=("step 5",))
+        # ...or with the next save, when that comes first; that save is not sent.
+        c.save(5, {"t": t})
+        self.assertError("FAILED_PRECONDITION", c.save, 6, {"t": t},
+                         contains=("step 5", "step 6 not sent"))
+        # A save that waits for its answer raises it itself: on_full="skip", whose caller must
+        # know at once, and one that registers first.
+        self.assertError("FAILED_PRECONDITION", c.save, 5, {"t": t}, on_full="skip")
+        self.assertError("FAILED_PRECONDITION", c.save, 5, {"t": torch.ones(8)})
+        # Refused saves leave nothing behind: the next one commits.
+        c.save(6, {"t": t})
+        c.wait_snapshot()
+        c.wait(6, "committed", timeout=60)
+        self.assertEqual(c.latest(), 6)
 
     # -- the normal path -------------------------------------------------------------------
 

@@ -272,12 +272,13 @@ class MemoryOnlyClientTest(util.DaemonTestCase, Checks):
         clients[0].save(step, shards[0], persist=first_persist)
         clients[0].wait_snapshot(timeout=TIMEOUT)
         try:
+            # Posted (the registered tensors): the refusal comes with the fence.
             clients[1].save(step, shards[1], persist=not first_persist)
+            clients[1].wait_snapshot(timeout=TIMEOUT)
         except ckptd.Error as e:
             self.assertEqual(e.code, "INVALID_ARGUMENT", str(e))
             self.assertIn("same way", str(e))
             return e
-        clients[1].wait_snapshot(timeout=TIMEOUT)
         return None
 
     def check_not_committed(self, clients, step, refused):

@@ -61,25 +61,37 @@ class ReattachTest(unittest.TestCase):
 
         os.kill(d.proc.pid, signal.SIGSTOP)
         try:
+            # A save of the registered tensors is posted: it returns once written, and the fence
+            # reports the daemon that never answered it.
+            c.save(2, {"t": t})
             t0 = time.monotonic()
             with self.assertRaises(ckptd.Error) as cm:
-                c.save(2, {"t": t})
+                c.wait_snapshot()
             self.assertEqual(cm.exception.code, "DEADLINE_EXCEEDED", str(cm.exception))
             self.assertLess(time.monotonic() - t0, c.call_timeout + 1.0)
             self.assertIn(d.socket, str(cm.exception))
             t.add_(1)  # training goes on: step 2 was abandoned
+            # A save that waits for its answer (on_full="skip") reports it itself.
+            t0 = time.monotonic()
+            with self.assertRaises(ckptd.Error) as cm:
+                c.save(3, {"t": t}, on_full="skip")
+            self.assertEqual(cm.exception.code, "DEADLINE_EXCEEDED", str(cm.exception))
+            self.assertLess(time.monotonic() - t0, c.call_timeout + 1.0)
+            self.assertIn(d.socket, str(cm.exception))
+            t.add_(1)  # step 3 was abandoned too
             with self.assertRaises(ckptd.Error) as cm:
                 c.latest()
             self.assertEqual(cm.exception.code, "DEADLINE_EXCEEDED")
         finally:
             os.kill(d.proc.pid, signal.SIGCONT)
-        c.save(3, {"t": t})
+        c.save(4, {"t": t})
         c.wait_snapshot()
-        c.wait(3, "committed", timeout=60)
-        self.assertEqual(c.latest(), 3)
-        self.assertFalse(committed(d, "frozen", 2), "the abandoned save was committed")
+        c.wait(4, "committed", timeout=60)
+        self.assertEqual(c.latest(), 4)
+        for step in (2, 3):
+            self.assertFalse(committed(d, "frozen", step), "abandoned step %d committed" % step)
         out = torch.zeros_like(t)
-        c.load({"t": out}, step=3)
+        c.load({"t": out}, step=4)
         self.assertTrue(torch.equal(out, t))
 
     def test_restart_same_client(self):

@@ -33,7 +33,9 @@
 //   * every prompt call (Connect's hello, Register, Save, Latest, Abandon) gives up after
 //     ClientOptions::call_timeout with kDeadlineExceeded naming the call and the socket; the
 //     client stays usable and drops the late reply. A Save that timed out is abandoned (the
-//     daemon never commits it: the trainer will modify the memory);
+//     daemon never commits it: the trainer will modify the memory); a posted Save
+//     (SaveOptions::post) returns at once, and the WaitSnapshot or Save that takes its answer
+//     reports and abandons it instead;
 //   * Wait, WaitSnapshot and Load keep their own timeouts, but fail with kDeadlineExceeded when
 //     the daemon has answered nothing — not even a liveness probe — for call_timeout;
 //   * when the connection breaks (daemon killed, restarted, upgraded), every call waiting on it
@@ -177,6 +179,15 @@ struct SaveOptions {
   bool hold = false;
   bool replace_held = false;  // replaces this client's held save of the step (registered anew)
   bool* held = nullptr;
+  // A posted save: Save returns once the request is written to the socket, without waiting for
+  // the daemon's answer (the daemon reads a session's requests in order, so nothing sent after
+  // it overtakes it). The answer is taken by the next Save or WaitSnapshot, and a refusal —
+  // anything Save would have returned: a step that is not newer, a storage stall that skipped
+  // it, a daemon silent for call_timeout (the step is then abandoned) — is returned there,
+  // naming the step. A save costs the trainer one write instead of three thread wake-ups;
+  // waiting for the answer is left to the fence, which waits anyway. `held`, when set,
+  // receives whether the daemon will hold the save (hold with a protocol 3 daemon).
+  bool post = false;
 };
 
 // Everything a load can be asked for; Load(step, strict[, stream]) is the common case.
@@ -222,11 +233,11 @@ class Client {
   Status Register(std::span<const HostTensor> host, std::span<const CudaTensor> cuda);
 
   // Asks the daemon to checkpoint `step` from the registered memory. Returns once the request is
-  // accepted — not when the bytes are copied. `extra` is this rank's opaque blob (RNG state,
-  // data loader position), given back by Load. Errors: the daemon's (e.g. kFailedPrecondition
-  // when nothing is registered or the step is not newer than the last one); with
-  // OnFull::kSkip, kResourceExhausted "…skipped…" when the daemon's pool had no room and the
-  // step was skipped (the memory may be modified at once).
+  // accepted (or, posted, written: SaveOptions::post) — not when the bytes are copied. `extra` is
+  // this rank's opaque blob (RNG state, data loader position), given back by Load. Errors: the
+  // daemon's (e.g. kFailedPrecondition when nothing is registered or the step is not newer than the
+  // last one); with OnFull::kSkip, kResourceExhausted "…skipped…" when the daemon's pool had no
+  // room and the step was skipped (the memory may be modified at once).
   Status Save(uint64_t step, std::string_view extra = {}, OnFull on_full = OnFull::kWait);
   // With CUDA tensors registered: records an interprocess event on `stream` (on each GPU the
   // registered tensors live on; a stream of another GPU is replaced by that GPU's legacy default
@@ -243,8 +254,9 @@ class Client {
 
   // Waits until this rank's most recent Save is captured: after OK the saved memory may be
   // modified again. Errors: the step's failure reason from the daemon (e.g. kAborted,
-  // kResourceExhausted for a skipped step); kDeadlineExceeded naming the step when `timeout`
-  // passes first (the memory must then still be kept unchanged: the capture goes on).
+  // kResourceExhausted for a skipped step); a posted save's refusal (SaveOptions::post);
+  // kDeadlineExceeded naming the step when `timeout` passes first (the memory must then still be
+  // kept unchanged: the capture goes on).
   Status WaitSnapshot(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 
   // Waits until `step` of this job reaches `state` (kCaptured: this rank's bytes; kPersisted:

@@ -506,7 +506,11 @@ class Client:
         check = self._holdable(tensors)
         if check is None:
             return False
-        held = self._c.save(step, extra, on_full, _cuda_stream(self._cuda), persist, True, False)
+        # Posted: save() returns once the request is written. The daemon's answer is taken by
+        # the next save or wait_snapshot, which raises a refusal (on_full="skip" is answered at
+        # once: its caller expects RESOURCE_EXHAUSTED from save()).
+        held = self._c.save(step, extra, on_full, _cuda_stream(self._cuda), persist, True, False,
+                            on_full == "wait")
         if watch is None:
             verify = check.same_memory
         else:
@@ -532,8 +536,12 @@ class Client:
     def save(self, step, tensors, extra=b"", on_full="wait", persist=True):
         """Checkpoint ``tensors`` ({name: torch.Tensor | Shard | FlatShard}) as ``step``.
 
-        Returns once the daemon accepted the request (it copies in the background). The tensors
-        must not change until the next :meth:`wait_snapshot` returns. ``extra`` (bytes) is this
+        Returns once the request is on its way to the daemon, which copies in the background.
+        The tensors must not change until the next :meth:`wait_snapshot` returns. A save of the
+        registered tensors does not wait for the daemon's answer: a refusal (a step that is not
+        newer than the last, a save skipped while storage is stalled, a daemon that answers
+        nothing within ``call_timeout``) is raised by that :meth:`wait_snapshot`, or by the next
+        save if it comes first. ``extra`` (bytes) is this
         rank's opaque blob, given back by :meth:`load`. ``on_full="skip"``: when the daemon's
         pool has no room the step is skipped and ckptd.Error RESOURCE_EXHAUSTED is raised.
         ``persist=False``: a memory-only step, captured and replicated into other daemons'

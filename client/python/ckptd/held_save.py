@@ -9,7 +9,10 @@ reads only the dict and costs a few nanoseconds per entry.
 
 So save() does only the cheap half and sends the step as a *held* save (local protocol 3,
 proto/README.md): the daemon accepts it, with every check and answer of a save, but reads none
-of the memory until the client confirms it. The expensive half runs meanwhile on this module's
+of the memory until the client confirms it. The save is also posted (the native client's
+SaveOptions::post): save() returns once the request is written, and the daemon's answer is taken
+by the fence — on a 2-core node, waiting for it meant three thread wake-ups, each of which could
+wait milliseconds for a CPU. The expensive half runs meanwhile on this module's
 thread, which gets the GIL whenever the trainer lets go of it (a CUDA synchronize, backward,
 data loading), and confirms the step when the memory checks out. The contract already forbids
 touching the saved tensors until wait_snapshot() returns, so a check made any time before then

@@ -522,10 +522,12 @@ class Checkpointer:
     # -- save ------------------------------------------------------------------------------
 
     def save(self, step, on_full="wait", persist=None):
-        """Checkpoint model, optimizer and extra state as ``step``; returns once the daemon
-        accepted it. Call it right after ``optimizer.step()``. A save the daemon refuses or does
-        not answer within the client's ``call_timeout`` is handled by ``on_error`` (see
-        :meth:`fence`); with "warn" it returns without raising. ``persist``: write the step to
+        """Checkpoint model, optimizer and extra state as ``step``; returns once the request is
+        on its way (ckptd.Client.save). Call it right after ``optimizer.step()``. A save the
+        daemon refuses or does not answer within the client's ``call_timeout`` is handled by
+        ``on_error`` (see :meth:`fence`), here or — for a save of the cached layout, which does
+        not wait for the daemon's answer — in the fence that takes the answer; with "warn"
+        neither raises. ``persist``: write the step to
         storage (True) or keep it in peers' memory only (False); None follows ``persist_every``
         (every step is written without it)."""
         if persist is None:

@@ -342,6 +342,7 @@ class Client::Impl {
   struct PendingCall {
     std::vector<uint64_t> ids;  // every frame's request id; all map to this call
     bool done = false;
+    bool cancelled = false;  // nobody needs the answer any more (a posted save abandoned)
     pb::DaemonMessage reply;
   };
   struct StepEvent {
@@ -396,8 +397,13 @@ class Client::Impl {
                     Result<pb::DaemonMessage> reply, bool* held, bool posted);
   // Takes the answer to the posted save, if one is outstanding (SaveOptions::post), waiting
   // until `deadline` at most (and never past the save's own): what that Save would have
-  // returned. kDeadlineExceeded with the save still outstanding when `deadline` came first.
-  Status TakePosted(std::optional<Clock::time_point> deadline) REQUIRES(post_mu_);
+  // returned. When `deadline` comes first: kDeadlineExceeded, the save still outstanding, and
+  // `*outstanding` (may be null) set.
+  Status TakePosted(std::optional<Clock::time_point> deadline, bool* outstanding = nullptr)
+      REQUIRES(post_mu_);
+  // WaitSnapshot once a posted save is answered: waits until this rank's last accepted save is
+  // captured (`timeout` counted from `start`).
+  Status WaitForLastSave(Clock::time_point start, std::optional<milliseconds> timeout);
   // Call on the attached connection (re-attaching first if it broke, within `attach_deadline`);
   // a connection found broken before the request went out is re-attached once more.
   Result<pb::DaemonMessage> CallAttached(std::vector<OutgoingFrame> frames,
@@ -717,7 +723,7 @@ Result<pb::DaemonMessage> Client::Impl::Await(const ConnectionPtr& conn,
                                               bool keep_on_deadline) {
   const auto probe_every = std::max(milliseconds(10), call_timeout_ / 4);
   MutexLock lock(mu_);
-  while (!call->done && !conn->broken && !closed_) {
+  while (!call->done && !call->cancelled && !conn->broken && !closed_) {
     const auto now = Clock::now();
     if (limits.deadline && now >= *limits.deadline) {
       if (!keep_on_deadline) ForgetLocked(*call);  // a late reply finds no id and is dropped
@@ -757,6 +763,7 @@ Result<pb::DaemonMessage> Client::Impl::Await(const ConnectionPtr& conn,
   if (!call->done) {
     ForgetLocked(*call);
     if (closed_) return connection_;
+    if (call->cancelled) return Status(StatusCode::kCancelled, std::string(what) + ": abandoned");
     return conn == conn_ && !connection_.ok() ? connection_
                                               : Unavailable(Lost("the connection broke"));
   }
@@ -1162,14 +1169,19 @@ Status Client::Impl::RegisterLocked(const ConnectionPtr& conn, std::span<const H
 
 Status Client::Impl::Save(uint64_t step, const SaveOptions& options) {
   const CudaStream stream = options.stream;
-  const auto start = Clock::now();
-  const auto deadline = start + call_timeout_;
   const std::string what = "save of step " + std::to_string(step);
+  if (options.post && options.replace_held) {
+    // Until the daemon answers, the held save it replaces must stay known (to be confirmed if
+    // the replacement is refused): a replacement waits for its answer.
+    return InvalidArgument(what + ": a replacement of a held save cannot be posted");
+  }
   MutexLock post_lock(post_mu_);
-  if (Status st = TakePosted(deadline); !st.ok()) {
+  if (Status st = TakePosted(Clock::now() + call_timeout_); !st.ok()) {
     // A save is answered before the next one goes out, as if it had waited for its answer.
     return Status(st.code(), what + " not sent: " + st.message());
   }
+  // This save's own time starts once the one before it is answered.
+  const auto deadline = Clock::now() + call_timeout_;
   {
     // One held save at a time: the daemon would read nothing of an older one until it ends.
     MutexLock lock(mu_);
@@ -1247,7 +1259,10 @@ Status Client::Impl::Save(uint64_t step, const SaveOptions& options) {
   // Held from now on, for ConfirmSave; a refusal taken later ends it.
   held_save_.reset();
   if (held) held_save_ = HeldSave{step, conn};
-  posted_ = std::make_shared<PostedSave>(PostedSave{step, what, *call, conn, start, deadline});
+  // Its answer is awaited for call_timeout from the moment it is written.
+  const auto sent = Clock::now();
+  posted_ =
+      std::make_shared<PostedSave>(PostedSave{step, what, *call, conn, sent, sent + call_timeout_});
   return Status::Ok();
 }
 
@@ -1297,7 +1312,8 @@ Status Client::Impl::FinishSave(uint64_t step, const std::string& what, const Co
   return Status::Ok();
 }
 
-Status Client::Impl::TakePosted(std::optional<Clock::time_point> deadline) {
+Status Client::Impl::TakePosted(std::optional<Clock::time_point> deadline, bool* outstanding) {
+  if (outstanding != nullptr) *outstanding = false;
   std::shared_ptr<PostedSave> posted;
   {
     MutexLock lock(mu_);
@@ -1309,6 +1325,7 @@ Status Client::Impl::TakePosted(std::optional<Clock::time_point> deadline) {
                      Limits{own_deadline ? posted->deadline : *deadline, false}, posted->start,
                      posted->what, /*keep_on_deadline=*/!own_deadline);
   if (!own_deadline && !reply.ok() && reply.status().code() == StatusCode::kDeadlineExceeded) {
+    if (outstanding != nullptr) *outstanding = true;
     return reply.status();  // the caller's time is up, not the save's: it stays outstanding
   }
   {
@@ -1316,8 +1333,11 @@ Status Client::Impl::TakePosted(std::optional<Clock::time_point> deadline) {
     if (posted_ != posted) return Status::Ok();  // abandoned meanwhile: its answer is moot
     posted_.reset();
   }
-  return FinishSave(posted->step, posted->what, posted->conn, std::move(reply), nullptr,
-                    /*posted=*/true);
+  Status st = FinishSave(posted->step, posted->what, posted->conn, std::move(reply), nullptr,
+                         /*posted=*/true);
+  // The daemon's refusals name the step; a broken connection does not.
+  if (st.code() == StatusCode::kUnavailable) return st.WithContext(posted->what);
+  return st;
 }
 
 Status Client::Impl::ConfirmSave(uint64_t step) {
@@ -1348,13 +1368,20 @@ Status Client::Impl::ConfirmSave(uint64_t step) {
 Status Client::Impl::Abandon(std::optional<uint64_t> step, std::string_view reason) {
   ConnectionPtr conn;
   uint32_t protocol = 0;
+  bool cancelled_posted = false;
   {
     MutexLock lock(mu_);
     if (posted_ && (!step || *step == posted_->step)) {
       step = posted_->step;  // the most recent save, its answer not taken: it no longer matters
       ForgetLocked(*posted_->call);
+      posted_->call->cancelled = true;  // a thread taking it returns now
       posted_.reset();
+      cancelled_posted = true;
     }
+  }
+  if (cancelled_posted) cv_.NotifyAll();
+  {
+    MutexLock lock(mu_);
     if (!step) step = last_saved_step_;
     if (!step) return Status::Ok();
     if (last_saved_step_ == step) last_saved_step_.reset();
@@ -1382,12 +1409,20 @@ Status Client::Impl::Abandon(std::optional<uint64_t> step, std::string_view reas
 
 Status Client::Impl::WaitSnapshot(std::optional<milliseconds> timeout) {
   const auto start = Clock::now();
+  // A posted save's refusal is this fence's answer — once the save before it, which the trainer
+  // may not have fenced, is captured: the refused step reads nothing, but that one may still.
+  Status refusal;
   {
-    // A posted save's refusal is this fence's answer (its step is not captured, and never will
-    // be: the memory is free).
     MutexLock post_lock(post_mu_);
-    RETURN_IF_ERROR(TakePosted(timeout ? std::optional(start + *timeout) : std::nullopt));
+    bool outstanding = false;
+    refusal = TakePosted(timeout ? std::optional(start + *timeout) : std::nullopt, &outstanding);
+    if (outstanding) return refusal;  // the fence's time is up before the answer came
   }
+  RETURN_IF_ERROR(WaitForLastSave(start, timeout));
+  return refusal;
+}
+
+Status Client::Impl::WaitForLastSave(Clock::time_point start, std::optional<milliseconds> timeout) {
   std::optional<uint64_t> step;
   ConnectionPtr conn;
   {

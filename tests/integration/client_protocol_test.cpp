@@ -304,7 +304,7 @@ TEST_CASE("client: a posted save returns once written, and the next call takes i
   ckpt::testing::TempDir dir;
   FakeDaemon daemon(dir / "ckptd.sock");
   ClientOptions client_options = Options(daemon.path());
-  client_options.call_timeout = milliseconds(300);
+  client_options.call_timeout = milliseconds(2000);
   auto client = ConnectTo(daemon, client_options, /*protocol=*/3);
   bool held = false;
   ckpt::SaveOptions options;
@@ -342,8 +342,11 @@ TEST_CASE("client: a posted save returns once written, and the next call takes i
   reply.mutable_wait()->set_state(pb::STEP_STATE_CAPTURED);
   daemon.Reply(w->message.request_id(), reply);
   REQUIRE_OK(Finish(daemon, snapshot));
+  daemon.SendEvent(5, pb::STEP_STATE_CAPTURED);  // as the daemon says, and known to the client
+  ExpectNextIsLatest(daemon, *client);           // after this round trip
 
-  // A refusal is the fence's answer; the fence asks nothing more (the next frame is a Latest).
+  // A refusal is the fence's answer; with step 5 known captured, the fence asks nothing more
+  // (the next frame is a Latest).
   REQUIRE_OK(client->Save(6, options));
   r = daemon.Next();
   REQUIRE(r);
@@ -392,6 +395,40 @@ TEST_CASE("client: a posted save returns once written, and the next call takes i
   REQUIRE(abandon);
   REQUIRE(abandon->message.has_abandon());
   CHECK(abandon->message.abandon().step() == 10);
+
+  // Two saves without a fence between them, the second refused: the fence returns the refusal
+  // only once the first is captured — the trainer may change the memory after it.
+  ckpt::SaveOptions plain;
+  plain.post = true;
+  REQUIRE_OK(client->Save(11, plain));
+  r = daemon.Next();
+  REQUIRE(r);
+  reply.Clear();
+  reply.mutable_save()->set_step(11);
+  daemon.Reply(r->message.request_id(), reply);
+  REQUIRE_OK(client->Save(12, plain));  // takes 11's answer: accepted
+  r = daemon.Next();
+  REQUIRE(r);
+  REQUIRE(r->message.has_save());
+  CHECK(r->message.save().step() == 12);
+  snapshot = std::async(std::launch::async, [&] { return client->WaitSnapshot(); });
+  daemon.ReplyError(r->message.request_id(), StatusCode::kFailedPrecondition,
+                    "job job-a step 12: wait_snapshot before saving again");
+  w = daemon.Next();  // the fence asks about step 11
+  REQUIRE(w);
+  REQUIRE(w->message.has_wait_snapshot());
+  reply.Clear();
+  reply.mutable_wait()->set_step(11);
+  reply.mutable_wait()->set_state(pb::STEP_STATE_CAPTURED);
+  daemon.Reply(w->message.request_id(), reply);
+  s = Finish(daemon, snapshot);
+  CHECK(s.code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(s.message(), Catch::Contains("step 12"));
+
+  // A replacement of a held save waits for its answer: it cannot be posted.
+  ckpt::SaveOptions replace = options;
+  replace.replace_held = true;
+  CHECK(client->Save(13, replace).code() == StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("client: save, wait and wait_snapshot send what the caller asked for", "[client]") {

@@ -186,7 +186,8 @@ struct SaveOptions {
   // it, a daemon silent for call_timeout (the step is then abandoned) — is returned there,
   // naming the step. A save costs the trainer one write instead of three thread wake-ups;
   // waiting for the answer is left to the fence, which waits anyway. `held`, when set,
-  // receives whether the daemon will hold the save (hold with a protocol 3 daemon).
+  // receives whether the daemon will hold the save (hold with a protocol 3 daemon). Not with
+  // replace_held (kInvalidArgument): the held save it replaces stays known until it answers.
   bool post = false;
 };
 
@@ -254,7 +255,9 @@ class Client {
 
   // Waits until this rank's most recent Save is captured: after OK the saved memory may be
   // modified again. Errors: the step's failure reason from the daemon (e.g. kAborted,
-  // kResourceExhausted for a skipped step); a posted save's refusal (SaveOptions::post);
+  // kResourceExhausted for a skipped step); a posted save's refusal (SaveOptions::post),
+  // returned once the save accepted before it is captured — kDeadlineExceeded among them when
+  // the daemon left the posted save unanswered for call_timeout (that step is then abandoned);
   // kDeadlineExceeded naming the step when `timeout` passes first (the memory must then still be
   // kept unchanged: the capture goes on).
   Status WaitSnapshot(std::optional<std::chrono::milliseconds> timeout = std::nullopt);

@@ -568,7 +568,9 @@ class Client:
         ``timeout`` in seconds (None: no limit); on expiry ckptd.Error DEADLINE_EXCEEDED and the
         tensors must still be left alone — or given up with :meth:`abandon` first. UNAVAILABLE
         when the connection broke after the save (that step commits only if the daemon had
-        captured it; the tensors are free)."""
+        captured it; the tensors are free). A refusal of a save that did not wait for the
+        daemon's answer (see :meth:`save`) is raised here, once any earlier save is captured:
+        the tensors are free then too."""
         self._settle()
         self._c.wait_snapshot(_as_timeout(timeout))
 

@@ -377,6 +377,11 @@ class Client::Impl {
   Result<pb::DaemonMessage> Call(const ConnectionPtr& conn, std::vector<OutgoingFrame> frames,
                                  pb::DaemonMessage::BodyCase expected, Limits limits,
                                  std::string_view what, bool* unsent = nullptr);
+  // Writing never takes longer than a prompt call may, whatever the call's own limit.
+  Clock::time_point SendDeadline(Limits limits, Clock::time_point start) const {
+    return limits.deadline ? std::min(*limits.deadline, start + call_timeout_)
+                           : start + call_timeout_;
+  }
   // Call's two halves. Send writes the frames, each under a fresh request id registered first,
   // within `send_deadline`; Await waits for the reply (started at `start`, for messages). Await
   // forgets the call when its deadline passes, unless `keep_on_deadline` (someone awaits it
@@ -404,8 +409,15 @@ class Client::Impl {
   // WaitSnapshot once a posted save is answered: waits until this rank's last accepted save is
   // captured (`timeout` counted from `start`).
   Status WaitForLastSave(Clock::time_point start, std::optional<milliseconds> timeout);
-  // Call on the attached connection (re-attaching first if it broke, within `attach_deadline`);
-  // a connection found broken before the request went out is re-attached once more.
+  // Send on the attached connection (re-attaching first if it broke, within `attach_deadline`);
+  // a connection found broken before the request went out is re-attached once more. `*start`:
+  // when the request that went out began (after its attach), for Await.
+  Result<std::shared_ptr<PendingCall>> SendAttached(std::vector<OutgoingFrame> frames,
+                                                    Limits limits,
+                                                    Clock::time_point attach_deadline,
+                                                    std::string_view what, ConnectionPtr* used,
+                                                    Clock::time_point* start);
+  // SendAttached, then Await.
   Result<pb::DaemonMessage> CallAttached(std::vector<OutgoingFrame> frames,
                                          pb::DaemonMessage::BodyCase expected, Limits limits,
                                          Clock::time_point attach_deadline, std::string_view what,
@@ -625,13 +637,24 @@ Result<pb::DaemonMessage> Client::Impl::CallAttached(std::vector<OutgoingFrame> 
                                                      Limits limits,
                                                      Clock::time_point attach_deadline,
                                                      std::string_view what, ConnectionPtr* used) {
+  ConnectionPtr conn;
+  Clock::time_point start{};
+  auto call = SendAttached(std::move(frames), limits, attach_deadline, what, &conn, &start);
+  if (used != nullptr) *used = conn;
+  if (!call.ok()) return call.status();
+  return Await(conn, *call, expected, limits, start, what);
+}
+
+Result<std::shared_ptr<Client::Impl::PendingCall>> Client::Impl::SendAttached(
+    std::vector<OutgoingFrame> frames, Limits limits, Clock::time_point attach_deadline,
+    std::string_view what, ConnectionPtr* used, Clock::time_point* start) {
   for (int attempt = 0;; ++attempt) {
-    ASSIGN_OR_RETURN(ConnectionPtr conn, Attached(attach_deadline), what);
-    if (used != nullptr) *used = conn;
+    ASSIGN_OR_RETURN(*used, Attached(attach_deadline), what);
+    *start = Clock::now();
     bool unsent = false;
-    auto reply =
-        Call(conn, attempt == 0 ? frames : std::move(frames), expected, limits, what, &unsent);
-    if (reply.ok() || !unsent || attempt == 1) return reply;
+    auto call = Send(*used, attempt == 0 ? frames : std::move(frames), SendDeadline(limits, *start),
+                     what, &unsent);
+    if (call.ok() || !unsent || attempt == 1) return call;
     // The daemon went away before this request reached it: connect again and make it there.
   }
 }
@@ -641,11 +664,8 @@ Result<pb::DaemonMessage> Client::Impl::Call(const ConnectionPtr& conn,
                                              pb::DaemonMessage::BodyCase expected, Limits limits,
                                              std::string_view what, bool* unsent) {
   const auto start = Clock::now();
-  // Writing never takes longer than a prompt call may, whatever the call's own limit.
-  const auto send_deadline =
-      limits.deadline ? std::min(*limits.deadline, start + call_timeout_) : start + call_timeout_;
   ASSIGN_OR_RETURN(std::shared_ptr<PendingCall> call,
-                   Send(conn, std::move(frames), send_deadline, what, unsent));
+                   Send(conn, std::move(frames), SendDeadline(limits, start), what, unsent));
   return Await(conn, call, expected, limits, start, what);
 }
 
@@ -1236,20 +1256,10 @@ Status Client::Impl::Save(uint64_t step, const SaveOptions& options) {
                               deadline, what, &conn);
     return FinishSave(step, what, conn, std::move(reply), options.held, /*posted=*/false);
   }
-  // Posted: written, and answered later (TakePosted). As CallAttached, a connection found broken
-  // before anything went out is made again once.
-  Result<std::shared_ptr<PendingCall>> call = Unavailable(Lost("not sent"));
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    auto attached = Attached(deadline);
-    if (!attached.ok()) {
-      call = attached.status().WithContext(what);
-      break;
-    }
-    conn = *attached;
-    bool unsent = false;
-    call = Send(conn, attempt == 0 ? frames : std::move(frames), deadline, what, &unsent);
-    if (call.ok() || !unsent) break;
-  }
+  // Posted: written, and answered later (TakePosted).
+  Clock::time_point start{};
+  auto call =
+      SendAttached(std::move(frames), Limits{deadline, false}, deadline, what, &conn, &start);
   if (!call.ok()) return FinishSave(step, what, conn, call.status(), options.held, false);
   MutexLock lock(mu_);
   // Whatever becomes of it, this rank does not save the step again (Hello.lost_step).

@@ -496,14 +496,17 @@ class Client:
             return None
         return check
 
-    def _save_held(self, step, tensors, extra, on_full, persist, watch=None, resend=None):
+    def _save_held(self, step, tensors, extra, on_full, persist, watch=None, resend=None,
+                   check=None):
         """The save of a dict whose names and tensor objects are the registered ones: the step
         goes out held, and its memory is checked after (held_save.py). False when that cannot
         be (nothing registered, other objects, a daemon before protocol 3): save() then checks
         and registers first. ``watch()``, when given, is checked with the memory (the
         Checkpointer's walk), and ``resend()`` then replaces the default re-send, which
-        registers ``tensors`` as the check remembers them."""
-        check = self._holdable(tensors)
+        registers ``tensors`` as the check remembers them. ``check``: what :meth:`_holdable`
+        answered for ``tensors`` just now, when the caller asked it first."""
+        if check is None:
+            check = self._holdable(tensors)
         if check is None:
             return False
         # Posted: save() returns once the request is written. The daemon's answer is taken by

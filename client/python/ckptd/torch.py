@@ -582,7 +582,8 @@ class Checkpointer:
         cannot be (a model walked at every save, a buffer that needs a new staging tensor, a
         client or daemon that does not hold saves): save() walks or checks first. Raises what
         the save raises."""
-        if not layout.cacheable or self.client._holdable(layout.sharded) is None:
+        check = self.client._holdable(layout.sharded) if layout.cacheable else None
+        if check is None:
             return False  # decided before any copy: the path below would make them again
         for name, buf, (owner, key) in layout.staged_from:
             # The buffer object the walk found, still the module's (a forward pass that assigns
@@ -601,7 +602,7 @@ class Checkpointer:
             self._send_again(step, extra, on_full, persist)
 
         return self.client._save_held(step, layout.sharded, extra, on_full, persist,
-                                      watch=layout.watch.unchanged, resend=resend)
+                                      watch=layout.watch.unchanged, resend=resend, check=check)
 
     def _send_again(self, step, extra, on_full, persist):
         """A held save whose check failed, at its fence (the optimizer has not stepped since the

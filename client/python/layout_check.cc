@@ -82,6 +82,8 @@ LayoutCheck::LayoutCheck(py::dict tensors, py::object tensor_type, py::object te
     e.value = py::reinterpret_borrow<py::object>(value);
     e.data_ptr = DataPtr(tensor.ptr());
     e.shape = Shape(tensor.ptr());
+    e.dtype = Dtype(tensor.ptr());
+    e.contiguous = Contiguous(tensor.ptr());
     if (PyErr_Occurred() != nullptr) throw py::error_already_set();
     e.tensor = std::move(tensor);
     e.geometry = std::move(geometry);
@@ -100,7 +102,8 @@ bool LayoutCheck::Probe(Entry& e) {
   if (impl == nullptr) return true;  // not a tensor the probe reads: the bindings check it
   int64_t dims[kTensorProbeMaxDims];
   uintptr_t data = 0;
-  const int n = probe_->read(impl, &data, dims);
+  int32_t form = 0;
+  const int n = probe_->read(impl, &data, dims, &form);
   if (n < 0) return true;
   if (data != e.data_ptr || !PyTuple_Check(e.shape.ptr()) || PyTuple_GET_SIZE(e.shape.ptr()) != n) {
     return false;
@@ -114,6 +117,7 @@ bool LayoutCheck::Probe(Entry& e) {
     if (d != dims[i]) return false;
   }
   e.probed_type = Py_TYPE(e.tensor.ptr());
+  e.form = form;
   e.dims_at = static_cast<uint32_t>(dims_.size());
   e.ndim = n;
   dims_.insert(dims_.end(), dims, dims + n);
@@ -130,8 +134,10 @@ bool LayoutCheck::SameProbed(const Entry& e, PyObject* tensor) const {
   if (Py_TYPE(tensor) != e.probed_type) return false;
   int64_t dims[kTensorProbeMaxDims];
   uintptr_t data = 0;
-  const int n = probe_->read(probe_->impl_of_tensor(tensor), &data, dims);
-  return n == e.ndim && data == e.data_ptr && std::equal(dims, dims + n, dims_.begin() + e.dims_at);
+  int32_t form = 0;
+  const int n = probe_->read(probe_->impl_of_tensor(tensor), &data, dims, &form);
+  return n == e.ndim && data == e.data_ptr && form == e.form &&
+         std::equal(dims, dims + n, dims_.begin() + e.dims_at);
 }
 
 void LayoutCheck::PrefetchAhead(size_t i) const {
@@ -184,6 +190,20 @@ py::object LayoutCheck::Shape(PyObject* tensor) const {
   return py::reinterpret_steal<py::object>(r);
 }
 
+py::object LayoutCheck::Dtype(PyObject* tensor) const {
+  PyObject* r = PyObject_GetAttrString(tensor, "dtype");
+  if (r == nullptr) return py::none();
+  return py::reinterpret_steal<py::object>(r);
+}
+
+bool LayoutCheck::Contiguous(PyObject* tensor) const {
+  PyObject* r = PyObject_CallMethod(tensor, "is_contiguous", nullptr);
+  if (r == nullptr) return false;
+  const bool contiguous = r == Py_True;
+  Py_DECREF(r);
+  return contiguous;
+}
+
 bool LayoutCheck::SameObjects(const Entry& e, PyObject* name, PyObject* value) const {
   if (!Equal(name, e.name.ptr())) return false;
   // The registered object itself. For a Shard/FlatShard (mutable) SameMemory compares its
@@ -223,7 +243,14 @@ bool LayoutCheck::SameMemory(const Entry& e) const {
     PyErr_Clear();
     return false;
   }
-  return Equal(shape.ptr(), e.shape.ptr());
+  if (!Equal(shape.ptr(), e.shape.ptr())) return false;
+  // torch.dtype objects are singletons.
+  const bool same = Dtype(tensor).ptr() == e.dtype.ptr() && Contiguous(tensor) == e.contiguous;
+  if (PyErr_Occurred() != nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  return same;
 }
 
 bool LayoutCheck::SameObjects(py::dict tensors) const {
@@ -335,14 +362,14 @@ void BindLayoutCheck(py::module_& m) {
            py::arg("tensor_probe") = py::none())
       .def("matches", &LayoutCheck::Matches, py::arg("tensors"),
            "True when the dict has the same names in order, the same tensors at the same "
-           "addresses with the same shapes, and the same shard geometry.")
+           "addresses with the same shapes, dtypes and contiguity, and the same shard geometry.")
       .def("same_objects", py::overload_cast<py::dict>(&LayoutCheck::SameObjects, py::const_),
            py::arg("tensors"),
            "The first half of matches(): the same names in order, the same tensor objects, the "
            "same shard geometry. Reads no tensor.")
       .def("same_memory", py::overload_cast<>(&LayoutCheck::SameMemory, py::const_),
            "The second half of matches(): every registered tensor still at its address with "
-           "its shape.")
+           "its shape, dtype and contiguity.")
       .def("registered", &LayoutCheck::Registered,
            "The registered dict {name: value}, as it was given.")
       .def("__len__", &LayoutCheck::size)

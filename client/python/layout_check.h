@@ -13,9 +13,11 @@
 //     `partial`);
 //   - that tensor still at the same address (`data_ptr`: catches `param.data = ...`, `.to()`,
 //     a storage moved into shared memory) with the same shape (catches views and `resize_` that
-//     keep the address).
+//     keep the address), the same dtype and still contiguous (catches the views that keep both:
+//     `p.data = p.data.t()` of a square matrix, whose bytes the daemon would save in the wrong
+//     order, and `p.data = p.data.view(torch.int32)`).
 //
-// dtype and device need no check of their own: a tensor cannot change either without new memory.
+// The device needs no check of its own: a tensor cannot change it without new memory.
 //
 // Two ways to read an address and a shape:
 //   - with a TensorProbe (tensor_probe.h; the _ckptd_torch module, where it is built and matches
@@ -76,6 +78,9 @@ class LayoutCheck {
     pybind11::object tensor;  // the tensor itself
     uintptr_t data_ptr = 0;
     pybind11::object shape;     // torch.Size when registered
+    pybind11::object dtype;     // torch.dtype when registered (the bindings' check)
+    bool contiguous = false;    // when registered (the bindings' check)
+    int32_t form = 0;           // the probe's dtype and contiguity when registered
     pybind11::object geometry;  // None for a plain tensor, else the shard's fields as a tuple
     // Where the probe reads this entry: the tensor's type when registered (nullptr: not probed)
     // and its sizes in dims_[dims_at, dims_at + ndim).
@@ -87,9 +92,12 @@ class LayoutCheck {
   // (tensor, geometry) of a dict value; geometry None for a plain tensor. Throws on anything
   // else.
   std::pair<pybind11::object, pybind11::object> Split(PyObject* value) const;
-  // The tensor's data_ptr() and shape, through the cached C functions when there are any.
+  // The tensor's data_ptr() and shape, through the cached C functions when there are any; its
+  // dtype and is_contiguous() (false on an error, which is left set).
   uintptr_t DataPtr(PyObject* tensor) const;
   pybind11::object Shape(PyObject* tensor) const;
+  pybind11::object Dtype(PyObject* tensor) const;
+  bool Contiguous(PyObject* tensor) const;
   bool SameObjects(const Entry& e, PyObject* name, PyObject* value) const;
   bool SameMemory(const Entry& e) const;
   // A Shard/FlatShard `value` with e's tensor (the same object) and e's geometry.
@@ -97,7 +105,7 @@ class LayoutCheck {
   // Registers e with the probe when it can read e's tensor and agrees with the bindings; false
   // when it disagrees (then the probe is not to be trusted for any entry).
   bool Probe(Entry& e);
-  // SameEntry's address and shape check through the probe, for an entry with probed_type.
+  // SameMemory's check through the probe, for an entry with probed_type.
   bool SameProbed(const Entry& e, PyObject* tensor) const;
   // Prefetches what the probe will read of the entries ahead of index i.
   void PrefetchAhead(size_t i) const;

@@ -2,10 +2,10 @@
 // nanoseconds instead of through the Python bindings.
 //
 // LayoutCheck (layout_check.h) must prove on every save that each registered tensor still has
-// its address and shape. Through torch.Tensor.data_ptr and .shape that costs ~100 ns per tensor
-// on a warm cache and ~500 ns once a checkpoint's copy has flushed the caches (a Python int and
-// a torch.Size are built per call, each behind several dependent loads): 5 ms at 10,000
-// tensors. The fields themselves sit two pointers away from the Python object — PyObject →
+// its address, shape, dtype and contiguity. Through torch.Tensor.data_ptr and .shape that costs
+// ~100 ns per tensor on a warm cache and ~500 ns once a checkpoint's copy has flushed the caches (a
+// Python int and a torch.Size are built per call, each behind several dependent loads): 5 ms at
+// 10,000 tensors. The fields themselves sit two pointers away from the Python object — PyObject →
 // c10::TensorImpl (sizes, storage offset) → c10::StorageImpl (base address) — and a loop that
 // prefetches those a few tensors ahead reads them for 10,000 tensors in ~0.3 ms.
 //
@@ -42,10 +42,11 @@ struct TensorProbe {
   // Py_TYPE): no type check, one load.
   const void* (*impl_of_tensor)(PyObject* tensor);
   // The address of the tensor's first element as torch.Tensor.data_ptr() gives it (0 for an
-  // empty tensor) into *data, its sizes into dims[0..n); returns n, or -1 when the tensor cannot
-  // be read this way (more than kTensorProbeMaxDims dimensions, no storage any more, sizes that
-  // only PyTorch's dispatcher knows). Never raises.
-  int (*read)(const void* impl, uintptr_t* data, int64_t* dims);
+  // empty tensor) into *data, its sizes into dims[0..n), and into *form its dtype and whether it
+  // is contiguous (a number equal for equal pairs, nothing more); returns n, or -1 when the
+  // tensor cannot be read this way (more than kTensorProbeMaxDims dimensions, no storage any
+  // more, sizes that only PyTorch's dispatcher knows). Never raises.
+  int (*read)(const void* impl, uintptr_t* data, int64_t* dims, int32_t* form);
   // Prefetch hints for a loop over many tensors whose types impl_of accepted: the TensorImpl
   // behind a tensor object (this reads the object: prefetch the object itself a little earlier),
   // and the storage behind it (reads the object and its TensorImpl: prefetch those earlier).

@@ -26,7 +26,7 @@ const void* ImplOf(PyObject* tensor) {
   return impl != nullptr && impl->has_storage() && !impl->is_sparse() ? impl : nullptr;
 }
 
-int Read(const void* p, uintptr_t* data, int64_t* dims) {
+int Read(const void* p, uintptr_t* data, int64_t* dims, int32_t* form) {
   const c10::TensorImpl* impl = Impl(p);
   try {
     // What TensorImpl::data() computes, which torch.Tensor.data_ptr() returns. sizes(),
@@ -36,6 +36,10 @@ int Read(const void* p, uintptr_t* data, int64_t* dims) {
     const c10::IntArrayRef sizes = impl->sizes();
     if (sizes.size() > static_cast<size_t>(ckpt::python::kTensorProbeMaxDims)) return -1;
     for (size_t i = 0; i < sizes.size(); ++i) dims[i] = sizes[i];
+    // Field reads for a dense tensor, like sizes(): a transposed view (`p.data = p.data.t()` of
+    // a square matrix) or another dtype of the same bytes keeps the address and the shape.
+    caffe2::TypeMeta dtype = impl->dtype();  // toScalarType() is not const in every torch
+    *form = static_cast<int32_t>(dtype.toScalarType()) * 2 + (impl->is_contiguous() ? 1 : 0);
     if (impl->numel() == 0) {
       *data = 0;
     } else {
@@ -49,7 +53,8 @@ int Read(const void* p, uintptr_t* data, int64_t* dims) {
 }
 
 void PrefetchImpl(PyObject* tensor) {
-  // The fields Read uses (sizes, numel, storage offset, dtype, storage) span the object's lines.
+  // The fields Read uses (sizes, contiguity, numel, storage offset, dtype, storage) span the
+  // object's lines.
   const auto* impl = static_cast<const char*>(ImplOfTensor(tensor));
   for (size_t at = 0; at < sizeof(c10::TensorImpl); at += 64) __builtin_prefetch(impl + at);
 }

@@ -3,7 +3,7 @@ saves reaches the checkpoint.
 
 After the first save, ckptd.Client checks the registered tensors natively (_ckptd.LayoutCheck)
 and ckptd.torch.Checkpointer reuses its walk of model and optimizer while a _ckptd.SlotWatch
-says nothing changed. LayoutCheck reads addresses and shapes through the TensorProbe of
+says nothing changed. LayoutCheck reads addresses, shapes, dtypes and contiguity through the TensorProbe of
 _ckptd_torch where it is built (client/python/tensor_probe.h), else through torch's bindings;
 ctest runs this file both ways ($CKPTD_TENSOR_PROBE=0 for the bindings). Each test makes one change after a save, saves again, and restores the
 second step into fresh tensors (or a fresh model and optimizer): the restored values must be the
@@ -89,6 +89,34 @@ class ClientLayoutTest(util.DaemonTestCase):
             with self.daemon.client("client-view") as reader, self.assertRaises(ckptd.Error):
                 reader.load({"w": torch.zeros(64)}, step=2)  # the old shape is not step 2's
 
+    def test_transposed_at_the_same_address(self):
+        # A view that keeps the address and the shape but not the order of the bytes: the daemon
+        # would save the matrix as its storage holds it, not as the trainer reads it. The save
+        # fails, clearly, and the next one of a contiguous tensor is saved as it is.
+        with self.daemon.client("client-transposed") as c:
+            w = torch.arange(64, dtype=torch.float32).view(8, 8)
+            self.save_and_load(c, 1, {"w": w}, {"w": torch.zeros(8, 8)})
+            w.data = w.data.t()
+            with self.assertRaisesRegex(ckptd.Error, "not contiguous"):
+                c.save(2, {"w": w})  # checked before sending ($CKPTD_HELD_SAVES=0) raises here
+                c.wait_snapshot()  # a held save is checked after, and raises at the fence
+            w.data = w.data.contiguous()  # what the trainer reads, in new memory
+            out = torch.zeros(8, 8)
+            self.save_and_load(c, 3, {"w": w}, {"w": out})
+            self.assertTrue(torch.equal(out, torch.arange(64, dtype=torch.float32).view(8, 8).t()))
+            self.assertEqual(c.latest(), 3)
+
+    def test_another_dtype_at_the_same_address(self):
+        with self.daemon.client("client-dtype") as c:
+            w = torch.arange(16, dtype=torch.float32)
+            self.save_and_load(c, 1, {"w": w}, {"w": torch.zeros(16)})
+            w.data = w.data.view(torch.int32)  # the same bytes, the same shape, read as int32
+            out = torch.zeros(16, dtype=torch.int32)
+            self.save_and_load(c, 2, {"w": w}, {"w": out})
+            self.assertTrue(torch.equal(out, torch.arange(16, dtype=torch.float32).view(torch.int32)))
+            with self.daemon.client("client-dtype") as reader, self.assertRaises(ckptd.Error):
+                reader.load({"w": torch.zeros(16)}, step=2)  # float32 is not step 2's dtype
+
     def test_new_tensor_and_new_dict_each_save(self):
         with self.daemon.client("client-dicts") as c:
             a, b = torch.ones(16), torch.full((16,), 2.0)
@@ -129,14 +157,19 @@ class ClientLayoutTest(util.DaemonTestCase):
             pass
 
         plain, param = torch.zeros(4, 2), torch.nn.Parameter(torch.ones(3))
+        square, bits = torch.zeros(3, 3), torch.zeros(5)
         tagged = torch.zeros(4).as_subclass(Tagged)
-        tensors = {"plain": plain, "param": param, "tagged": tagged,
-                   "shard": ckptd.Shard(torch.ones(2), (4,), (2,)), "empty": torch.empty(0)}
+        tensors = {"plain": plain, "param": param, "tagged": tagged, "square": square,
+                   "bits": bits, "shard": ckptd.Shard(torch.ones(2), (4,), (2,)),
+                   "empty": torch.empty(0)}
         check = ckptd._ckptd.LayoutCheck(tensors, torch.Tensor, probe)
-        self.assertEqual(check.probed, 0 if probe is None else 4)
+        self.assertEqual(check.probed, 0 if probe is None else 6)
         self.assertTrue(check.matches(tensors))
         for change in (lambda: setattr(plain, "data", plain.data.view(2, 4)),  # same address
                        lambda: setattr(param, "data", torch.ones(3)),
+                       # The same address and shape: transposed, another dtype of the bytes.
+                       lambda: setattr(square, "data", square.data.t()),
+                       lambda: setattr(bits, "data", bits.data.view(torch.int32)),
                        lambda: tagged.resize_(2),
                        lambda: tensors["empty"].resize_(1)):
             change()

@@ -1,11 +1,11 @@
 """Held saves: a save() that costs the same at 10,000 tensors as at 300.
 
 After its first save a Client sends only the step — if its registration still describes the
-tensors. Proving that means reading every tensor's PyTorch objects (its address and shape:
-``param.data = ...``, ``resize_`` and ``set_`` change them under the same tensor object), and
-after a training step those objects are cold: ~90 ns per tensor, most of a millisecond at 10,000
-tensors, paid inside save(). The rest of the proof — the same names, the same tensor objects —
-reads only the dict and costs a few nanoseconds per entry.
+tensors. Proving that means reading every tensor's PyTorch objects (its address, shape, dtype
+and contiguity: ``param.data = ...``, ``resize_`` and ``set_`` change them under the same tensor
+object), and after a training step those objects are cold: ~90 ns per tensor, most of a
+millisecond at 10,000 tensors, paid inside save(). The rest of the proof — the same names, the
+same tensor objects — reads only the dict and costs a few nanoseconds per entry.
 
 So save() does only the cheap half and sends the step as a *held* save (local protocol 3,
 proto/README.md): the daemon accepts it, with every check and answer of a save, but reads none

@@ -80,11 +80,18 @@ LayoutCheck::LayoutCheck(py::dict tensors, py::object tensor_type, py::object te
     Entry e;
     e.name = py::reinterpret_borrow<py::object>(name);
     e.value = py::reinterpret_borrow<py::object>(value);
+    // Each read stops at its error: the next would run with it pending.
+    auto check = [] {
+      if (PyErr_Occurred() != nullptr) throw py::error_already_set();
+    };
     e.data_ptr = DataPtr(tensor.ptr());
+    check();
     e.shape = Shape(tensor.ptr());
+    check();
     e.dtype = Dtype(tensor.ptr());
+    check();
     e.contiguous = Contiguous(tensor.ptr());
-    if (PyErr_Occurred() != nullptr) throw py::error_already_set();
+    check();
     e.tensor = std::move(tensor);
     e.geometry = std::move(geometry);
     if (probe_ != nullptr && !Probe(e)) {

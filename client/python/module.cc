@@ -342,6 +342,9 @@ PYBIND11_MODULE(_ckptd, m) {
       "rank, world_size, local_rank, job (None where unknown) and looked_for.");
 
   ckpt::python::BindLayoutCheck(m);
+  // The TensorProbe table this module reads (tensor_probe.h): a _ckptd_torch of another build,
+  // which may lay it out otherwise, is not used.
+  m.attr("tensor_probe_capsule") = ckpt::python::kTensorProbeCapsule;
   ckpt::python::BindOfflineReader(m);
 
   py::class_<PyClient>(m, "Client")

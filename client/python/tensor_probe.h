@@ -29,7 +29,9 @@
 
 namespace ckpt::python {
 
-inline constexpr const char* kTensorProbeCapsule = "ckptd._ckptd_torch.TensorProbe";
+// Versioned with the table below: a _ckptd and a _ckptd_torch of different builds do not share a
+// table that changed (both modules export the name; ckptd/__init__.py compares them).
+inline constexpr const char* kTensorProbeCapsule = "ckptd._ckptd_torch.TensorProbe.2";
 
 // The most dimensions a probed shape may have; a tensor with more is not probed.
 inline constexpr int kTensorProbeMaxDims = 16;

@@ -71,6 +71,7 @@ PYBIND11_MODULE(_ckptd_torch, m) {
   m.doc() =
       "The TensorProbe of ckptd's LayoutCheck: tensor addresses and shapes read from "
       "PyTorch's C++ objects (client/python/tensor_probe.h).";
+  m.attr("capsule_name") = ckpt::python::kTensorProbeCapsule;
   m.def(
       "probe",
       [] {

@@ -78,8 +78,9 @@ def _import_torch():
 def _tensor_probe():
     """The TensorProbe capsule (client/python/tensor_probe.h) that lets _ckptd.LayoutCheck read
     tensor addresses from PyTorch's C++ objects, or None: where _ckptd_torch was not built, where
-    $CKPTD_TENSOR_PROBE is 0, or where the running torch is not the libtorch it was linked
-    against (importing it there would load a second libc10 into the process)."""
+    $CKPTD_TENSOR_PROBE is 0, where the running torch is not the libtorch it was linked
+    against (importing it there would load a second libc10 into the process), or where it
+    hands out another version of the probe table than _ckptd reads (a stale build)."""
     global _probe
     if _probe is False:
         _probe = None
@@ -91,7 +92,9 @@ def _tensor_probe():
                     same = any(line.rstrip("\n").endswith(" " + LINKED_C10) for line in f)
                 if same:
                     from . import _ckptd_torch
-                    _probe = _ckptd_torch.probe()
+                    if (getattr(_ckptd_torch, "capsule_name", None)
+                            == _ckptd.tensor_probe_capsule):
+                        _probe = _ckptd_torch.probe()
             except (ImportError, OSError):
                 pass
     return _probe
@@ -505,7 +508,7 @@ class Client:
         Checkpointer's walk), and ``resend()`` then replaces the default re-send, which
         registers ``tensors`` as the check remembers them. ``check``: what :meth:`_holdable`
         answered for ``tensors`` just now, when the caller asked it first."""
-        if check is None:
+        if check is None or check is not self._layout:  # none given, or registered anew since
             check = self._holdable(tensors)
         if check is None:
             return False

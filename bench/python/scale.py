@@ -7,23 +7,35 @@ For each count N (default 300, 1,000, 3,000, 10,000), against one ckptd started 
   Client.save         a dict of N float32 tensors holding 64 MiB together, saved step after
                       step (save → wait_snapshot → wait committed, only save timed), after a
                       first save that shares and registers them (reported apart).
-  Checkpointer.save   a model of N/3 parameters (N/6 Linear layers of 16×16 weights and biases,
-                      a few buffers) with AdamW after one real optimizer step, so about N
-                      tensors with the moments and steps; timed is Checkpointer.save alone, the
-                      fence and the commit wait follow untimed.
+  Checkpointer.save   a model of N/4 parameters (N/8 square Linear layers) with AdamW after one
+                      real optimizer step, so about N tensors with the moments and steps, and
+                      64 MiB of parameters and moments at every N (the width shrinks as the
+                      count grows). Each save is followed by a real training step in the usual
+                      order — zero_grad, forward and backward, the fence, opt.step() — and the
+                      commit wait, so the save comes right after opt.step(). Timed is
+                      Checkpointer.save alone. The step matters: without it the 300-tensor
+                      state of a toy model stays in the CPU's cache between saves while a
+                      10,000-tensor one cannot, and the ratio measures the cache, not ckptd.
   C++ client          bench_daemon's save section (the same daemon binary; 64 MiB in N tensors
                       of one memfd), run with --sections save when --cpp is given.
 
 Per row: median, p99 and max over --saves saves, the median of the wait_snapshot (Client) or
-fence (Checkpointer) called right after each save — where a held save's memory check runs when
-the client's thread has not run it yet (client/python/ckptd/held_save.py): this loop gives that
-thread no time, a training step would — and the descriptors this process holds
+fence (Checkpointer) — where a held save's memory check runs when the client's thread has not
+run it yet (client/python/ckptd/held_save.py): the Client loop calls it right after the save and
+gives that thread no time, the Checkpointer loop after forward and backward — and the
+descriptors this process holds
 (/proc/self/fd) after the saves. Goal (bench/README.md): p50 at 10,000 tensors ≤ 2× p50 at 300,
 Client.save p99 < 1 ms at 10,000; descriptors ≤ 64 for the 10,000-tensor Checkpointer.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/python/scale.py --bin build/bin \
         [--counts 300,1000,3000,10000] [--saves 60] [--dir /tmp] [--json out.json] [--cpp]
-        [--work-ms 20] [--on-full skip] [--plot out.png] [--from-json earlier.json --plot out.png]
+        [--work-ms 20] [--on-full skip] [--zero-grad-before-save] [--plot out.png] [--from-json earlier.json --plot out.png]
+
+--zero-grad-before-save moves zero_grad(set_to_none=True) between opt.step() and the save, as
+loops that clear gradients at the end of a step do. Freeing the gradients leaves glibc chunks
+to sort, ~0.4 µs each, which the next allocation missing malloc's per-thread cache sorts, whoever
+makes it: the save pays ~1 ms at 10,000 tensors (2,500 gradients). The flag adds a baseline row per
+count: the same loop with an 8 KiB bytearray allocated, and timed, right before each save.
 
 --on-full skip saves with on_full="skip", which the client does not post: save() waits for the
 daemon's answer (the pool never fills here, so nothing is skipped). Against the default, it
@@ -31,6 +43,7 @@ measures what posting a save takes off the trainer's path (ckpt::SaveOptions::po
 """
 import argparse
 import json
+import math
 import os
 import re
 import statistics
@@ -102,19 +115,36 @@ def bench_client(daemon, n, saves, step0, work_ms=0, on_full="wait"):
     return row
 
 
+STATE_BYTES = 64 * MiB  # parameters + both AdamW moments, the same at every count
+
+
 def build_model(n):
-    layers = max(1, n // 8)  # weight + bias, each with exp_avg, exp_avg_sq, step: 8 tensors
-    model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(layers)])
+    """About n tensors after one optimizer step: n/8 Linear layers (weight + bias, each with
+    exp_avg, exp_avg_sq and step: 8 tensors), square, sized so that parameters and moments
+    hold STATE_BYTES together at every count, as the Client rows do. Returns model, optimizer
+    and one training step (forward, backward) whose batch fits the width."""
+    layers = max(1, n // 8)
+    width = max(4, int(math.sqrt(STATE_BYTES / 3 / 4 / layers)))
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model(torch.randn(4, 16)).sum().backward()
+    x = torch.randn(4, width)
+
+    def forward_backward():
+        model(x).sum().backward()
+
+    forward_backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
-    return model, opt
+    return model, opt, forward_backward
 
 
-def bench_checkpointer(daemon, n, saves, step0, work_ms=0, on_full="wait"):
+def bench_checkpointer(daemon, n, saves, step0, work_ms=0, on_full="wait",
+                       zero_grad_before_save=False, allocate_first=False):
+    """The Checkpointer row. ``allocate_first`` (with ``zero_grad_before_save``): an 8 KiB
+    bytearray is allocated, and timed, right before each save — the baseline that takes glibc's
+    sorting of the freed gradients off the save (--zero-grad-before-save)."""
     client = daemon.client("scale-ckpt-%d" % n)
-    model, opt = build_model(n)
+    model, opt, forward_backward = build_model(n)
     ck = ckptd.torch.Checkpointer(client, model, opt, on_error="raise")
     t0 = time.perf_counter()
     ck.save(step0)
@@ -122,18 +152,31 @@ def bench_checkpointer(daemon, n, saves, step0, work_ms=0, on_full="wait"):
     client.wait(step0, "committed", timeout=120)
     count = len(model.state_dict()) + sum(
         sum(1 for v in s.values() if torch.is_tensor(v)) for s in opt.state.values())
-    times, fences = [], []
+    times, fences, allocations = [], [], []
     for k in range(1, saves + 1):
+        if allocate_first:
+            t0 = time.perf_counter()
+            bytearray(8192)
+            allocations.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         ck.save(step0 + k, on_full=on_full)
         t1_save = time.perf_counter()
+        if not zero_grad_before_save:
+            opt.zero_grad(set_to_none=True)
+        forward_backward()
         work(work_ms)
         t1 = time.perf_counter()
         ck.fence()
         times.append(t1_save - t0)
         fences.append(time.perf_counter() - t1)
+        opt.step()  # the pre-step hook's fence has nothing left to wait for
+        if zero_grad_before_save:
+            opt.zero_grad(set_to_none=True)
         client.wait(step0 + k, "committed", timeout=120)
     row = summary(times, first, count, "Checkpointer.save", fds(), fences)
+    if allocate_first:
+        row["what"] = "Checkpointer.save after an 8 KiB allocation"
+        row["allocation_p50_ms"] = statistics.median(allocations) * 1e3
     ck.remove_hook()
     client.close()
     return row
@@ -208,6 +251,10 @@ def main():
                     help="GIL-free compute between each save and its fence (a training step)")
     ap.add_argument("--on-full", choices=("wait", "skip"), default="wait",
                     help="skip: saves that wait for the daemon's answer (not posted)")
+    ap.add_argument("--zero-grad-before-save", action="store_true",
+                    help="Checkpointer loop: opt.zero_grad(set_to_none=True) between opt.step() "
+                    "and the save, not before forward; adds the baseline row with an 8 KiB "
+                    "allocation before each save")
     args = ap.parse_args()
     counts = [int(c) for c in args.counts.split(",")]
     torch.set_num_threads(1)
@@ -226,15 +273,21 @@ def main():
                 rows.append(bench_client(daemon, n, args.saves, step, args.work_ms, args.on_full))
                 step += args.saves + 10
                 rows.append(bench_checkpointer(daemon, n, args.saves, step, args.work_ms,
-                                                   args.on_full))
+                                               args.on_full, args.zero_grad_before_save))
+                if args.zero_grad_before_save:
+                    step += args.saves + 10
+                    rows.append(bench_checkpointer(daemon, n, args.saves, step, args.work_ms,
+                                                   args.on_full, True, allocate_first=True))
                 step += args.saves + 10
         finally:
             daemon.stop()
         if args.cpp:
             rows += bench_cpp(args.bin, work, counts, args.saves)
     print("load average %s; %d saves per row; %g ms of compute between save and fence; "
-          "on_full=%s; descriptors of this process after the row"
-          % (loadavg(), args.saves, args.work_ms, args.on_full))
+          "on_full=%s; zero_grad %s; descriptors of this process after the row"
+          % (loadavg(), args.saves, args.work_ms, args.on_full,
+             "between opt.step() and the save" if args.zero_grad_before_save
+             else "before forward"))
     print("| call | tensors | first save ms | p50 ms | p99 ms | max ms | fence p50 ms | fds |")
     print("|---|--:|--:|--:|--:|--:|--:|--:|")
     for r in rows:
@@ -243,7 +296,12 @@ def main():
             r["p50_ms"], r["p99_ms"], r["max_ms"],
             "—" if r["fence_p50_ms"] is None else "%.3f" % r["fence_p50_ms"],
             "—" if r["fds"] is None else r["fds"]))
-    for what in ("Client.save", "Checkpointer.save", "C++ Client::Save"):
+    for r in rows:
+        if "allocation_p50_ms" in r:
+            print("%d tensors: the 8 KiB allocation before each save, p50 %.3f ms"
+                  % (r["tensors"], r["allocation_p50_ms"]))
+    for what in ("Client.save", "Checkpointer.save", "Checkpointer.save after an 8 KiB allocation",
+                 "C++ Client::Save"):
         sel = [r for r in rows if r["what"] == what]
         if len(sel) >= 2:
             lo, hi = sel[0], sel[-1]
@@ -252,7 +310,8 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "loadavg": loadavg(), "work_ms": args.work_ms,
-                       "on_full": args.on_full}, f, indent=1)
+                       "on_full": args.on_full,
+                       "zero_grad_before_save": args.zero_grad_before_save}, f, indent=1)
     if args.plot:
         plot(rows, args.plot)
 

@@ -69,8 +69,8 @@ const ckpt::python::TensorProbe kProbe{ImplOf, ImplOfTensor, Read, PrefetchImpl,
 
 PYBIND11_MODULE(_ckptd_torch, m) {
   m.doc() =
-      "The TensorProbe of ckptd's LayoutCheck: tensor addresses and shapes read from "
-      "PyTorch's C++ objects (client/python/tensor_probe.h).";
+      "The TensorProbe of ckptd's LayoutCheck: tensor addresses, shapes, dtypes and contiguity "
+      "read from PyTorch's C++ objects (client/python/tensor_probe.h).";
   m.attr("capsule_name") = ckpt::python::kTensorProbeCapsule;
   m.def(
       "probe",

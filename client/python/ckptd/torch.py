@@ -131,7 +131,7 @@ class _SaveLayout:
     first step, a new param group, a replaced Parameter or submodule, a state tensor swapped —
     fails it, and the save walks again. Changes inside a tensor (``param.data = ...``, a resize)
     are not the walk's business: the client's layout check compares every registered tensor's
-    address and shape at each save and re-registers what moved. Both checks run after a save
+    address, shape, dtype and contiguity at each save and re-registers what moved. Both checks run after a save
     that went out held (ckptd/held_save.py; Checkpointer._save_held), and a failed one walks
     again at the fence.
 

@@ -86,8 +86,9 @@ stage_tsan() {
   # task pool, fault filesystem, PWriteAll from many threads) and the integration tests that
   # drive the multi-threaded daemon with concurrent clients (daemon, chaos, hostile). Not the
   # soak: its RSS-stays-flat check does not hold under TSan's shadow memory (main and asan run
-  # it); nor the one test that fork()s a trainer from the multi-threaded test process, which TSan
-  # does not support (the child exits 66). Suppressions: tests/tsan.supp (each one justified).
+  # it); nor the one test that fork()s a trainer (before its daemon starts, while the test process
+  # has one thread, which it checks), left out since it forked later and TSan's child exited 66;
+  # it has not been tried under TSan since. Suppressions: tests/tsan.supp (each one justified).
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
     ctest --test-dir build-tsan --output-on-failure -j "$jobs" --timeout 900 \
       -R "${CKPT_TSAN_TESTS:-^unit:|^integration:(daemon|chaos|hostile)}" \

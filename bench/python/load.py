@@ -311,7 +311,8 @@ def main():
                "work_dir_filesystem": fs, "state_bytes": nbytes, "page_cache_dropped": dropped,
                "ckptd_hot_s": hot, "ckptd_cold_s": cold, "ckptd_hot_native_load_s": hot_native,
                "ckptd_cold_native_load_s": cold_native,
-               "ckptd_hot_native_register_s": hot_register, "fresh_memory_floor_s": floor, "torch_load_cold_s": tl_cold,
+               "ckptd_hot_native_register_s": hot_register, "fresh_memory_floor_s": floor,
+               "torch_load_cold_s": tl_cold,
                "torch_load_warm_s": tl_warm, "fio_read_bytes_per_s": fio,
                "total_seconds": total, "loadavg_end": loadavg(), "table": table}
     if not dropped:

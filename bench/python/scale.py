@@ -29,7 +29,8 @@ Client.save p99 < 1 ms at 10,000; descriptors ≤ 64 for the 10,000-tensor Check
 
     PYTHONPATH=build/python /usr/bin/python3 bench/python/scale.py --bin build/bin \
         [--counts 300,1000,3000,10000] [--saves 60] [--dir /tmp] [--json out.json] [--cpp]
-        [--work-ms 20] [--on-full skip] [--zero-grad-before-save] [--plot out.png] [--from-json earlier.json --plot out.png]
+        [--work-ms 20] [--on-full skip] [--zero-grad-before-save] [--plot out.png]
+        [--from-json earlier.json --plot out.png]
 
 --zero-grad-before-save moves zero_grad(set_to_none=True) between opt.step() and the save, as
 loops that clear gradients at the end of a step do. Freeing the gradients leaves glibc chunks

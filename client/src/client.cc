@@ -410,13 +410,13 @@ class Client::Impl {
   // captured (`timeout` counted from `start`).
   Status WaitForLastSave(Clock::time_point start, std::optional<milliseconds> timeout);
   // Send on the attached connection (re-attaching first if it broke, within `attach_deadline`);
-  // a connection found broken before the request went out is re-attached once more. `*start`:
-  // when the request that went out began (after its attach), for Await.
+  // a connection found broken before the request went out is re-attached once more. `*start`
+  // (when not null): when the request that went out began (after its attach), for Await.
   Result<std::shared_ptr<PendingCall>> SendAttached(std::vector<OutgoingFrame> frames,
                                                     Limits limits,
                                                     Clock::time_point attach_deadline,
                                                     std::string_view what, ConnectionPtr* used,
-                                                    Clock::time_point* start);
+                                                    Clock::time_point* start = nullptr);
   // SendAttached, then Await.
   Result<pb::DaemonMessage> CallAttached(std::vector<OutgoingFrame> frames,
                                          pb::DaemonMessage::BodyCase expected, Limits limits,
@@ -650,9 +650,10 @@ Result<std::shared_ptr<Client::Impl::PendingCall>> Client::Impl::SendAttached(
     std::string_view what, ConnectionPtr* used, Clock::time_point* start) {
   for (int attempt = 0;; ++attempt) {
     ASSIGN_OR_RETURN(*used, Attached(attach_deadline), what);
-    *start = Clock::now();
+    const auto began = Clock::now();
+    if (start != nullptr) *start = began;
     bool unsent = false;
-    auto call = Send(*used, attempt == 0 ? frames : std::move(frames), SendDeadline(limits, *start),
+    auto call = Send(*used, attempt == 0 ? frames : std::move(frames), SendDeadline(limits, began),
                      what, &unsent);
     if (call.ok() || !unsent || attempt == 1) return call;
     // The daemon went away before this request reached it: connect again and make it there.
@@ -1257,9 +1258,7 @@ Status Client::Impl::Save(uint64_t step, const SaveOptions& options) {
     return FinishSave(step, what, conn, std::move(reply), options.held, /*posted=*/false);
   }
   // Posted: written, and answered later (TakePosted).
-  Clock::time_point start{};
-  auto call =
-      SendAttached(std::move(frames), Limits{deadline, false}, deadline, what, &conn, &start);
+  auto call = SendAttached(std::move(frames), Limits{deadline, false}, deadline, what, &conn);
   if (!call.ok()) return FinishSave(step, what, conn, call.status(), options.held, false);
   MutexLock lock(mu_);
   // Whatever becomes of it, this rank does not save the step again (Hello.lost_step).
@@ -1376,7 +1375,7 @@ Status Client::Impl::ConfirmSave(uint64_t step) {
 }
 
 Status Client::Impl::Abandon(std::optional<uint64_t> step, std::string_view reason) {
-  ConnectionPtr conn;
+  ConnectionPtr conn;  // stays null when no Abandon needs to go out
   uint32_t protocol = 0;
   bool cancelled_posted = false;
   {
@@ -1384,32 +1383,30 @@ Status Client::Impl::Abandon(std::optional<uint64_t> step, std::string_view reas
     if (posted_ && (!step || *step == posted_->step)) {
       step = posted_->step;  // the most recent save, its answer not taken: it no longer matters
       ForgetLocked(*posted_->call);
-      posted_->call->cancelled = true;  // a thread taking it returns now
+      posted_->call->cancelled = true;  // a thread taking it returns once woken, below
       posted_.reset();
       cancelled_posted = true;
     }
+    if (!step) step = last_saved_step_;
+    if (step) {
+      if (last_saved_step_ == step) last_saved_step_.reset();
+      if (held_save_ && held_save_->step == *step) held_save_.reset();  // aborted, never confirmed
+      // A broken connection already aborted every step of this rank that was not captured.
+      if (!closed_ && connection_.ok() && conn_ != nullptr) {
+        conn = conn_;
+        protocol = conn->protocol;
+      }
+    }
   }
   if (cancelled_posted) cv_.NotifyAll();
-  {
-    MutexLock lock(mu_);
-    if (!step) step = last_saved_step_;
-    if (!step) return Status::Ok();
-    if (last_saved_step_ == step) last_saved_step_.reset();
-    if (held_save_ && held_save_->step == *step) held_save_.reset();  // aborted, never confirmed
-    // A broken connection already aborted every step of this rank that was not captured.
-    if (closed_ || !connection_.ok() || conn_ == nullptr) return Status::Ok();
-    conn = conn_;
-    protocol = conn->protocol;
-  }
+  if (conn == nullptr) return Status::Ok();
   if (protocol >= 2) {
     pb::ClientMessage abandon;
     abandon.mutable_abandon()->set_step(*step);
     abandon.mutable_abandon()->set_reason(std::string(reason));
-    if (SendOneWay(conn, std::move(abandon),
-                   Clock::now() + std::min(call_timeout_, milliseconds(100)))) {
-      return Status::Ok();
-    }
-    return Status::Ok();  // SendOneWay shut the connection down: the step is aborted all the same
+    // Not written at once, SendOneWay shuts the connection down: the step is aborted all the same.
+    SendOneWay(conn, std::move(abandon), Clock::now() + std::min(call_timeout_, milliseconds(100)));
+    return Status::Ok();
   }
   // A protocol 1 daemon has no Abandon: ending the connection aborts the step just as well.
   conn->Shutdown();

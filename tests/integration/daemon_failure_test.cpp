@@ -12,6 +12,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -91,6 +92,16 @@ std::string ManifestOf(const std::string& root, const std::string& job, uint64_t
           static_cast<unsigned long long>(step));
   std::raise(SIGKILL);
   _exit(6);
+}
+
+// The threads of this process, from /proc/self/task.
+size_t ThreadsOfThisProcess() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& entry :
+       std::filesystem::directory_iterator("/proc/self/task")) {
+    ++n;
+  }
+  return n;
 }
 
 // Storage faults injected into a real daemon hit step 2 only: step 2 fails with the OS error,
@@ -178,24 +189,38 @@ void ExpectErrorAndSessionContinues(RawConnection& conn, pb::ClientMessage reque
 TEST_CASE("daemon: a trainer killed right after its step was captured still gets it committed",
           "[daemon]") {
   TempDir dir;
-  DaemonProcess daemon(DaemonProcess::InDir(dir));
+  const auto options = DaemonProcess::InDir(dir);
   const uint64_t seed = ckpt::testing::TestSeed() + 10;
   constexpr uint64_t kBytes = 8ull << 20;
   constexpr uint32_t kTensors = 4;
 
-  // Rank 0 in a forked child, which starts its own client. This process has a thread already
-  // (the harness's ready probe, blocked in recv and holding no lock), so this is fine with glibc
-  // but not under ThreadSanitizer, whose stage in scripts/test.sh leaves this test out.
+  // Rank 0 in a forked child, which starts its own client. The fork comes first, while this
+  // process has one thread: once the daemon runs, the harness's ready probe has a reader thread,
+  // and a fork taken while it holds a lock (the allocator's, under AddressSanitizer, which takes
+  // no lock around fork) leaves that lock held for good in the child, whose client then hears
+  // nothing. The child waits for a byte on `go`, written once the daemon serves; end of file
+  // (this process failed first) makes it exit.
   const std::string child_log = dir / "child.log";
   const int log_fd = ::open(child_log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   REQUIRE(log_fd >= 0);
+  int go[2];
+  REQUIRE(::pipe2(go, O_CLOEXEC) == 0);
+  REQUIRE(ThreadsOfThisProcess() == 1);
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
-    SaveCapturedThenDie(log_fd, daemon.socket(), "crash", 2, kBytes, kTensors, seed, 1);
+    ::close(go[1]);
+    char byte;
+    if (::read(go[0], &byte, 1) != 1) _exit(7);
+    SaveCapturedThenDie(log_fd, options.socket, "crash", 2, kBytes, kTensors, seed, 1);
   }
+  ::close(go[0]);
   ::close(log_fd);
   ChildProcess child = ChildProcess::Adopt(pid, child_log);
+  UniqueFd go_write(go[1]);
+  DaemonProcess daemon(options);
+  REQUIRE(::write(go_write.get(), "g", 1) == 1);
+  go_write = UniqueFd();  // the child has its byte; nothing more comes
   const int status = child.Wait();
   INFO("rank 0 " << DescribeWaitStatus(status) << ":\n" << FileTail(child_log));
   REQUIRE(KilledBy(status, SIGKILL));

@@ -3,11 +3,12 @@ saves reaches the checkpoint.
 
 After the first save, ckptd.Client checks the registered tensors natively (_ckptd.LayoutCheck)
 and ckptd.torch.Checkpointer reuses its walk of model and optimizer while a _ckptd.SlotWatch
-says nothing changed. LayoutCheck reads addresses, shapes, dtypes and contiguity through the TensorProbe of
-_ckptd_torch where it is built (client/python/tensor_probe.h), else through torch's bindings;
-ctest runs this file both ways ($CKPTD_TENSOR_PROBE=0 for the bindings). Each test makes one change after a save, saves again, and restores the
-second step into fresh tensors (or a fresh model and optimizer): the restored values must be the
-ones the trainer held at the second save — never the first save's, never another tensor's.
+says nothing changed. LayoutCheck reads addresses, shapes, dtypes and contiguity through the
+TensorProbe of _ckptd_torch where it is built (client/python/tensor_probe.h), else through
+torch's bindings; ctest runs this file both ways ($CKPTD_TENSOR_PROBE=0 for the bindings). Each
+test makes one change after a save, saves again, and restores the second step into fresh tensors
+(or a fresh model and optimizer): the restored values must be the ones the trainer held at the
+second save — never the first save's, never another tensor's.
 """
 
 import importlib.util
@@ -113,7 +114,8 @@ class ClientLayoutTest(util.DaemonTestCase):
             w.data = w.data.view(torch.int32)  # the same bytes, the same shape, read as int32
             out = torch.zeros(16, dtype=torch.int32)
             self.save_and_load(c, 2, {"w": w}, {"w": out})
-            self.assertTrue(torch.equal(out, torch.arange(16, dtype=torch.float32).view(torch.int32)))
+            expected = torch.arange(16, dtype=torch.float32).view(torch.int32)
+            self.assertTrue(torch.equal(out, expected))
             with self.daemon.client("client-dtype") as reader, self.assertRaises(ckptd.Error):
                 reader.load({"w": torch.zeros(16)}, step=2)  # float32 is not step 2's dtype
 

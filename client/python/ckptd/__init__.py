@@ -373,8 +373,9 @@ class Client:
     torchrun (RANK, WORLD_SIZE, LOCAL_RANK, TORCHELASTIC_RUN_ID), Slurm (SLURM_PROCID,
     SLURM_NTASKS, SLURM_LOCALID, SLURM_JOB_ID) or Open MPI (OMPI_COMM_WORLD_RANK, ..._SIZE,
     ..._LOCAL_RANK); $CKPTD_JOB names the job whatever the launcher (set it for a job that
-    resumes across allocations). ``local_rank`` otherwise defaults to $LOCAL_RANK, else ``rank``. ``connect_timeout`` (seconds) is how
-    long the constructor keeps retrying while the daemon is not listening yet. ``call_timeout``
+    resumes across allocations). ``local_rank`` otherwise defaults to $LOCAL_RANK, else
+    ``rank``. ``connect_timeout`` (seconds) is how long the constructor keeps retrying while the
+    daemon is not listening yet. ``call_timeout``
     (seconds; None: $CKPTD_CALL_TIMEOUT, else 10) bounds every prompt call and how long a wait
     tolerates a daemon that answers nothing (``self.call_timeout``).
     Thread-safe: calls may come from several threads (the GIL is released while waiting).
@@ -610,9 +611,9 @@ class Client:
         return self._c.latest(True)
 
     def load(self, tensors, step=None, strict=True, job=None):
-        """Fill ``tensors`` ({name: torch.Tensor | Shard | FlatShard}, CPU or CUDA, contiguous) in place
-        from ``step`` (None: the job's restore point, :meth:`restore_point`), whatever sharding
-        it was saved with.
+        """Fill ``tensors`` ({name: torch.Tensor | Shard | FlatShard}, CPU or CUDA, contiguous)
+        in place from ``step`` (None: the job's restore point, :meth:`restore_point`), whatever
+        sharding it was saved with.
         Returns this rank's ``extra`` bytes (a rank the step never had, because the job grew,
         gets those of rank ``rank % saved_world_size``); details in ``self.last_load``.
         strict=False leaves tensors missing from the step untouched (listed in

@@ -131,9 +131,9 @@ class _SaveLayout:
     first step, a new param group, a replaced Parameter or submodule, a state tensor swapped —
     fails it, and the save walks again. Changes inside a tensor (``param.data = ...``, a resize)
     are not the walk's business: the client's layout check compares every registered tensor's
-    address, shape, dtype and contiguity at each save and re-registers what moved. Both checks run after a save
-    that went out held (ckptd/held_save.py; Checkpointer._save_held), and a failed one walks
-    again at the fence.
+    address, shape, dtype and contiguity at each save and re-registers what moved. Both checks
+    run after a save that went out held (ckptd/held_save.py; Checkpointer._save_held), and a
+    failed one walks again at the fence.
 
     Values that change every step without changing the layout are read at every save: the
     param groups' hyper-parameters (an LR scheduler), non-tensor optimizer state, the buffers
@@ -288,9 +288,10 @@ class Checkpointer:
     must decide alike (the rule depends on the step only).
 
     ``load(step=None)`` restores the job's restore point (the newest committed step, or a newer
-    memory-only step still held in memory; or ``step``) into the model and the optimizer — creating the optimizer's state tensors when the optimizer is fresh — and returns
-    the step, or None when the job has no committed checkpoint. It works with any sharding the
-    checkpoint was written with (each rank describes its own shards through ``shard_fn``).
+    memory-only step still held in memory; or ``step``) into the model and the optimizer —
+    creating the optimizer's state tensors when the optimizer is fresh — and returns the step, or
+    None when the job has no committed checkpoint. It works with any sharding the checkpoint was
+    written with (each rank describes its own shards through ``shard_fn``).
 
     ``extra_state``: user state stored with the checkpoint, per rank: a dict of objects with
     ``state_dict()``/``load_state_dict()`` (LR schedulers, ``GradScaler``, stateful data
@@ -312,7 +313,8 @@ class Checkpointer:
     (``optimizer.state.<param name>.<key>``, same shape as the param for Adam's moments); None
     leaves a tensor out. It is called when the checkpointer walks the model (the first save,
     and a save after the model's or optimizer's layout changed), not at every save, so it must
-    answer the same for the same tensor. Tensor parallel, rows of every ``proj`` weight split across ``tp`` ranks::
+    answer the same for the same tensor. Tensor parallel, rows of every ``proj`` weight split
+    across ``tp`` ranks::
 
         def shard_fn(name, t):
             if "proj" in name and t.dim() == 2:

@@ -111,7 +111,8 @@ const OptionTable<DaemonConfig>& Table() {
                Bytes(&C::peer_bandwidth)},
               {"peer-timeout",
                "a request to another daemon (a chunk of a load's fetch) not answered within this "
-               "fails, and the load reads those bytes from storage, e.g. 10s",
+               "fails, and the load fetches those bytes from another holder of them or reads "
+               "them from storage, e.g. 10s",
                Duration(&C::peer_timeout)},
               {"replicas",
                "copies of each captured step in other nodes' memory (the peer-memory tier; "

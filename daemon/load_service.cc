@@ -485,58 +485,104 @@ Status LoadService::Stage(Prepared& p, const ckptd::v1::LoadPlanResponse& plan,
 
 std::vector<CheckpointReader::FileRange> LoadService::FetchFromPeers(
     Prepared& p, const ckptd::v1::LoadPlanResponse& plan) {
-  std::map<std::string, std::vector<const ckptd::v1::FileRange*>> by_peer;
-  for (const auto& f : plan.fetch()) by_peer[f.peer_address()].push_back(&f.range());
+  // What is left to fetch of one planned range, and which of its sources comes next: 0 the
+  // plan's peer, k its (k-1)-th alternate.
+  struct Work {
+    const ckptd::v1::LoadPlanResponse::Fetch* fetch;
+    uint64_t from;
+    int source = 0;
+  };
+  const auto address_of = [](const Work& w) -> const std::string& {
+    return w.source == 0 ? w.fetch->peer_address()
+                         : w.fetch->alternates(w.source - 1).peer_address();
+  };
   Mutex mu;
   std::vector<CheckpointReader::FileRange> arrived;
-  auto fetch_all = [&](const std::string& address,
-                       const std::vector<const ckptd::v1::FileRange*>& ranges) {
+  std::set<std::string> failed;  // peers that failed this load: not asked again
+  std::vector<Work> left;        // what a failed peer did not deliver
+  // Fetches `work` from `address`, in order, until it is done or the peer fails. A peer that
+  // answers it lacks a range (no such step or file there, or the region runs past it) leaves
+  // that range to its next source and goes on with the others.
+  auto fetch_all = [&](const std::string& address, std::vector<Work> work) {
     std::unique_ptr<PeerFetch> client;  // connected at the first range not held here
     // One hot-cache window per FETCH, into one buffer borrowed for the whole range list: no
     // buffer longer than a window, and none faulted in afresh per load.
     const uint64_t window = hot_->window_size();
     BorrowedBuffer buffer;
-    for (const auto* r : ranges) {
-      for (uint64_t pos = r->offset(), end = r->offset() + r->length(); pos < end;) {
+    for (size_t i = 0; i < work.size(); ++i) {
+      const auto& r = work[i].fetch->range();
+      for (uint64_t pos = work[i].from, end = r.offset() + r.length(); pos < end;) {
         const uint64_t n = std::min(end - pos, window - pos % window);
         buffer.Reserve(n);  // std::bad_alloc: see the thread below
         if (config_.read_held_copy &&
-            config_.read_held_copy(p.request.job, p.step, r->file(), pos, n, buffer.data())) {
+            config_.read_held_copy(p.request.job, p.step, r.file(), pos, n, buffer.data())) {
           // This node holds a copy of that file for its own node (its peer pool): no network.
           // Resident from here on, it counts as bytes from memory, not from peers.
-          hot_->InsertRead(p.request.job, p.step, r->file(), pos, buffer.data(), n);
+          hot_->InsertRead(p.request.job, p.step, r.file(), pos, buffer.data(), n);
           pos += n;
           continue;
         }
         if (client == nullptr) client = config_.connect_peer(address);
-        const Status s = client->Fetch(p.request.job, p.step, r->file(), pos, n, buffer.data());
+        const Status s = client->Fetch(p.request.job, p.step, r.file(), pos, n, buffer.data());
+        if (s.code() == StatusCode::kNotFound || s.code() == StatusCode::kOutOfRange) {
+          spdlog::warn(
+              "{}: peer {} lacks part of {}, leaving it to its other holders or storage: {}", p.ctx,
+              address, r.file(), s.ToString());
+          MutexLock lock(mu);
+          left.push_back(Work{work[i].fetch, pos, work[i].source});
+          break;  // the next range
+        }
         if (!s.ok()) {
-          // Dead, stalled or wrong: not asked again by this load; storage has the bytes.
-          spdlog::warn("{}: fetch from peer {} failed, reading its ranges from storage: {}", p.ctx,
-                       address, s.ToString());
+          // Dead, stalled or wrong: not asked again by this load. What it did not deliver goes
+          // to each range's next source; a range with none left is read from storage.
+          spdlog::warn(
+              "{}: fetch from peer {} failed, leaving its ranges to their other holders "
+              "or storage: {}",
+              p.ctx, address, s.ToString());
+          MutexLock lock(mu);
+          failed.insert(address);
+          work[i].from = pos;
+          left.insert(left.end(), work.begin() + static_cast<ptrdiff_t>(i), work.end());
           return;
         }
-        hot_->InsertRead(p.request.job, p.step, r->file(), pos, buffer.data(), n);
+        hot_->InsertRead(p.request.job, p.step, r.file(), pos, buffer.data(), n);
         MutexLock lock(mu);
-        arrived.push_back({r->file(), pos, n});
+        arrived.push_back({r.file(), pos, n});
         pos += n;
       }
     }
   };
-  {
-    std::vector<std::jthread> threads;
-    for (const auto& [address, ranges] : by_peer) {
-      threads.emplace_back([&, &address = address, &ranges = ranges] {
-        try {
-          fetch_all(address, ranges);
-        } catch (const std::bad_alloc&) {
-          // Out of memory mid-fetch (a buffer, the cache's bookkeeping): what did not arrive is
-          // read from storage, as for a peer that failed.
-          spdlog::warn("{}: fetch from peer {} ran out of memory, reading the rest from storage",
-                       p.ctx, address);
-        }
-      });
+  // Rounds: the plan's peers, then, for what a peer left, each range's next alternate that has
+  // not failed — one thread per peer in each round. Every round moves each range left to a later
+  // source, so there are at most 1 + (the most alternates of a range) rounds; a round ends with
+  // its slowest peer, so stalled holders cost up to one --peer-timeout per round.
+  std::map<std::string, std::vector<Work>> by_peer;
+  for (const auto& f : plan.fetch())
+    by_peer[f.peer_address()].push_back(Work{&f, f.range().offset()});
+  while (!by_peer.empty()) {
+    {
+      std::vector<std::jthread> threads;
+      for (auto& [address, work] : by_peer) {
+        threads.emplace_back([&, &address = address, &work = work] {
+          try {
+            fetch_all(address, std::move(work));
+          } catch (const std::bad_alloc&) {
+            // Out of memory mid-fetch (a buffer, the cache's bookkeeping): what did not arrive
+            // is left unfetched (storage, where the step has it).
+            spdlog::warn("{}: fetch from peer {} ran out of memory, leaving the rest unfetched",
+                         p.ctx, address);
+          }
+        });
+      }
     }
+    by_peer.clear();
+    for (Work& w : left) {
+      do {
+        ++w.source;
+      } while (w.source <= w.fetch->alternates_size() && failed.contains(address_of(w)));
+      if (w.source <= w.fetch->alternates_size()) by_peer[address_of(w)].push_back(w);
+    }
+    left.clear();
   }
   std::sort(arrived.begin(), arrived.end(), [](const auto& a, const auto& b) {
     return std::tie(a.file, a.offset) < std::tie(b.file, b.offset);

@@ -20,12 +20,12 @@
 // (other loads of the round on this node wait for that, and so does the data plane's FETCH of
 // each range — from the moment this node heard its plan, or asked for it: WaitStaged), (2)
 // fetches the ranges other nodes read over the data plane into the hot cache, one window per
-// FETCH, one thread per peer — a peer that fails is not asked again by this load; a range this
-// node holds a copy of for another node (its peer pool) is copied from there instead, with no
-// network — and (3) reads as
-// above, so fetched bytes are verified against the manifest like any resident bytes, and
-// whatever did not arrive (a dead or stalled peer, a full pool) is read from storage. A failed
-// or absent plan is a load as before.
+// FETCH, one thread per peer — a peer that fails is not asked again by this load, and what it
+// did not deliver is fetched from the range's other holders the plan names (Fetch.alternates),
+// in turn; a range this node holds a copy of for another node (its peer pool) is copied from
+// there instead, with no network — and (3) reads as above, so fetched bytes are verified against
+// the manifest like any resident bytes, and whatever did not arrive (no source of it answered,
+// a full pool) is read from storage. A failed or absent plan is a load as before.
 //
 // A memory-only step (saved with persist=False) has no MANIFEST: its manifest comes from the
 // coordinator (Config::step_manifest), and its bytes only from memory — this node's hot cache,

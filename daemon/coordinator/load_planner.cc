@@ -162,8 +162,9 @@ void LoadPlanner::MakePlan(Round& round, std::map<std::string, uint64_t>& read,
   round.pieces.clear();
   round.serve.clear();
   round.holders.clear();
+  round.held_by.clear();
   // The memory holders of each file, as indices into round.holders.
-  std::map<std::string, std::vector<int32_t>> held_by;
+  auto& held_by = round.held_by;
   for (const auto& [file, holders] : held) {
     for (const auto& h : holders) {
       if (h.second.empty()) continue;  // no data plane: cannot serve
@@ -313,6 +314,16 @@ LoadPlanResponse LoadPlanner::Answer(const Round& round, const std::string& node
             MakeRange(need.file(), std::max(begin, p->begin), std::min(end, p->end));
         f->set_node_id(holder_node);
         f->set_peer_address(holder_address);
+        // The file's other holders, from the one after this piece's on: a holder that fails
+        // leaves its pieces to the next, not all to the same one.
+        const auto& all = round.held_by.at(need.file());
+        const auto at = std::find(all.begin(), all.end(), p->holder) - all.begin();
+        for (size_t k = 1; k < all.size(); ++k) {
+          const auto& [node, address] = round.holders[all[(at + k) % all.size()]];
+          auto* alternate = f->add_alternates();
+          alternate->set_node_id(node);
+          alternate->set_peer_address(address);
+        }
         continue;
       }
       if (p->reader == me || round.addresses[p->reader].empty()) continue;

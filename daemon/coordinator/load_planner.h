@@ -26,16 +26,20 @@
 // step that live daemons hold in memory (MemoryHolders: the node that wrote the file, while it is
 // alive, and its holders in the peer-memory tier, proto/README.md §4.1). Every piece of such a
 // file is fetched from one of them — in turn, piece by piece — and nobody reads it from storage:
-// a replacement node restores a lost node's ranks from the lost node's holders. They are asked
-// for once, when the round is planned (O(ranks) in the coordinator), not at every ask. A node
+// a replacement node restores a lost node's ranks from the lost node's holders. Each fetch of
+// such a piece also names the file's other holders (Fetch.alternates), which the loader tries in
+// turn when the named one fails: a piece fails only when no holder serves it. The holders are
+// asked for once, when the round is planned (O(ranks) in the coordinator), not at every ask. A node
 // that is itself one of a file's holders may be named as the source of its own pieces, or
 // another holder may: either way the loader copies them from its own peer pool, with no
 // network (daemon/load_service.h).
 //
-// Failure is always a storage read: a fetch that fails, stalls or returns bad bytes (the loader
-// verifies each checksum piece against the manifest, wherever its bytes came from) is read from
-// storage by the loader itself. So a plan can be wrong about who is alive and still never make
-// a load fail or return wrong bytes.
+// Failure is always another holder or a storage read: a fetch that fails or stalls is tried at
+// the piece's other holders, and what none of them served, or what arrived with bad bytes (the
+// loader verifies each checksum piece against the manifest, wherever its bytes came from), is
+// read from storage by the loader itself. So a plan can be wrong about who is alive and still
+// never make a load of a persisted step fail or return wrong bytes; a memory-only step fails
+// only when no live holder of a piece serves it.
 //
 // Cost: the plan is O(R log R + B / grain) in the ranges all nodes sent (R ≈ nodes × stored
 // shards they read) and the bytes they cover (B), plus O(nodes) per change of the set of nodes
@@ -124,6 +128,7 @@ class LoadPlanner {
     std::map<std::string, std::vector<Piece>> pieces;          // file → pieces, sorted
     std::vector<std::vector<ckptd::v1::FileRange>> serve;      // index → what that node serves
     std::vector<std::pair<std::string, std::string>> holders;  // memory holders: node, address
+    std::map<std::string, std::vector<int32_t>> held_by;  // file → its holders (into `holders`)
   };
 
   // `read`: bytes each node reads from storage in the step's earlier rounds, carried on so that

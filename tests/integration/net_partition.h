@@ -1,6 +1,7 @@
 // Cutting one process off the network while it lives, for the partition tests: the link between
 // a daemon and everything else on loopback (its coordinator stream, its data plane, its metrics
-// port) goes dark, while the process runs on and still reaches the file system.
+// port) goes dark, while the process runs on and still reaches the file system. Or only one of
+// its ports (CutPort): its data plane stalls while its coordinator stream goes on.
 //
 // How: the daemon runs under a group id of its own (DaemonProcess::Options::launcher, setpriv
 // --regid), and an nftables table of this test process's own, in the output and input hooks,
@@ -91,6 +92,26 @@ class NetPartition {
           << "}\n";
     INFO(last_output_);
     REQUIRE(Run(rules.str(), "cut"));
+    cut_ = true;
+  }
+
+  // Drops every TCP packet to or from `port` on this machine from now on: one listening
+  // service goes dark (a daemon's data plane that stalls, say) while the process's other links
+  // work. Every packet on loopback passes its sender's output hook, so one chain does it; no
+  // group is needed (construct with gid 0). Heal() ends it.
+  void CutPort(uint16_t port) {
+    REQUIRE_FALSE(cut_);
+    RemoveLeftovers();
+    std::ostringstream rules;
+    rules << "table inet " << table_ << " {\n"
+          << "  chain out {\n"
+          << "    type filter hook output priority 0; policy accept;\n"
+          << "    tcp dport " << port << " drop\n"
+          << "    tcp sport " << port << " drop\n"
+          << "  }\n"
+          << "}\n";
+    INFO(last_output_);
+    REQUIRE(Run(rules.str(), "cut-port"));
     cut_ = true;
   }
 

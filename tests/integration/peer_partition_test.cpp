@@ -4,7 +4,8 @@
 // the epoch that ended counts (its steps in flight end aborted, its copies no longer count, its
 // queued reports are refused by epoch), and it rejoins cleanly in a new epoch. The cut is made
 // with nftables rules of the test's own (net_partition.h) on loopback; without root or nft the
-// test is skipped, and says so.
+// test is skipped, and says so. And a holder whose data plane alone stalls, while the coordinator
+// still counts it: a load fetches what it did not deliver from the file's other holders.
 #include "tests/integration/peer_tier_harness.h"  // first: it configures Catch
 
 #include <filesystem>
@@ -111,6 +112,55 @@ TEST_CASE(
   // It rejoins cleanly, in a new epoch: once every node has its holder again, a persisted step 4
   // commits, is replicated, and restores bit-exactly on every rank.
   TrainsOn(nodes, ranks, 4);
+}
+
+TEST_CASE(
+    "peer tier: a holder whose data plane stalls leaves its pieces to the file's other holders, "
+    "and a replacement node restores a memory-only step all the same",
+    "[peer_tier][partition]") {
+  {
+    testing::TempDir probe;
+    if (const std::string why = NetPartition::Unavailable(probe); !why.empty()) {
+      std::cout << "CKPT-TEST-SKIPPED: [partition] " << why << std::endl;
+      return;
+    }
+  }
+  // Three nodes, each node's step held by both others (--replicas 2).
+  Tier t(3, "2", 2);
+  SaveCommittedThenMemoryOnly(t.ranks);
+  // n0 dies with its memory.
+  t.ranks[0].reset();
+  t.nodes[0]->Kill(SIGKILL);
+  // n1's data plane goes dark while its coordinator stream (a Unix socket) goes on: the
+  // coordinator still counts n1 as a holder, and as rank 1's writer, which a load's plan names
+  // first for rank 1's file. The replacement gives up on a silent peer after 2 s.
+  const std::string bound = ConfigValue(StatusOf(*t.nodes[1]), "peer-bound");
+  const auto colon = bound.rfind(':');
+  REQUIRE(colon != std::string::npos);
+  NetPartition cut(t.dir, 0);
+  cut.CutPort(static_cast<uint16_t>(std::stoul(bound.substr(colon + 1))));
+  auto replacement = JoinTier(t, "n3", "2", {"--peer-timeout", "2s"});
+  t.ranks[0] = std::make_unique<ModelRank>(replacement->socket(), kJob, 0, 3, 1, kTensors);
+  REQUIRE(Has(CopiesOf(t.coordinator, 2, 1), "n1"));
+  REQUIRE(Has(CopiesOf(t.coordinator, 2, 1), "n2"));
+
+  // Every rank restores step 2 bit-exactly. The replacement holds nothing: its fetches from n1
+  // (rank 1's file, and whatever pieces of the others the plan gave n1) fail, and n2, their other
+  // holder, serves them. Nothing of step 2 is on storage, so a piece that no holder served would
+  // have failed the load. n1 and n2 read only what their own peer pools hold for the others.
+  LoadEveryRankAndCheck(t.ranks, 2);
+  const double failed =
+      Metric(*replacement, "ckptd_peer_requests_failed_total{reason=\"timeout\"}") +
+      Metric(*replacement, "ckptd_peer_requests_failed_total{reason=\"unavailable\"}");
+  CHECK(failed > 0);
+  CHECK(Metric(*replacement, "ckptd_peer_bytes_total{direction=\"received\"}") > 0);
+  CHECK_THAT(replacement->Log(), Catch::Contains("leaving its ranges to their other holders"));
+  double from_storage = 0;
+  for (const DaemonProcess* n : {t.nodes[1].get(), t.nodes[2].get(), replacement.get()}) {
+    from_storage += Metric(*n, "ckptd_read_bytes_total{source=\"storage\"}");
+  }
+  CHECK(from_storage == 0);
+  cut.Heal();
 }
 
 }  // namespace

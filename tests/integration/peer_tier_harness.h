@@ -145,13 +145,15 @@ inline void TrainsOn(const std::vector<std::unique_ptr<DaemonProcess>>& nodes,
 // A fresh daemon (node id `id`, nothing in memory) joining the tier of `t`: a lost node's
 // replacement.
 inline std::unique_ptr<DaemonProcess> JoinTier(const Tier& t, const std::string& id,
-                                               const std::string& replicas = "1") {
+                                               const std::string& replicas = "1",
+                                               const std::vector<std::string>& more_flags = {}) {
   DaemonProcess::Options o;
   o.socket = t.dir / (id + ".sock");
   o.storage_root = t.root;
   o.log_path = t.dir / (id + ".log");
   o.flags = {"--node-id", id, "--coordinator", t.coordinator.address()};
   for (const auto& f : TierFlags(replicas)) o.flags.push_back(f);
+  for (const auto& f : more_flags) o.flags.push_back(f);
   return std::make_unique<DaemonProcess>(o);
 }
 

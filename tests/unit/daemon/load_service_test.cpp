@@ -2,17 +2,23 @@
 // newest committed step or a named one, the first load read from storage and a replica's load
 // of the same bytes served from the hot cache, a load resharded across the stored shards, the
 // rank's extra blob (also for a rank the saved job did not have), errors for a missing step or
-// tensor, the non-strict load, and the pins released once a load ends.
+// tensor, the non-strict load, the pins released once a load ends, and a load planned across
+// nodes whose peers fail (fake peers serving the step's files): what a failed peer did not
+// deliver comes from the range's other sources, and only what none delivered from storage.
 #include "daemon/load_service.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <fcntl.h>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <chrono>
+
 #include <filesystem>
+#include <mutex>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -97,7 +103,8 @@ struct Fixture {
   MappingCache mappings;
   std::map<uint64_t, TestTensor> saved;  // tensor "w" of each step written
 
-  explicit Fixture(uint32_t keep = 0) {
+  explicit Fixture(uint32_t keep = 0,
+                   const std::function<void(LoadService::Config&)>& configure = nullptr) {
     auto p = HostPool::Create(
         HostPool::Config{.size = 64 * 16384, .slot_size = 16384, .lock_memory = false});
     REQUIRE_OK(p);
@@ -109,6 +116,7 @@ struct Fixture {
     config.storage_root = root;
     config.threads = 1;
     config.reader.io_threads = 2;
+    if (configure) configure(config);
     loads = std::make_unique<LoadService>(io, config, PosixFileSystem(), commit.get(), hot.get());
     loads->Start();
   }
@@ -147,7 +155,87 @@ struct Fixture {
     r.plan = reg.plan;
     return r;
   }
+
+  // Load (planned when the config plans), the loop run until it answers.
+  Result<LoadService::Outcome> RunLoad(LoadService::Request request) {
+    std::optional<Result<LoadService::Outcome>> answer;
+    loads->Load(std::move(request), [&](Result<LoadService::Outcome> r) { answer = std::move(r); });
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!answer && std::chrono::steady_clock::now() < deadline) {
+      io.run_one_for(std::chrono::milliseconds(50));
+    }
+    REQUIRE(answer.has_value());
+    return std::move(*answer);
+  }
 };
+
+// Daemons' data planes, faked: each address serves the committed step's data files from storage
+// (as a holder serves its copy), except the addresses that are down, and those that answer their
+// first FETCH with NOT_FOUND (a holder lacking that range). Counts FETCHes per address.
+struct FakePeers {
+  std::string root;
+  std::set<std::string> down;
+  std::mutex mu;
+  std::set<std::string> lacking_first;
+  std::map<std::string, int> fetches;
+
+  class Peer final : public PeerFetch {
+   public:
+    Peer(FakePeers* peers, std::string address) : peers_(peers), address_(std::move(address)) {}
+    Status Fetch(const std::string& job, uint64_t step, const std::string& file, uint64_t offset,
+                 uint64_t length, std::byte* out) override {
+      {
+        std::lock_guard lock(peers_->mu);
+        ++peers_->fetches[address_];
+        if (peers_->lacking_first.erase(address_) > 0) return NotFound("no " + file + " here");
+      }
+      if (peers_->down.contains(address_)) return Unavailable("peer " + address_ + " is down");
+      UniqueFd fd(::open((StepDir(peers_->root, job, step) + "/" + file).c_str(), O_RDONLY));
+      if (!fd) return NotFound(file);
+      if (::pread(fd.get(), out, length, static_cast<off_t>(offset)) !=
+          static_cast<ssize_t>(length)) {
+        return OutOfRange(file);
+      }
+      return Status::Ok();
+    }
+
+   private:
+    FakePeers* peers_;
+    std::string address_;
+  };
+  int FetchesOf(const std::string& address) {
+    std::lock_guard lock(mu);
+    return fetches[address];
+  }
+};
+
+// The plan a coordinator would make for one rank whose file two daemons hold: each range the
+// load needs cut in two halves, the first fetched from "a:1" then "b:1", the second from "b:1"
+// then "a:1" (alternates), or from `only` alone when it is set (a range read from storage for
+// the others: no alternates).
+pb::LoadPlanResponse TwoSourcePlan(const pb::LoadPlanRequest& ask, const std::string& only = "") {
+  pb::LoadPlanResponse plan;
+  plan.set_ready(true);
+  plan.set_round(1);
+  for (const auto& need : ask.needs()) {
+    const uint64_t half = need.length() / 2;
+    for (int part = 0; part < 2; ++part) {
+      auto* f = plan.add_fetch();
+      f->mutable_range()->set_file(need.file());
+      f->mutable_range()->set_offset(need.offset() + (part == 0 ? 0 : half));
+      f->mutable_range()->set_length(part == 0 ? half : need.length() - half);
+      const std::string first = !only.empty() ? only : part == 0 ? "a:1" : "b:1";
+      f->set_node_id(first);
+      f->set_peer_address(first);
+      if (only.empty()) {
+        auto* alternate = f->add_alternates();
+        alternate->set_node_id(part == 0 ? "b:1" : "a:1");
+        alternate->set_peer_address(alternate->node_id());
+      }
+    }
+  }
+  return plan;
+}
 
 TEST_CASE("LoadService: the newest step is read from storage once, a replica's load from memory",
           "[daemon][load_service]") {
@@ -332,6 +420,75 @@ TEST_CASE("LoadService: Load runs off the loop, answers on it, and its pins end 
   *node.mutable_ranks() = m->ranks();
   REQUIRE_OK(f.commit->Commit(std::span(&node, 1)));
   CHECK(*f.commit->List(kJob) == std::vector<uint64_t>{2});
+}
+
+TEST_CASE(
+    "LoadService: what a failed peer did not deliver comes from the range's other holders, and "
+    "only what no source delivered from storage",
+    "[daemon][load_service]") {
+  FakePeers peers;
+  std::string only;  // the plan's single source, when set
+  auto configure = [&](LoadService::Config& c) {
+    c.node_id = "n0";
+    c.peer_address = [] { return std::string("n0:1"); };
+    c.plan_load = [&](pb::LoadPlanRequest ask, CoordinatorPort::PlanLoadDone done) {
+      done(TwoSourcePlan(ask, only));
+    };
+    c.connect_peer = [&](const std::string& address) -> std::unique_ptr<PeerFetch> {
+      return std::make_unique<FakePeers::Peer>(&peers, address);
+    };
+  };
+  Fixture f(0, configure);
+  peers.root = f.root;
+  f.Save(1);
+  Registration reg(f.mappings, {BoxSpec("w", {kWorld, kCols}, {0, 0}, {1, kCols})});
+  auto request = f.Request(reg, 0, 1);
+  request.world_size = 1;
+  const uint64_t bytes = kCols * 4;
+
+  SECTION("a holder down: its half comes from the other, once asked") {
+    peers.down = {"a:1"};
+    auto out = f.RunLoad(request);
+    REQUIRE_OK(out);
+    CHECK(reg.Contents() == f.Expected(1, {0, 0}, {1, kCols}));
+    CHECK(out->bytes_from_storage == 0);
+    CHECK(out->bytes_from_peers == bytes);
+    CHECK(peers.FetchesOf("a:1") == 1);  // failed once, not asked again by this load
+    CHECK(peers.FetchesOf("b:1") == 2);  // its own half, then a's
+  }
+  SECTION("a holder lacking a range passes on just that range and serves the others") {
+    // a:1 answers NOT_FOUND for the first half, which goes to b:1; b:1 is down, so its half
+    // goes to a:1, which still serves it. The first half has no source left: storage.
+    peers.lacking_first = {"a:1"};
+    peers.down = {"b:1"};
+    auto out = f.RunLoad(request);
+    REQUIRE_OK(out);
+    CHECK(reg.Contents() == f.Expected(1, {0, 0}, {1, kCols}));
+    CHECK(out->bytes_from_peers == bytes / 2);
+    CHECK(out->bytes_from_storage >= bytes / 2);
+    CHECK(peers.FetchesOf("a:1") == 2);
+    CHECK(peers.FetchesOf("b:1") == 1);
+  }
+  SECTION("both down: storage, after each was asked once") {
+    peers.down = {"a:1", "b:1"};
+    auto out = f.RunLoad(request);
+    REQUIRE_OK(out);
+    CHECK(reg.Contents() == f.Expected(1, {0, 0}, {1, kCols}));
+    CHECK(out->bytes_from_peers == 0);
+    CHECK(out->bytes_from_storage >= bytes);
+    CHECK(peers.FetchesOf("a:1") == 1);
+    CHECK(peers.FetchesOf("b:1") == 1);
+  }
+  SECTION("a range read for the others has no alternates: storage when its reader fails") {
+    only = "a:1";
+    peers.down = {"a:1"};
+    auto out = f.RunLoad(request);
+    REQUIRE_OK(out);
+    CHECK(reg.Contents() == f.Expected(1, {0, 0}, {1, kCols}));
+    CHECK(out->bytes_from_peers == 0);
+    CHECK(out->bytes_from_storage >= bytes);
+    CHECK(peers.FetchesOf("a:1") == 1);
+  }
 }
 
 }  // namespace

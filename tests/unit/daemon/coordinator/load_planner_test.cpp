@@ -167,11 +167,52 @@ TEST_CASE(
     CHECK(from["h1"] == 32 * kMiB);
     CHECK(from["h2"] == 32 * kMiB);
     for (const FileRange& r : a->serve()) CHECK(r.file() == other);
+    // A fetch from a holder names the other one as its alternate; one from a node that reads
+    // the bytes from storage names none (storage is the loader's fallback).
+    for (const auto& f : a->fetch()) {
+      INFO(f.ShortDebugString());
+      if (f.range().file() != kFile) {
+        CHECK(f.alternates_size() == 0);
+        continue;
+      }
+      REQUIRE(f.alternates_size() == 1);
+      const std::string other_holder = f.node_id() == "h1" ? "h2" : "h1";
+      CHECK(f.alternates(0).node_id() == other_holder);
+      CHECK(f.alternates(0).peer_address() == (other_holder == "h1" ? "10.0.0.1:1" : "10.0.0.2:1"));
+    }
   }
   // `other` is planned as before: each byte read from storage by one of the two nodes.
   Spans served = ServeSpans(first), also = ServeSpans(last);
   served.insert(served.end(), also.begin(), also.end());
   CHECK(Tiles(served, 0, 32 * kMiB));
+}
+
+TEST_CASE(
+    "LoadPlanner: a held piece's alternates are the file's other holders, each in turn after the "
+    "piece's own",
+    "[load_plan]") {
+  LoadPlanner planner;
+  const std::vector<std::pair<std::string, std::string>> holders = {
+      {"h0", "10.0.0.1:1"}, {"h1", "10.0.0.2:1"}, {"h2", "10.0.0.3:1"}};
+  const LoadPlanner::MemoryHolders held = {{kFile, holders}};
+  const LoadPlanResponse plan =
+      Ok(planner.Ask(Req(0, 1, "n0", "n0:1", {Range(kFile, 0, 96 * kMiB)}),
+                     LoadPlanner::Clock::now(), [&] { return held; }));
+  REQUIRE(plan.ready());
+  REQUIRE(plan.fetch_size() == 6);  // six 16 MiB pieces, two from each holder
+  for (const auto& f : plan.fetch()) {
+    INFO(f.ShortDebugString());
+    const auto own = std::find_if(holders.begin(), holders.end(),
+                                  [&](const auto& h) { return h.first == f.node_id(); }) -
+                     holders.begin();
+    REQUIRE(own < 3);
+    REQUIRE(f.alternates_size() == 2);
+    for (int k = 0; k < 2; ++k) {
+      const auto& [node, address] = holders[static_cast<size_t>((own + 1 + k) % 3)];
+      CHECK(f.alternates(k).node_id() == node);
+      CHECK(f.alternates(k).peer_address() == address);
+    }
+  }
 }
 
 TEST_CASE("LoadPlanner: a range only one node needs stays local", "[load_plan]") {

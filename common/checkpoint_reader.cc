@@ -320,6 +320,55 @@ CheckpointReader::CheckpointReader(FileSystem* fs, std::string step_dir,
                                    ckptd::v1::Manifest manifest, Options options)
     : fs_(fs), step_dir_(std::move(step_dir)), manifest_(std::move(manifest)), options_(options) {}
 
+std::shared_ptr<const std::vector<CheckpointReader::PieceSum>> CheckpointReader::PiecesOf(
+    const std::string& file) const {
+  MutexLock lock(index_mu_);
+  auto& pieces = pieces_by_file_[file];
+  if (pieces != nullptr) return pieces;
+  auto index = std::make_shared<std::vector<PieceSum>>();
+  for (int t = 0; t < manifest_.tensors_size(); ++t) {
+    for (const auto& shard : manifest_.tensors(t).shards()) {
+      if (shard.file() != file || shard.chunk_size() == 0 ||
+          static_cast<uint64_t>(shard.chunk_xxh3_size()) !=
+              ChunkCount(shard.length(), shard.chunk_size())) {
+        continue;
+      }
+      for (int i = 0; i < shard.chunk_xxh3_size(); ++i) {
+        const uint64_t begin = static_cast<uint64_t>(i) * shard.chunk_size();
+        index->push_back(PieceSum{shard.offset() + begin,
+                                  std::min(shard.chunk_size(), shard.length() - begin),
+                                  shard.chunk_xxh3(i), static_cast<uint32_t>(t)});
+      }
+    }
+  }
+  std::sort(index->begin(), index->end(),
+            [](const PieceSum& a, const PieceSum& b) { return a.offset < b.offset; });
+  pieces = std::move(index);
+  return pieces;
+}
+
+Status CheckpointReader::VerifyRange(const std::string& file, uint64_t offset,
+                                     const std::byte* data, uint64_t length) const {
+  const auto pieces = PiecesOf(file);
+  const uint64_t end = offset + length;
+  auto it = std::lower_bound(pieces->begin(), pieces->end(), offset,
+                             [](const PieceSum& p, uint64_t at) { return p.offset < at; });
+  // Pieces of a file never overlap: sorted by offset, the first one that runs past the range
+  // ends the pieces inside it (a malformed manifest's overlapping ones are checked or not).
+  for (; it != pieces->end() && it->offset + it->length <= end &&
+         it->offset + it->length > it->offset;
+       ++it) {
+    const uint64_t actual = Xxh3(data + (it->offset - offset), it->length);
+    if (actual != it->xxh3) {
+      return DataLoss("checksum mismatch in " + file + " [" + std::to_string(it->offset) + ", " +
+                      std::to_string(it->offset + it->length) + ") of tensor " +
+                      Quote(manifest_.tensors(static_cast<int>(it->tensor)).name()) +
+                      ": expected xxh3 " + Hex(it->xxh3) + ", got " + Hex(actual));
+    }
+  }
+  return Status::Ok();
+}
+
 const TensorEntry* CheckpointReader::FindTensor(std::string_view name) const {
   for (const auto& t : manifest_.tensors()) {
     if (t.name() == name) return &t;

@@ -12,13 +12,14 @@
 // pieces it holds are verified and taken from memory, and only the others are read — with every
 // piece resident, Read opens no data file at all.
 //
-// Thread safety: Read and Verify may run concurrently; the reader owns no mutable state but
-// its counters (atomic).
+// Thread safety: Read, Verify and VerifyRange may run concurrently; the reader owns no mutable
+// state but its counters (atomic) and VerifyRange's index of checksum pieces (one mutex).
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -28,6 +29,7 @@
 #include "ckptd/v1/manifest.pb.h"
 #include "common/file_system.h"
 #include "common/geometry.h"
+#include "common/mutex.h"
 
 namespace ckpt {
 
@@ -111,6 +113,15 @@ class CheckpointReader {
   // long enough. Returns one line per problem found (empty when the step is intact).
   Result<std::vector<std::string>> Verify();
 
+  // Checks bytes [offset, offset + length) of data file `file`, held in `data` (fetched from
+  // another daemon, say), against the manifest: every checksum piece lying wholly inside the
+  // range. Pieces it only partly covers are not checked (Read checks them when it uses them);
+  // shards whose checksum fields are malformed are skipped likewise. kDataLoss names the
+  // first piece that differs. The first call for a file indexes its pieces: O(shards) once,
+  // then O(log pieces + the bytes checked) per call.
+  Status VerifyRange(const std::string& file, uint64_t offset, const std::byte* data,
+                     uint64_t length) const;
+
   uint64_t bytes_read() const { return bytes_read_.load(std::memory_order_relaxed); }
 
  private:
@@ -118,11 +129,24 @@ class CheckpointReader {
   Status PlanPieces(std::span<const Request> requests,
                     std::vector<read_plan::FilePieces>* pieces) const;
 
+  // One checksum piece of a data file, for VerifyRange.
+  struct PieceSum {
+    uint64_t offset;
+    uint64_t length;
+    uint64_t xxh3;
+    uint32_t tensor;  // index into the manifest, for the message
+  };
+  // The pieces of `file` by offset, built on first use.
+  std::shared_ptr<const std::vector<PieceSum>> PiecesOf(const std::string& file) const;
+
   FileSystem* fs_;
   std::string step_dir_;
   ckptd::v1::Manifest manifest_;
   Options options_;
   std::atomic<uint64_t> bytes_read_{0};
+  mutable Mutex index_mu_;
+  mutable std::map<std::string, std::shared_ptr<const std::vector<PieceSum>>, std::less<>>
+      pieces_by_file_ GUARDED_BY(index_mu_);
 };
 
 }  // namespace ckpt

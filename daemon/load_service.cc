@@ -511,6 +511,10 @@ std::vector<CheckpointReader::FileRange> LoadService::FetchFromPeers(
     BorrowedBuffer buffer;
     for (size_t i = 0; i < work.size(); ++i) {
       const auto& r = work[i].fetch->range();
+      // A copy in memory that has other sources is checked before it enters the hot cache: a
+      // bad one is left for the next source. (Bytes a node read from storage for the others
+      // have only storage behind them, which Read falls back to when they fail there.)
+      const bool check = work[i].fetch->alternates_size() > 0;
       for (uint64_t pos = work[i].from, end = r.offset() + r.length(); pos < end;) {
         const uint64_t n = std::min(end - pos, window - pos % window);
         buffer.Reserve(n);  // std::bad_alloc: see the thread below
@@ -518,12 +522,19 @@ std::vector<CheckpointReader::FileRange> LoadService::FetchFromPeers(
             config_.read_held_copy(p.request.job, p.step, r.file(), pos, n, buffer.data())) {
           // This node holds a copy of that file for its own node (its peer pool): no network.
           // Resident from here on, it counts as bytes from memory, not from peers.
-          hot_->InsertRead(p.request.job, p.step, r.file(), pos, buffer.data(), n);
-          pos += n;
-          continue;
+          const Status held =
+              check ? p.reader->VerifyRange(r.file(), pos, buffer.data(), n) : Status::Ok();
+          if (held.ok()) {
+            hot_->InsertRead(p.request.job, p.step, r.file(), pos, buffer.data(), n);
+            pos += n;
+            continue;
+          }
+          spdlog::warn("{}: this node's own copy is bad, fetching it instead: {}", p.ctx,
+                       held.ToString());
         }
         if (client == nullptr) client = config_.connect_peer(address);
-        const Status s = client->Fetch(p.request.job, p.step, r.file(), pos, n, buffer.data());
+        Status s = client->Fetch(p.request.job, p.step, r.file(), pos, n, buffer.data());
+        if (s.ok() && check) s = p.reader->VerifyRange(r.file(), pos, buffer.data(), n);
         if (s.code() == StatusCode::kNotFound || s.code() == StatusCode::kOutOfRange) {
           spdlog::warn(
               "{}: peer {} lacks part of {}, leaving it to its other holders or storage: {}", p.ctx,

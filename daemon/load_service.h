@@ -23,9 +23,12 @@
 // FETCH, one thread per peer — a peer that fails is not asked again by this load, and what it
 // did not deliver is fetched from the range's other holders the plan names (Fetch.alternates),
 // in turn; a range this node holds a copy of for another node (its peer pool) is copied from
-// there instead, with no network — and (3) reads as above, so fetched bytes are verified against
-// the manifest like any resident bytes, and whatever did not arrive (no source of it answered,
-// a full pool) is read from storage. A failed or absent plan is a load as before.
+// there instead, with no network. A window of a range with other holders is checked against
+// the manifest before it enters the hot cache (CheckpointReader::VerifyRange): a bad copy, held
+// here or fetched, is left for the next source like a failed fetch. (3) reads as above, so
+// every fetched byte is verified against the manifest like any resident bytes, and whatever did
+// not arrive (no source of it answered, a full pool) is read from storage. A failed or absent
+// plan is a load as before.
 //
 // A memory-only step (saved with persist=False) has no MANIFEST: its manifest comes from the
 // coordinator (Config::step_manifest), and its bytes only from memory — this node's hot cache,

@@ -34,10 +34,11 @@
 // another holder may: either way the loader copies them from its own peer pool, with no
 // network (daemon/load_service.h).
 //
-// Failure is always another holder or a storage read: a fetch that fails or stalls is tried at
-// the piece's other holders, and what none of them served, or what arrived with bad bytes (the
-// loader verifies each checksum piece against the manifest, wherever its bytes came from), is
-// read from storage by the loader itself. So a plan can be wrong about who is alive and still
+// Failure is always another holder or a storage read: a fetch that fails, stalls or brings bytes
+// that do not match the manifest is tried at the piece's other holders, and what none of them
+// served, or what arrived with bad bytes from a node that read it from storage (the loader
+// verifies each checksum piece against the manifest, wherever its bytes came from), is read
+// from storage by the loader itself. So a plan can be wrong about who is alive and still
 // never make a load of a persisted step fail or return wrong bytes; a memory-only step fails
 // only when no live holder of a piece serves it.
 //

@@ -76,23 +76,17 @@ class NetPartition {
 
   // Drops every packet of the group's connections from now on.
   void Cut() {
-    REQUIRE_FALSE(cut_);
-    RemoveLeftovers();
-    std::ostringstream rules;
-    rules << "table inet " << table_ << " {\n"
-          << "  chain out {\n"
-          << "    type filter hook output priority 0; policy accept;\n"
-          << "    meta skgid " << gid_ << " ct mark set " << mark_ << "\n"
-          << "    ct mark " << mark_ << " drop\n"
-          << "  }\n"
-          << "  chain in {\n"
-          << "    type filter hook input priority 0; policy accept;\n"
-          << "    ct mark " << mark_ << " drop\n"
-          << "  }\n"
-          << "}\n";
-    INFO(last_output_);
-    REQUIRE(Run(rules.str(), "cut"));
-    cut_ = true;
+    std::ostringstream chains;
+    chains << "  chain out {\n"
+           << "    type filter hook output priority 0; policy accept;\n"
+           << "    meta skgid " << gid_ << " ct mark set " << mark_ << "\n"
+           << "    ct mark " << mark_ << " drop\n"
+           << "  }\n"
+           << "  chain in {\n"
+           << "    type filter hook input priority 0; policy accept;\n"
+           << "    ct mark " << mark_ << " drop\n"
+           << "  }\n";
+    Install(chains.str(), "cut");
   }
 
   // Drops every TCP packet to or from `port` on this machine from now on: one listening
@@ -100,19 +94,13 @@ class NetPartition {
   // work. Every packet on loopback passes its sender's output hook, so one chain does it; no
   // group is needed (construct with gid 0). Heal() ends it.
   void CutPort(uint16_t port) {
-    REQUIRE_FALSE(cut_);
-    RemoveLeftovers();
-    std::ostringstream rules;
-    rules << "table inet " << table_ << " {\n"
-          << "  chain out {\n"
-          << "    type filter hook output priority 0; policy accept;\n"
-          << "    tcp dport " << port << " drop\n"
-          << "    tcp sport " << port << " drop\n"
-          << "  }\n"
-          << "}\n";
-    INFO(last_output_);
-    REQUIRE(Run(rules.str(), "cut-port"));
-    cut_ = true;
+    std::ostringstream chains;
+    chains << "  chain out {\n"
+           << "    type filter hook output priority 0; policy accept;\n"
+           << "    tcp dport " << port << " drop\n"
+           << "    tcp sport " << port << " drop\n"
+           << "  }\n";
+    Install(chains.str(), "cut-port");
   }
 
   // Removes the rules: the link works again.
@@ -124,6 +112,15 @@ class NetPartition {
   }
 
  private:
+  // Adds this process's table with `chains`: the cut starts.
+  void Install(const std::string& chains, const std::string& what) {
+    REQUIRE_FALSE(cut_);
+    RemoveLeftovers();
+    INFO(last_output_);
+    REQUIRE(Run("table inet " + table_ + " {\n" + chains + "}\n", what));
+    cut_ = true;
+  }
+
   static std::string Nft() {
     for (const char* path : {"/usr/sbin/nft", "/sbin/nft"}) {
       if (std::filesystem::exists(path)) return path;

@@ -528,6 +528,41 @@ TEST_CASE("a flipped byte anywhere in a shard is found by Verify and fails Read"
   for (const auto& t : fx.tensors) REQUIRE_OK(fx.ReadFull(*reader, t));
 }
 
+TEST_CASE(
+    "VerifyRange checks the pieces wholly inside a range of held bytes, and names one that differs",
+    "[reader]") {
+  Fixture fx(testing::TestSeed());
+  auto reader = fx.Open();
+  // The first shard of "embed.weight" (rank 0's file), several 4 KiB pieces.
+  const auto& shard = fx.manifest.tensors(0).shards(0);
+  REQUIRE(shard.length() > 2 * shard.chunk_size());
+  auto bytes = PosixFileSystem()->ReadFile(fx.DataPath(shard));
+  REQUIRE_OK(bytes);
+  std::vector<std::byte> file(bytes->size());
+  std::memcpy(file.data(), bytes->data(), file.size());
+  const std::string& name = shard.file();
+  CHECK_OK(reader->VerifyRange(name, 0, file.data(), file.size()));
+
+  // One flipped byte in the shard's second piece.
+  const uint64_t piece = shard.offset() + shard.chunk_size();
+  file[piece + 17] ^= std::byte{0x40};
+  const Status whole = reader->VerifyRange(name, 0, file.data(), file.size());
+  INFO(whole.ToString());
+  CHECK(whole.code() == StatusCode::kDataLoss);
+  CHECK(Contains(whole.message(), name));
+  CHECK(Contains(whole.message(), "embed.weight"));
+  CHECK(Contains(whole.message(), "[" + std::to_string(piece) + ", "));
+  // A range holding that piece whole fails; ranges that hold only part of it, or none of it,
+  // cannot check it and pass.
+  CHECK(reader->VerifyRange(name, piece, file.data() + piece, shard.chunk_size()).code() ==
+        StatusCode::kDataLoss);
+  const uint64_t half = shard.chunk_size() / 2;
+  CHECK_OK(reader->VerifyRange(name, piece + half, file.data() + piece + half, shard.chunk_size()));
+  CHECK_OK(reader->VerifyRange(name, 0, file.data(), piece));
+  // A file the manifest does not name has nothing to check.
+  CHECK_OK(reader->VerifyRange("rank-00009.data", 0, file.data(), file.size()));
+}
+
 TEST_CASE("padding between shards is not checksummed", "[reader]") {
   Fixture fx(testing::TestSeed());
   // embed.weight shard 0 is 20*129*4 = 10320 bytes; the next shard starts on a 4 KiB boundary.

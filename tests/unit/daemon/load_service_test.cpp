@@ -169,12 +169,25 @@ struct Fixture {
   }
 };
 
+// A committed step's data file bytes, as a holder in memory would have them.
+Status ReadStored(const std::string& root, const std::string& job, uint64_t step,
+                  const std::string& file, uint64_t offset, uint64_t length, std::byte* out) {
+  UniqueFd fd(::open((StepDir(root, job, step) + "/" + file).c_str(), O_RDONLY));
+  if (!fd) return NotFound(file);
+  if (::pread(fd.get(), out, length, static_cast<off_t>(offset)) != static_cast<ssize_t>(length)) {
+    return OutOfRange(file);
+  }
+  return Status::Ok();
+}
+
 // Daemons' data planes, faked: each address serves the committed step's data files from storage
-// (as a holder serves its copy), except the addresses that are down, and those that answer their
-// first FETCH with NOT_FOUND (a holder lacking that range). Counts FETCHes per address.
+// (as a holder serves its copy), except the addresses that are down, those that answer their
+// first FETCH with NOT_FOUND (a holder lacking that range), and those whose copy has a flipped
+// byte. Counts FETCHes per address.
 struct FakePeers {
   std::string root;
   std::set<std::string> down;
+  std::set<std::string> corrupt;
   std::mutex mu;
   std::set<std::string> lacking_first;
   std::map<std::string, int> fetches;
@@ -190,12 +203,8 @@ struct FakePeers {
         if (peers_->lacking_first.erase(address_) > 0) return NotFound("no " + file + " here");
       }
       if (peers_->down.contains(address_)) return Unavailable("peer " + address_ + " is down");
-      UniqueFd fd(::open((StepDir(peers_->root, job, step) + "/" + file).c_str(), O_RDONLY));
-      if (!fd) return NotFound(file);
-      if (::pread(fd.get(), out, length, static_cast<off_t>(offset)) !=
-          static_cast<ssize_t>(length)) {
-        return OutOfRange(file);
-      }
+      RETURN_IF_ERROR(ReadStored(peers_->root, job, step, file, offset, length, out));
+      if (peers_->corrupt.contains(address_)) out[length / 2] ^= std::byte{1};
       return Status::Ok();
     }
 
@@ -427,8 +436,17 @@ TEST_CASE(
     "only what no source delivered from storage",
     "[daemon][load_service]") {
   FakePeers peers;
-  std::string only;  // the plan's single source, when set
+  std::string only;            // the plan's single source, when set
+  bool bad_held_copy = false;  // this node holds a copy of every range, with a flipped byte
   auto configure = [&](LoadService::Config& c) {
+    c.read_held_copy = [&](const std::string& job, uint64_t step, const std::string& file,
+                           uint64_t offset, uint64_t length, std::byte* out) {
+      if (!bad_held_copy || !ReadStored(peers.root, job, step, file, offset, length, out).ok()) {
+        return false;
+      }
+      out[0] ^= std::byte{0x80};
+      return true;
+    };
     c.node_id = "n0";
     c.peer_address = [] { return std::string("n0:1"); };
     c.plan_load = [&](pb::LoadPlanRequest ask, CoordinatorPort::PlanLoadDone done) {
@@ -445,6 +463,13 @@ TEST_CASE(
   auto request = f.Request(reg, 0, 1);
   request.world_size = 1;
   const uint64_t bytes = kCols * 4;
+  // A load that no peer served: bit-exact, from storage.
+  auto from_storage_only = [&](const Result<LoadService::Outcome>& out) {
+    REQUIRE_OK(out);
+    CHECK(reg.Contents() == f.Expected(1, {0, 0}, {1, kCols}));
+    CHECK(out->bytes_from_peers == 0);
+    CHECK(out->bytes_from_storage >= bytes);
+  };
 
   SECTION("a holder down: its half comes from the other, once asked") {
     peers.down = {"a:1"};
@@ -469,24 +494,36 @@ TEST_CASE(
     CHECK(peers.FetchesOf("a:1") == 2);
     CHECK(peers.FetchesOf("b:1") == 1);
   }
-  SECTION("both down: storage, after each was asked once") {
-    peers.down = {"a:1", "b:1"};
+  SECTION("a holder serving bad bytes: its half comes from the other, never from storage") {
+    peers.corrupt = {"a:1"};
     auto out = f.RunLoad(request);
     REQUIRE_OK(out);
     CHECK(reg.Contents() == f.Expected(1, {0, 0}, {1, kCols}));
-    CHECK(out->bytes_from_peers == 0);
-    CHECK(out->bytes_from_storage >= bytes);
+    CHECK(out->bytes_from_storage == 0);
+    CHECK(out->bytes_from_peers == bytes);
+    CHECK(peers.FetchesOf("a:1") == 1);
+    CHECK(peers.FetchesOf("b:1") == 2);
+  }
+  SECTION("a bad copy held here is fetched from the plan's holder instead") {
+    bad_held_copy = true;
+    auto out = f.RunLoad(request);
+    REQUIRE_OK(out);
+    CHECK(reg.Contents() == f.Expected(1, {0, 0}, {1, kCols}));
+    CHECK(out->bytes_from_storage == 0);
+    CHECK(out->bytes_from_peers == bytes);
+    CHECK(peers.FetchesOf("a:1") == 1);
+    CHECK(peers.FetchesOf("b:1") == 1);
+  }
+  SECTION("both down: storage, after each was asked once") {
+    peers.down = {"a:1", "b:1"};
+    from_storage_only(f.RunLoad(request));
     CHECK(peers.FetchesOf("a:1") == 1);
     CHECK(peers.FetchesOf("b:1") == 1);
   }
   SECTION("a range read for the others has no alternates: storage when its reader fails") {
     only = "a:1";
     peers.down = {"a:1"};
-    auto out = f.RunLoad(request);
-    REQUIRE_OK(out);
-    CHECK(reg.Contents() == f.Expected(1, {0, 0}, {1, kCols}));
-    CHECK(out->bytes_from_peers == 0);
-    CHECK(out->bytes_from_storage >= bytes);
+    from_storage_only(f.RunLoad(request));
     CHECK(peers.FetchesOf("a:1") == 1);
   }
 }

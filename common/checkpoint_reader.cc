@@ -322,29 +322,44 @@ CheckpointReader::CheckpointReader(FileSystem* fs, std::string step_dir,
 
 std::shared_ptr<const std::vector<CheckpointReader::PieceSum>> CheckpointReader::PiecesOf(
     const std::string& file) const {
-  MutexLock lock(index_mu_);
-  auto& pieces = pieces_by_file_[file];
-  if (pieces != nullptr) return pieces;
-  auto index = std::make_shared<std::vector<PieceSum>>();
-  for (int t = 0; t < manifest_.tensors_size(); ++t) {
-    for (const auto& shard : manifest_.tensors(t).shards()) {
-      if (shard.file() != file || shard.chunk_size() == 0 ||
-          static_cast<uint64_t>(shard.chunk_xxh3_size()) !=
-              ChunkCount(shard.length(), shard.chunk_size())) {
-        continue;
+  std::vector<std::pair<uint32_t, uint32_t>> shards;  // (tensor, shard) of the file
+  {
+    MutexLock lock(index_mu_);
+    if (!files_indexed_) {  // one pass over the manifest, for every file at once
+      for (int t = 0; t < manifest_.tensors_size(); ++t) {
+        const auto& tensor = manifest_.tensors(t);
+        for (int s = 0; s < tensor.shards_size(); ++s) {
+          files_[tensor.shards(s).file()].shards.emplace_back(t, s);
+        }
       }
-      for (int i = 0; i < shard.chunk_xxh3_size(); ++i) {
-        const uint64_t begin = static_cast<uint64_t>(i) * shard.chunk_size();
-        index->push_back(PieceSum{shard.offset() + begin,
-                                  std::min(shard.chunk_size(), shard.length() - begin),
-                                  shard.chunk_xxh3(i), static_cast<uint32_t>(t)});
-      }
+      files_indexed_ = true;
+    }
+    auto it = files_.find(file);
+    if (it == files_.end()) return std::make_shared<const std::vector<PieceSum>>();
+    if (it->second.pieces != nullptr) return it->second.pieces;
+    shards = it->second.shards;
+  }
+  // The file's pieces, built outside the lock: another file's checks do not wait for them.
+  auto pieces = std::make_shared<std::vector<PieceSum>>();
+  for (const auto& [t, s] : shards) {
+    const auto& shard = manifest_.tensors(static_cast<int>(t)).shards(static_cast<int>(s));
+    if (shard.chunk_size() == 0 || static_cast<uint64_t>(shard.chunk_xxh3_size()) !=
+                                       ChunkCount(shard.length(), shard.chunk_size())) {
+      continue;  // malformed: Read refuses it with a message
+    }
+    for (int i = 0; i < shard.chunk_xxh3_size(); ++i) {
+      const uint64_t begin = static_cast<uint64_t>(i) * shard.chunk_size();
+      pieces->push_back(PieceSum{shard.offset() + begin,
+                                 std::min(shard.chunk_size(), shard.length() - begin),
+                                 shard.chunk_xxh3(i), t});
     }
   }
-  std::sort(index->begin(), index->end(),
+  std::sort(pieces->begin(), pieces->end(),
             [](const PieceSum& a, const PieceSum& b) { return a.offset < b.offset; });
-  pieces = std::move(index);
-  return pieces;
+  MutexLock lock(index_mu_);
+  auto& kept = files_[file].pieces;
+  if (kept == nullptr) kept = std::move(pieces);  // else another thread built the same first
+  return kept;
 }
 
 Status CheckpointReader::VerifyRange(const std::string& file, uint64_t offset,

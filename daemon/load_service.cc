@@ -496,6 +496,7 @@ std::vector<CheckpointReader::FileRange> LoadService::FetchFromPeers(
     return w.source == 0 ? w.fetch->peer_address()
                          : w.fetch->alternates(w.source - 1).peer_address();
   };
+  const std::string self = config_.peer_address ? config_.peer_address() : "";
   Mutex mu;
   std::vector<CheckpointReader::FileRange> arrived;
   std::set<std::string> failed;  // peers that failed this load: not asked again
@@ -509,6 +510,18 @@ std::vector<CheckpointReader::FileRange> LoadService::FetchFromPeers(
     // buffer longer than a window, and none faulted in afresh per load.
     const uint64_t window = hot_->window_size();
     BorrowedBuffer buffer;
+    // Dead, stalled or wrong: not asked again by this load. What it did not deliver (from
+    // range `i`, byte `pos` on) goes to each range's next source; a range with none left is
+    // read from storage.
+    auto give_up = [&](const Status& why, size_t i, uint64_t pos) {
+      spdlog::warn(
+          "{}: fetch from peer {} failed, leaving its ranges to their other holders or storage: {}",
+          p.ctx, address, why.ToString());
+      MutexLock lock(mu);
+      failed.insert(address);
+      work[i].from = pos;
+      left.insert(left.end(), work.begin() + static_cast<ptrdiff_t>(i), work.end());
+    };
     for (size_t i = 0; i < work.size(); ++i) {
       const auto& r = work[i].fetch->range();
       // A copy in memory that has other sources is checked before it enters the hot cache: a
@@ -531,6 +544,11 @@ std::vector<CheckpointReader::FileRange> LoadService::FetchFromPeers(
           }
           spdlog::warn("{}: this node's own copy is bad, fetching it instead: {}", p.ctx,
                        held.ToString());
+          if (address == self) {
+            // The plan names this node: its data plane would serve the same bad copy.
+            give_up(held, i, pos);
+            return;
+          }
         }
         if (client == nullptr) client = config_.connect_peer(address);
         Status s = client->Fetch(p.request.job, p.step, r.file(), pos, n, buffer.data());
@@ -544,16 +562,7 @@ std::vector<CheckpointReader::FileRange> LoadService::FetchFromPeers(
           break;  // the next range
         }
         if (!s.ok()) {
-          // Dead, stalled or wrong: not asked again by this load. What it did not deliver goes
-          // to each range's next source; a range with none left is read from storage.
-          spdlog::warn(
-              "{}: fetch from peer {} failed, leaving its ranges to their other holders "
-              "or storage: {}",
-              p.ctx, address, s.ToString());
-          MutexLock lock(mu);
-          failed.insert(address);
-          work[i].from = pos;
-          left.insert(left.end(), work.begin() + static_cast<ptrdiff_t>(i), work.end());
+          give_up(s, i, pos);
           return;
         }
         hot_->InsertRead(p.request.job, p.step, r.file(), pos, buffer.data(), n);

@@ -24,8 +24,10 @@
 // did not deliver is fetched from the range's other holders the plan names (Fetch.alternates),
 // in turn; a range this node holds a copy of for another node (its peer pool) is copied from
 // there instead, with no network. A window of a range with other holders is checked against
-// the manifest before it enters the hot cache (CheckpointReader::VerifyRange): a bad copy, held
-// here or fetched, is left for the next source like a failed fetch. (3) reads as above, so
+// the manifest before it enters the hot cache (CheckpointReader::VerifyRange: the checksum
+// pieces lying whole in it): a bad copy, held here or fetched, is left for the next source like
+// a failed fetch, and one in this node's own peer pool is not fetched from this node's own data
+// plane either. (3) reads as above, so
 // every fetched byte is verified against the manifest like any resident bytes, and whatever did
 // not arrive (no source of it answered, a full pool) is read from storage. A failed or absent
 // plan is a load as before.

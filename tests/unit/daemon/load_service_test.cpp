@@ -219,10 +219,11 @@ struct FakePeers {
 };
 
 // The plan a coordinator would make for one rank whose file two daemons hold: each range the
-// load needs cut in two halves, the first fetched from "a:1" then "b:1", the second from "b:1"
-// then "a:1" (alternates), or from `only` alone when it is set (a range read from storage for
-// the others: no alternates).
-pb::LoadPlanResponse TwoSourcePlan(const pb::LoadPlanRequest& ask, const std::string& only = "") {
+// load needs cut in two halves, the first fetched from `a` then `b`, the second from `b` then
+// `a` (alternates), or from `only` alone when it is set (a range read from storage for the
+// others: no alternates).
+pb::LoadPlanResponse TwoSourcePlan(const pb::LoadPlanRequest& ask, const std::string& only,
+                                   const std::string& a = "a:1", const std::string& b = "b:1") {
   pb::LoadPlanResponse plan;
   plan.set_ready(true);
   plan.set_round(1);
@@ -233,12 +234,12 @@ pb::LoadPlanResponse TwoSourcePlan(const pb::LoadPlanRequest& ask, const std::st
       f->mutable_range()->set_file(need.file());
       f->mutable_range()->set_offset(need.offset() + (part == 0 ? 0 : half));
       f->mutable_range()->set_length(part == 0 ? half : need.length() - half);
-      const std::string first = !only.empty() ? only : part == 0 ? "a:1" : "b:1";
+      const std::string first = !only.empty() ? only : part == 0 ? a : b;
       f->set_node_id(first);
       f->set_peer_address(first);
       if (only.empty()) {
         auto* alternate = f->add_alternates();
-        alternate->set_node_id(part == 0 ? "b:1" : "a:1");
+        alternate->set_node_id(part == 0 ? b : a);
         alternate->set_peer_address(alternate->node_id());
       }
     }
@@ -437,6 +438,7 @@ TEST_CASE(
     "[daemon][load_service]") {
   FakePeers peers;
   std::string only;            // the plan's single source, when set
+  std::string first = "a:1";   // the source of the first half, the second's alternate
   bool bad_held_copy = false;  // this node holds a copy of every range, with a flipped byte
   auto configure = [&](LoadService::Config& c) {
     c.read_held_copy = [&](const std::string& job, uint64_t step, const std::string& file,
@@ -450,7 +452,7 @@ TEST_CASE(
     c.node_id = "n0";
     c.peer_address = [] { return std::string("n0:1"); };
     c.plan_load = [&](pb::LoadPlanRequest ask, CoordinatorPort::PlanLoadDone done) {
-      done(TwoSourcePlan(ask, only));
+      done(TwoSourcePlan(ask, only, first));
     };
     c.connect_peer = [&](const std::string& address) -> std::unique_ptr<PeerFetch> {
       return std::make_unique<FakePeers::Peer>(&peers, address);
@@ -513,6 +515,18 @@ TEST_CASE(
     CHECK(out->bytes_from_peers == bytes);
     CHECK(peers.FetchesOf("a:1") == 1);
     CHECK(peers.FetchesOf("b:1") == 1);
+  }
+  SECTION("a bad copy held here, of a range the plan names this node for: the next holder's") {
+    // Its own data plane would serve the same copy: not asked.
+    first = "n0:1";
+    bad_held_copy = true;
+    auto out = f.RunLoad(request);
+    REQUIRE_OK(out);
+    CHECK(reg.Contents() == f.Expected(1, {0, 0}, {1, kCols}));
+    CHECK(out->bytes_from_storage == 0);
+    CHECK(out->bytes_from_peers == bytes);
+    CHECK(peers.FetchesOf("n0:1") == 0);
+    CHECK(peers.FetchesOf("b:1") == 2);
   }
   SECTION("both down: storage, after each was asked once") {
     peers.down = {"a:1", "b:1"};
